@@ -43,7 +43,6 @@ def _impl(ctx):
                 flag_set(actions = _COMPILE, flag_groups = [flag_group(flags = [
                     "-fstack-protector",
                     "-fno-omit-frame-pointer",
-                    "-no-canonical-prefixes",
                     "-fno-canonical-system-headers",
                     "-Wno-builtin-macro-redefined",
                     "-D__DATE__=\"redacted\"",
@@ -51,7 +50,7 @@ def _impl(ctx):
                     "-D__TIME__=\"redacted\"",
                 ])]),
                 flag_set(actions = _COMPILE, flag_groups = [flag_group(flags = ["-g0", "-O2", "-DNDEBUG", "-ffunction-sections", "-fdata-sections"])]),
-                flag_set(actions = _LINK, flag_groups = [flag_group(flags = ["-lstdc++", "-lm", "-pthread", "-Wl,-z,relro,-z,now", "-no-canonical-prefixes"])]),
+                flag_set(actions = _LINK, flag_groups = [flag_group(flags = ["-lstdc++", "-lm", "-pthread", "-Wl,-z,relro,-z,now"])]),
             ],
         ),
     ]

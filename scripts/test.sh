@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The README's test command (and CI's, through .ci/run): bootstrap if needed, then
+#  1. bazelisk test //...                            C++ (gtest) and Python unit tests
+#  2. bazelisk test --config=aarch64 //rtp_llm/cpp/... the C++ tests cross-built for arm64,
+#                                                    run under qemu (x86_64 hosts only)
+#  3. bazelisk test --config=asan //rtp_llm/cpp/...  the C++ tests under AddressSanitizer
+#  4. scripts/check_wheel.sh                         the installed wheel: loads, imports and
+#                                                    is portable (bundled libraries)
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+step() { printf '\n=== %s\n' "$*"; }
+
+step "bootstrap"
+scripts/bootstrap.sh
+step "bazelisk test //..."
+bazelisk test //...
+if [ "$(uname -m)" = x86_64 ]; then
+  step "bazelisk test --config=aarch64 //rtp_llm/cpp/..."
+  bazelisk test --config=aarch64 //rtp_llm/cpp/...
+fi
+step "bazelisk test --config=asan //rtp_llm/cpp/..."
+bazelisk test --config=asan //rtp_llm/cpp/...
+step "installed wheel"
+scripts/check_wheel.sh "$(mktemp -d)/venv"
+step "all tests passed"
