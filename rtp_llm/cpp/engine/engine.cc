@@ -1,0 +1,227 @@
+#include "rtp_llm/cpp/engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+namespace rtp_llm {
+
+namespace {
+ErrorInfo invalid(const std::string& message) { return {ErrorCode::INVALID_PARAMS, message}; }
+}  // namespace
+
+ErrorInfo EngineConfig::validate() const {
+  if (num_blocks < 1) return invalid("num_blocks must be >= 1, got " + std::to_string(num_blocks));
+  if (block_size < 1) return invalid("block_size must be >= 1, got " + std::to_string(block_size));
+  if (max_batch_size < 1) return invalid("max_batch_size must be >= 1, got " + std::to_string(max_batch_size));
+  if (max_num_batched_tokens < 1) {
+    return invalid("max_num_batched_tokens must be >= 1, got " + std::to_string(max_num_batched_tokens));
+  }
+  if (max_seq_len < 2) return invalid("max_seq_len must be >= 2, got " + std::to_string(max_seq_len));
+  return {};
+}
+
+Engine::Engine(EngineConfig config)
+    : config_(std::move(config)),
+      kv_(config_.num_blocks, config_.block_size, config_.enable_prefix_cache),
+      scheduler_({config_.max_batch_size, config_.max_num_batched_tokens}, kv_, config_.max_seq_len) {
+  batch_.reserve(config_.max_batch_size, config_.max_num_batched_tokens, kv_.blocks_for(config_.max_seq_len));
+  updated_.reserve(config_.max_batch_size);
+  ended_.reserve(config_.max_batch_size);
+  dispatcher_ = std::thread([this] { dispatch_loop(); });
+}
+
+Engine::~Engine() {
+  stop();
+  {
+    std::lock_guard<std::mutex> lock(dispatch_mu_);
+    dispatch_stop_ = true;
+  }
+  dispatch_cv_.notify_all();
+  dispatcher_.join();
+}
+
+int64_t Engine::now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+ErrorInfo Engine::enqueue(std::vector<int32_t> prompt, GenerateConfig config, int64_t* id) {
+  const int len = static_cast<int>(prompt.size());
+  if (len == 0) return invalid("token_ids must not be empty");
+  ErrorInfo bad = config.validate();
+  if (!bad.ok()) return bad;
+  if (len >= config_.max_seq_len) {
+    return {ErrorCode::LONG_PROMPT_ERROR, "prompt has " + std::to_string(len) + " tokens; max_seq_len is " +
+                                              std::to_string(config_.max_seq_len) +
+                                              " (room for at least one new token is needed)"};
+  }
+  // A stream may never need more blocks than the cache has, or it could wait forever.
+  const int capacity = kv_.num_blocks() * kv_.block_size();
+  if (len >= capacity) {
+    return {ErrorCode::EXCEEDS_KV_CACHE_MAX_LEN, "prompt has " + std::to_string(len) +
+                                                     " tokens; the whole KV cache holds " + std::to_string(capacity)};
+  }
+  const int max_seq_len = std::min(config_.max_seq_len, capacity);
+
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t sid = next_id_++;
+  auto stream = std::make_unique<GenerateStream>(sid, std::move(prompt), std::move(config), max_seq_len, sid, now_us());
+  scheduler_.add(stream.get());
+  streams_.emplace(sid, std::move(stream));
+  *id = sid;
+  work_cv_.notify_all();
+  return {};
+}
+
+const StepBatch& Engine::schedule() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (batch_outstanding_) {
+    // The previous batch was never committed: keep it (its streams are still in flight).
+    return batch_;
+  }
+  const int64_t now = now_us();
+  ended_.clear();
+  scheduler_.expire(now, ended_);
+  finished_ += static_cast<int64_t>(ended_.size());
+  notify(ended_);
+  scheduler_.schedule(batch_, now);
+  batch_outstanding_ = batch_.num_streams > 0;
+  return batch_;
+}
+
+ErrorInfo Engine::commit(const int32_t* tokens, const float* logprobs, int n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!batch_outstanding_) return invalid("commit() without a scheduled batch");
+  if (n != batch_.num_sampled) {
+    return invalid("commit() got " + std::to_string(n) + " tokens; the batch samples " +
+                   std::to_string(batch_.num_sampled));
+  }
+  updated_.clear();
+  ended_.clear();
+  scheduler_.commit(batch_, tokens, logprobs, config_.eos_token_ids, now_us(), updated_, ended_);
+  batch_outstanding_ = false;
+  ++steps_;
+  finished_ += static_cast<int64_t>(ended_.size());
+  notify(updated_);
+  for (GenerateStream* s : ended_) {
+    if (std::find(updated_.begin(), updated_.end(), s) == updated_.end()) notify({s});
+  }
+  for (int64_t id : release_pending_) streams_.erase(id);
+  release_pending_.clear();
+  return {};
+}
+
+bool Engine::wait_for_work(int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  work_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                    [&] { return stopped_ || scheduler_.num_waiting() + scheduler_.num_running() > 0; });
+  return !stopped_ && scheduler_.num_waiting() + scheduler_.num_running() > 0;
+}
+
+bool Engine::abort(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = streams_.find(id);
+  if (it == streams_.end()) return false;
+  GenerateStream* s = it->second.get();
+  if (s->done()) return true;
+  if (s->in_flight) {
+    s->cancel_requested = true;  // its KV is being written: commit() frees the blocks
+    return true;
+  }
+  scheduler_.remove(s);
+  s->finish(StreamStatus::CANCELLED, {ErrorCode::CANCELLED, "cancelled"}, now_us());
+  ++finished_;
+  notify({s});
+  return true;
+}
+
+bool Engine::poll(int64_t id, int from, StreamUpdate* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = streams_.find(id);
+  if (it == streams_.end()) return false;
+  const GenerateStream& s = *it->second;
+  const int generated = s.num_generated();
+  from = std::clamp(from, 0, generated);
+  out->new_tokens.assign(s.tokens().begin() + s.prompt_len() + from, s.tokens().end());
+  if (s.config().return_logprobs) {
+    out->new_logprobs.assign(s.logprobs().begin() + from, s.logprobs().end());
+  } else {
+    out->new_logprobs.clear();
+  }
+  out->num_generated = generated;
+  out->prompt_len = s.prompt_len();
+  out->status = s.status();
+  out->error = s.error();
+  out->finish_reason = s.finish_reason();
+  out->timing = s.timing();
+  return true;
+}
+
+void Engine::release(int64_t id) {
+  abort(id);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = streams_.find(id);
+  if (it == streams_.end()) return;
+  listeners_.erase(id);
+  if (it->second->in_flight) {
+    release_pending_.push_back(id);  // cancel pending: erased at its commit()
+  } else {
+    streams_.erase(it);
+  }
+}
+
+void Engine::set_listener(int64_t id, Listener listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = streams_.find(id);
+  if (it == streams_.end()) return;
+  auto ptr = std::make_shared<Listener>(std::move(listener));
+  listeners_[id] = ptr;
+  // Anything that happened before the listener existed must not be missed.
+  if (it->second->num_generated() > 0 || it->second->done()) {
+    std::lock_guard<std::mutex> dlock(dispatch_mu_);
+    dispatch_queue_.push_back(std::move(ptr));
+    dispatch_cv_.notify_one();
+  }
+}
+
+EngineStats Engine::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {scheduler_.num_running(), scheduler_.num_waiting(), static_cast<int>(streams_.size()), kv_.stats(),
+          steps_,                   scheduler_.num_preemptions(), finished_};
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+  }
+  work_cv_.notify_all();
+}
+
+void Engine::notify(const std::vector<GenerateStream*>& streams) {
+  if (listeners_.empty() || streams.empty()) return;
+  std::lock_guard<std::mutex> dlock(dispatch_mu_);
+  for (GenerateStream* s : streams) {
+    auto it = listeners_.find(s->id());
+    if (it != listeners_.end()) dispatch_queue_.push_back(it->second);
+  }
+  dispatch_cv_.notify_one();
+}
+
+void Engine::dispatch_loop() {
+  std::vector<ListenerPtr> work;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(dispatch_mu_);
+      dispatch_cv_.wait(lock, [&] { return dispatch_stop_ || !dispatch_queue_.empty(); });
+      if (dispatch_stop_ && dispatch_queue_.empty()) return;
+      work.assign(dispatch_queue_.begin(), dispatch_queue_.end());
+      dispatch_queue_.clear();
+    }
+    for (auto& listener : work) (*listener)();
+    work.clear();
+  }
+}
+
+}  // namespace rtp_llm

@@ -1,0 +1,116 @@
+// The engine core as a library: admission, scheduling and bookkeeping of streams, thread-safe.
+// One thread drives steps (schedule -> model -> commit); any thread enqueues, aborts, polls.
+// Listeners (the gRPC server's call reactors) are told about new tokens on a dispatcher
+// thread, so the stepping thread never waits on the network.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "rtp_llm/cpp/cache/kv_cache_manager.h"
+#include "rtp_llm/cpp/engine/generate_stream.h"
+#include "rtp_llm/cpp/engine/scheduler.h"
+#include "rtp_llm/cpp/engine/step_batch.h"
+
+namespace rtp_llm {
+
+struct EngineConfig {
+  int num_blocks = 1024;
+  int block_size = 16;
+  int max_batch_size = 256;
+  int max_num_batched_tokens = 4096;
+  int max_seq_len = 4096;
+  bool enable_prefix_cache = true;
+  std::vector<int32_t> eos_token_ids;
+
+  ErrorInfo validate() const;  // names the field at fault
+};
+
+// A stream as seen by a reader: what was generated since its cursor, and the outcome.
+struct StreamUpdate {
+  std::vector<int32_t> new_tokens;  // generated tokens from the reader's cursor on
+  std::vector<float> new_logprobs;  // same length when the request asked for log-probs
+  int num_generated = 0;
+  int prompt_len = 0;
+  StreamStatus status = StreamStatus::WAITING;
+  ErrorInfo error;
+  std::string finish_reason;
+  StreamTiming timing;
+  bool done() const { return status >= StreamStatus::FINISHED; }
+};
+
+struct EngineStats {
+  int running, waiting, tracked_streams;
+  KVCacheStats kv;
+  int64_t steps, preemptions, finished;
+};
+
+class Engine {
+ public:
+  using Listener = std::function<void()>;
+
+  explicit Engine(EngineConfig config);  // precondition: config.validate().ok()
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const EngineConfig& config() const { return config_; }
+
+  // Admits a request or says why it can never run (empty or too long prompt, bad params).
+  ErrorInfo enqueue(std::vector<int32_t> prompt, GenerateConfig config, int64_t* id);
+  // The next step. Empty (num_streams == 0) when there is nothing to run. The batch is
+  // valid until the next schedule(); commit() must come before the next schedule().
+  const StepBatch& schedule();
+  // Sampled tokens of the last batch's do_sample streams, in batch order (n == num_sampled).
+  ErrorInfo commit(const int32_t* tokens, const float* logprobs, int n);
+  // Blocks until a stream waits or runs, or `timeout_ms` passes, or stop(). True if work.
+  bool wait_for_work(int timeout_ms);
+  // Cancels a stream (its blocks are freed now, or at commit() if in flight). False if unknown.
+  bool abort(int64_t id);
+  // Copies the stream's state from generated token `from` on. False if unknown.
+  bool poll(int64_t id, int from, StreamUpdate* out);
+  // Forgets a stream, aborting it if unfinished. Readers call it once they are done.
+  void release(int64_t id);
+  // Called (on the dispatcher thread) whenever the stream gets tokens or ends.
+  void set_listener(int64_t id, Listener listener);
+  EngineStats stats();
+  // Wakes wait_for_work() for good; later calls return false immediately.
+  void stop();
+
+ private:
+  using ListenerPtr = std::shared_ptr<Listener>;
+  static int64_t now_us();
+  void notify(const std::vector<GenerateStream*>& streams);  // with mu_ held
+  void dispatch_loop();
+
+  EngineConfig config_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  KVCacheManager kv_;
+  Scheduler scheduler_;
+  StepBatch batch_;
+  bool batch_outstanding_ = false;
+  bool stopped_ = false;
+  int64_t next_id_ = 1;
+  int64_t steps_ = 0, finished_ = 0;
+  std::unordered_map<int64_t, std::unique_ptr<GenerateStream>> streams_;
+  std::unordered_map<int64_t, ListenerPtr> listeners_;
+  std::vector<GenerateStream*> updated_, ended_;  // scratch, reused every step
+  std::vector<int64_t> release_pending_;          // released while in flight
+
+  std::mutex dispatch_mu_;
+  std::condition_variable dispatch_cv_;
+  std::deque<ListenerPtr> dispatch_queue_;
+  bool dispatch_stop_ = false;
+  std::thread dispatcher_;
+};
+
+}  // namespace rtp_llm

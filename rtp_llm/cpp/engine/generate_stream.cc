@@ -1,0 +1,71 @@
+#include "rtp_llm/cpp/engine/generate_stream.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace rtp_llm {
+
+const char* to_string(StreamStatus status) {
+  switch (status) {
+    case StreamStatus::WAITING: return "WAITING";
+    case StreamStatus::RUNNING: return "RUNNING";
+    case StreamStatus::FINISHED: return "FINISHED";
+    case StreamStatus::ERROR: return "ERROR";
+    case StreamStatus::CANCELLED: return "CANCELLED";
+  }
+  return "UNKNOWN";
+}
+
+GenerateStream::GenerateStream(int64_t id, std::vector<int32_t> prompt, GenerateConfig config, int max_seq_len,
+                               int64_t arrival, int64_t now_us)
+    : id_(id),
+      arrival_(arrival),
+      tokens_(std::move(prompt)),
+      prompt_len_(static_cast<int>(tokens_.size())),
+      config_(std::move(config)),
+      max_seq_len_(max_seq_len) {
+  timing_.enqueue_us = now_us;
+  tokens_.reserve(std::min(max_seq_len_, prompt_len_ + config_.max_new_tokens));
+}
+
+void GenerateStream::mark_scheduled(int64_t now_us) {
+  if (timing_.first_scheduled_us == 0) timing_.first_scheduled_us = now_us;
+  ++timing_.iter_count;
+}
+
+bool GenerateStream::append(int32_t token, float logprob, const std::vector<int32_t>& eos_ids, int64_t now_us) {
+  tokens_.push_back(token);
+  if (config_.return_logprobs) logprobs_.push_back(logprob);
+  if (timing_.first_token_us == 0) timing_.first_token_us = now_us;
+
+  const int generated = num_generated();
+  if (generated >= config_.max_new_tokens || num_tokens() >= max_seq_len_) {
+    finish_reason_ = "length";
+  } else if (generated >= config_.min_new_tokens &&
+             ((!config_.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end()) ||
+              hit_stop_words())) {
+    finish_reason_ = "stop";
+  } else {
+    return false;
+  }
+  finish(StreamStatus::FINISHED, {}, now_us);
+  return true;
+}
+
+bool GenerateStream::hit_stop_words() const {
+  const int generated = num_generated();
+  for (const auto& words : config_.stop_words_list) {
+    const int n = static_cast<int>(words.size());
+    if (n <= generated && std::equal(words.begin(), words.end(), tokens_.end() - n)) return true;
+  }
+  return false;
+}
+
+void GenerateStream::finish(StreamStatus status, ErrorInfo error, int64_t now_us) {
+  status_ = status;
+  error_ = std::move(error);
+  timing_.finish_us = now_us;
+  if (status == StreamStatus::CANCELLED && finish_reason_.empty()) finish_reason_ = "cancelled";
+}
+
+}  // namespace rtp_llm

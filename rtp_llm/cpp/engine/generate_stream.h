@@ -1,0 +1,87 @@
+// One request in the engine: its tokens, KV blocks, progress and outcome. Not thread-safe:
+// the Engine's mutex guards every stream.
+//
+// Progress invariant (the only scheduling state): num_computed <= num_tokens(). A step runs
+// tokens [num_computed, num_computed + n); when that reaches num_tokens() the step samples
+// one token, which commit() appends. Prefix-cache hits advance num_computed at admission;
+// preemption resets it to 0 and frees the blocks (recomputed later, mostly from the cache).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rtp_llm/cpp/cache/kv_cache_manager.h"
+#include "rtp_llm/cpp/engine/error_code.h"
+#include "rtp_llm/cpp/engine/generate_config.h"
+
+namespace rtp_llm {
+
+enum class StreamStatus { WAITING, RUNNING, FINISHED, ERROR, CANCELLED };
+
+const char* to_string(StreamStatus status);
+
+// Timing and reuse figures reported in AuxInfoPB; microseconds since the epoch or counts.
+struct StreamTiming {
+  int64_t enqueue_us = 0;
+  int64_t first_scheduled_us = 0;
+  int64_t first_token_us = 0;
+  int64_t finish_us = 0;
+  int iter_count = 0;
+  int reuse_len = 0;  // prompt tokens served by the prefix cache at first admission
+};
+
+class GenerateStream {
+ public:
+  GenerateStream(int64_t id, std::vector<int32_t> prompt, GenerateConfig config, int max_seq_len,
+                 int64_t arrival, int64_t now_us);
+
+  int64_t id() const { return id_; }
+  int64_t arrival() const { return arrival_; }
+  const GenerateConfig& config() const { return config_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  int num_tokens() const { return static_cast<int>(tokens_.size()); }
+  int prompt_len() const { return prompt_len_; }
+  int num_generated() const { return num_tokens() - prompt_len_; }
+  const std::vector<float>& logprobs() const { return logprobs_; }
+  int max_seq_len() const { return max_seq_len_; }
+
+  StreamStatus status() const { return status_; }
+  bool done() const { return status_ >= StreamStatus::FINISHED; }
+  const ErrorInfo& error() const { return error_; }
+  const std::string& finish_reason() const { return finish_reason_; }
+  const StreamTiming& timing() const { return timing_; }
+
+  // Scheduling state, owned by the Scheduler.
+  int num_computed = 0;
+  BlockTable block_table;
+  bool in_flight = false;        // part of the batch handed to the model runner
+  bool cancel_requested = false;  // abort() arrived while in flight: finish at commit
+
+  void mark_scheduled(int64_t now_us);
+  // Appends a sampled token and applies the stop criteria. Returns true when finished.
+  bool append(int32_t token, float logprob, const std::vector<int32_t>& eos_ids, int64_t now_us);
+  void finish(StreamStatus status, ErrorInfo error, int64_t now_us);
+  void set_status(StreamStatus status) { status_ = status; }
+  void set_reuse_len(int n) { timing_.reuse_len = n; }
+  bool timed_out(int64_t now_us) const {
+    return config_.timeout_ms > 0 && now_us - timing_.enqueue_us > int64_t{config_.timeout_ms} * 1000;
+  }
+
+ private:
+  bool hit_stop_words() const;
+
+  int64_t id_;
+  int64_t arrival_;
+  std::vector<int32_t> tokens_;
+  std::vector<float> logprobs_;
+  int prompt_len_;
+  GenerateConfig config_;
+  int max_seq_len_;  // total tokens this stream may reach (model limit and KV capacity)
+  StreamStatus status_ = StreamStatus::WAITING;
+  ErrorInfo error_;
+  std::string finish_reason_;
+  StreamTiming timing_;
+};
+
+}  // namespace rtp_llm

@@ -1,0 +1,181 @@
+#include "rtp_llm/cpp/engine/scheduler.h"
+
+#include <algorithm>
+#include <cassert>
+#include <string>
+
+namespace rtp_llm {
+
+Scheduler::Scheduler(SchedulerConfig config, KVCacheManager& kv, int max_seq_len)
+    : config_(config), kv_(kv), max_seq_len_(max_seq_len) {
+  running_.reserve(config.max_batch_size);
+  scheduled_.reserve(config.max_batch_size);
+}
+
+void Scheduler::remove(GenerateStream* stream) {
+  assert(!stream->in_flight);
+  auto it = std::find(waiting_.begin(), waiting_.end(), stream);
+  if (it != waiting_.end()) {
+    waiting_.erase(it);
+  } else {
+    running_.erase(std::remove(running_.begin(), running_.end(), stream), running_.end());
+  }
+  kv_.free(stream->block_table);
+}
+
+void Scheduler::preempt(GenerateStream* stream) {
+  kv_.free(stream->block_table);
+  stream->num_computed = 0;
+  stream->set_status(StreamStatus::WAITING);
+  waiting_.push_front(stream);
+  ++num_preemptions_;
+}
+
+void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now_us) {
+  const int i = b.num_streams++;
+  const int start = s->num_computed;
+  const int bs = kv_.block_size();
+  const int sample = start + n == s->num_tokens() ? 1 : 0;
+  b.stream_ids[i] = s->id();
+  b.query_lens[i] = n;
+  b.prefix_lens[i] = start;
+  b.context_lens[i] = start + n;
+  b.query_starts[i + 1] = b.query_starts[i] + n;
+  b.do_sample[i] = sample;
+  b.num_sampled += sample;
+  if (n > 1 || start < s->prompt_len()) ++b.num_prefill;
+
+  const int32_t* tokens = s->tokens().data();
+  const int32_t* blocks = s->block_table.blocks.data();
+  for (int j = 0, t = b.num_tokens; j < n; ++j, ++t) {
+    const int pos = start + j;
+    b.token_ids[t] = tokens[pos];
+    b.positions[t] = pos;
+    b.slot_mapping[t] = int64_t{blocks[pos / bs]} * bs + pos % bs;
+  }
+  b.num_tokens += n;
+  b.block_table_stride = std::max(b.block_table_stride, kv_.blocks_for(start + n));
+
+  const GenerateConfig& c = s->config();
+  b.temperature[i] = c.temperature;
+  b.top_k[i] = c.top_k;
+  b.top_p[i] = c.top_p;
+  b.min_p[i] = c.min_p;
+  b.repetition_penalty[i] = c.repetition_penalty;
+  b.presence_penalty[i] = c.presence_penalty;
+  b.frequency_penalty[i] = c.frequency_penalty;
+  b.random_seed[i] = c.random_seed;
+  b.num_generated[i] = s->num_generated();
+  b.return_logprobs[i] = c.return_logprobs ? 1 : 0;
+
+  s->in_flight = true;
+  s->mark_scheduled(now_us);
+  scheduled_.push_back(s);
+}
+
+void Scheduler::expire(int64_t now_us, std::vector<GenerateStream*>& ended) {
+  auto expired = [&](GenerateStream* s) {
+    if (s->in_flight || !s->timed_out(now_us)) return false;
+    s->finish(StreamStatus::ERROR,
+              {ErrorCode::GENERATE_TIMEOUT, "request timed out after timeout_ms=" + std::to_string(s->config().timeout_ms)},
+              now_us);
+    kv_.free(s->block_table);
+    ended.push_back(s);
+    return true;
+  };
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), expired), waiting_.end());
+  running_.erase(std::remove_if(running_.begin(), running_.end(), expired), running_.end());
+}
+
+void Scheduler::schedule(StepBatch& b, int64_t now_us) {
+  b.clear();
+  scheduled_.clear();
+  int budget = config_.max_num_batched_tokens;
+  bool preempted = false;
+
+  for (size_t i = 0; i < running_.size() && budget > 0 && b.num_streams < config_.max_batch_size;) {
+    GenerateStream* s = running_[i];
+    const int n = std::min(s->num_tokens() - s->num_computed, budget);
+    bool self_preempted = false;
+    while (!kv_.can_grow(s->block_table, s->num_computed + n)) {
+      GenerateStream* victim = running_.back();  // never one already in this batch (index < i)
+      running_.pop_back();
+      preempt(victim);
+      preempted = true;
+      if (victim == s) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;
+    kv_.grow(s->block_table, s->num_computed + n);
+    add_to_batch(b, s, n, now_us);
+    budget -= n;
+    ++i;
+  }
+
+  // Admit waiting streams in arrival order; none after a preemption (blocks are short).
+  while (!preempted && !waiting_.empty() && budget > 0 && b.num_streams < config_.max_batch_size) {
+    GenerateStream* s = waiting_.front();
+    PrefixMatch match = kv_.match_prefix(s->tokens().data(), s->num_tokens());
+    const int cached = match.num_tokens(kv_.block_size());
+    const int n = std::min(s->num_tokens() - cached, budget);
+    if (!kv_.can_allocate(s->block_table, match, cached + n)) break;
+    kv_.allocate(s->block_table, match, cached + n);
+    if (s->timing().first_scheduled_us == 0) {
+      s->set_reuse_len(cached);
+      kv_.record_lookup(s->prompt_len(), cached);
+    }
+    s->num_computed = cached;
+    s->set_status(StreamStatus::RUNNING);
+    waiting_.pop_front();
+    running_.push_back(s);
+    add_to_batch(b, s, n, now_us);
+    budget -= n;
+  }
+
+  // Block tables last: the row stride is the longest table in the batch.
+  const int stride = b.block_table_stride;
+  for (int i = 0; i < b.num_streams; ++i) {
+    const auto& blocks = scheduled_[i]->block_table.blocks;
+    const int used = kv_.blocks_for(b.context_lens[i]);
+    int32_t* row = b.block_tables.data() + static_cast<size_t>(i) * stride;
+    std::copy(blocks.begin(), blocks.begin() + used, row);
+    std::fill(row + used, row + stride, 0);
+  }
+}
+
+void Scheduler::commit(const StepBatch& b, const int32_t* tokens, const float* logprobs,
+                       const std::vector<int32_t>& eos_ids, int64_t now_us, std::vector<GenerateStream*>& updated,
+                       std::vector<GenerateStream*>& ended) {
+  int k = 0;
+  bool any_ended = false;
+  for (int i = 0; i < b.num_streams; ++i) {
+    GenerateStream* s = scheduled_[i];
+    s->in_flight = false;
+    s->num_computed += b.query_lens[i];
+    kv_.publish_computed(s->block_table, s->tokens().data(), s->num_computed);
+    if (b.do_sample[i]) {
+      const int32_t token = tokens[k];
+      const float logprob = logprobs ? logprobs[k] : 0.0f;
+      ++k;
+      if (!s->cancel_requested && !s->done()) {
+        s->append(token, logprob, eos_ids, now_us);
+        updated.push_back(s);
+      }
+    }
+    if (s->cancel_requested && !s->done()) s->finish(StreamStatus::CANCELLED, {ErrorCode::CANCELLED, "cancelled"}, now_us);
+    if (s->done()) {
+      kv_.free(s->block_table);
+      ended.push_back(s);
+      any_ended = true;
+    }
+  }
+  if (any_ended) {
+    running_.erase(std::remove_if(running_.begin(), running_.end(), [](GenerateStream* s) { return s->done(); }),
+                   running_.end());
+  }
+  scheduled_.clear();
+}
+
+}  // namespace rtp_llm

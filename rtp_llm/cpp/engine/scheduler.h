@@ -1,0 +1,64 @@
+// Continuous batching under one per-step token budget (vLLM v1's invariant): each stream's
+// num_computed catches up with its token count. Running streams go first, oldest first,
+// each taking what it still needs (1 for decode, a chunk of its prompt otherwise); waiting
+// streams are admitted FIFO with what budget, batch slots and blocks are left. When a
+// running stream cannot grow, the most recently admitted running stream is preempted
+// (blocks freed, num_computed = 0, back to the head of the queue) until it can.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "rtp_llm/cpp/cache/kv_cache_manager.h"
+#include "rtp_llm/cpp/engine/generate_stream.h"
+#include "rtp_llm/cpp/engine/step_batch.h"
+
+namespace rtp_llm {
+
+struct SchedulerConfig {
+  int max_batch_size = 256;            // streams per step
+  int max_num_batched_tokens = 4096;   // token budget per step (chunked prefill above it)
+};
+
+class Scheduler {
+ public:
+  Scheduler(SchedulerConfig config, KVCacheManager& kv, int max_seq_len);
+
+  void add(GenerateStream* stream) { waiting_.push_back(stream); }
+  // Removes a stream that is not in flight (finished, cancelled or timed out), freeing its
+  // blocks. Streams in flight are removed by commit() instead.
+  void remove(GenerateStream* stream);
+
+  // Ends streams past their timeout_ms (GENERATE_TIMEOUT), appending them to `ended`.
+  void expire(int64_t now_us, std::vector<GenerateStream*>& ended);
+  // Fills `batch` for the next step and marks its streams in flight.
+  void schedule(StepBatch& batch, int64_t now_us);
+  // Applies the step: advances num_computed, publishes full blocks, appends the sampled
+  // tokens (`tokens`/`logprobs` in batch order of the do_sample streams), applies stop
+  // criteria and pending cancellations. Streams that ended are removed and freed, and are
+  // appended to `ended`; streams that got a token are appended to `updated`.
+  void commit(const StepBatch& batch, const int32_t* tokens, const float* logprobs,
+              const std::vector<int32_t>& eos_ids, int64_t now_us, std::vector<GenerateStream*>& updated,
+              std::vector<GenerateStream*>& ended);
+
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  int num_running() const { return static_cast<int>(running_.size()); }
+  const std::deque<GenerateStream*>& waiting() const { return waiting_; }
+  const std::vector<GenerateStream*>& running() const { return running_; }
+  int64_t num_preemptions() const { return num_preemptions_; }
+
+ private:
+  void preempt(GenerateStream* stream);
+  void add_to_batch(StepBatch& batch, GenerateStream* stream, int n, int64_t now_us);
+
+  SchedulerConfig config_;
+  KVCacheManager& kv_;
+  int max_seq_len_;
+  std::deque<GenerateStream*> waiting_;
+  std::vector<GenerateStream*> running_;  // admission order: the back is preempted first
+  std::vector<GenerateStream*> scheduled_;  // this step's streams, batch order
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace rtp_llm

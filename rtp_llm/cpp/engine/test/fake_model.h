@@ -1,0 +1,61 @@
+// A deterministic stand-in for a model, for tests and benchmarks. It keeps a "KV cache" of
+// token ids indexed by slot, writes each step's tokens through slot_mapping, and computes a
+// sampled stream's next token from its whole context read back through its block table. So
+// a wrong block table, slot mapping or prefix-cache hit changes the output, and outputs
+// equal `reference()` exactly when the bookkeeping is right.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "rtp_llm/cpp/engine/step_batch.h"
+
+namespace rtp_llm::testing {
+
+class FakeModel {
+ public:
+  FakeModel(int num_blocks, int block_size, int vocab = 1000)
+      : block_size_(block_size), vocab_(vocab), kv_(static_cast<size_t>(num_blocks) * block_size, -1) {}
+
+  static int32_t next_token(const int32_t* seq, int n, int vocab) {
+    uint64_t h = 1469598103934665603ULL;
+    for (int i = 0; i < n; ++i) h = (h ^ static_cast<uint32_t>(seq[i])) * 1099511628211ULL;
+    return static_cast<int32_t>((h >> 17) % static_cast<uint64_t>(vocab));
+  }
+
+  // The tokens a correct engine generates for `prompt` (no EOS, no stop words).
+  std::vector<int32_t> reference(std::vector<int32_t> seq, int max_new_tokens) const {
+    std::vector<int32_t> out;
+    for (int i = 0; i < max_new_tokens; ++i) {
+      out.push_back(next_token(seq.data(), static_cast<int>(seq.size()), vocab_));
+      seq.push_back(out.back());
+    }
+    return out;
+  }
+
+  // One step: returns the sampled tokens (batch order of do_sample streams).
+  std::vector<int32_t> run(const StepBatch& b) {
+    for (int t = 0; t < b.num_tokens; ++t) kv_[b.slot_mapping[t]] = b.token_ids[t];
+    std::vector<int32_t> sampled;
+    for (int i = 0; i < b.num_streams; ++i) {
+      if (!b.do_sample[i]) continue;
+      context_.resize(b.context_lens[i]);
+      const int32_t* row = b.block_tables.data() + static_cast<size_t>(i) * b.block_table_stride;
+      for (int p = 0; p < b.context_lens[i]; ++p) {
+        context_[p] = kv_[static_cast<size_t>(row[p / block_size_]) * block_size_ + p % block_size_];
+      }
+      sampled.push_back(next_token(context_.data(), b.context_lens[i], vocab_));
+    }
+    return sampled;
+  }
+
+  int vocab() const { return vocab_; }
+
+ private:
+  int block_size_;
+  int vocab_;
+  std::vector<int32_t> kv_;
+  std::vector<int32_t> context_;
+};
+
+}  // namespace rtp_llm::testing
