@@ -1,0 +1,246 @@
+#include "rtp_llm/cpp/engine/engine.h"
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "rtp_llm/cpp/engine/test/fake_model.h"
+
+namespace rtp_llm {
+namespace {
+
+using testing::FakeModel;
+
+EngineConfig SmallConfig() {
+  EngineConfig c;
+  c.num_blocks = 24;
+  c.block_size = 4;
+  c.max_batch_size = 8;
+  c.max_num_batched_tokens = 16;
+  c.max_seq_len = 64;
+  return c;
+}
+
+GenerateConfig MaxNew(int n) {
+  GenerateConfig g;
+  g.max_new_tokens = n;
+  return g;
+}
+
+// Runs one step with the fake model; returns false when there was nothing to run.
+bool Step(Engine& engine, FakeModel& model) {
+  const StepBatch& b = engine.schedule();
+  if (b.num_streams == 0) return false;
+  auto tokens = model.run(b);
+  EXPECT_TRUE(engine.commit(tokens.data(), nullptr, static_cast<int>(tokens.size())).ok());
+  return true;
+}
+
+void ExpectAllBlocksBack(Engine& engine) {
+  const EngineStats s = engine.stats();
+  EXPECT_EQ(s.kv.used_blocks, 0);
+  EXPECT_EQ(s.kv.free_blocks + s.kv.cached_blocks, s.kv.total_blocks);
+  EXPECT_EQ(s.running + s.waiting, 0);
+}
+
+std::vector<int32_t> Generated(Engine& engine, int64_t id) {
+  StreamUpdate u;
+  EXPECT_TRUE(engine.poll(id, 0, &u));
+  return u.new_tokens;
+}
+
+TEST(Engine, ManySharedPrefixStreamsUnderMemoryPressureMatchTheReference) {
+  Engine engine(SmallConfig());
+  FakeModel model(24, 4);
+  std::mt19937 rng(7);
+  std::vector<int32_t> system_prompt = {11, 12, 13, 14, 15, 16, 17, 18, 19};
+  std::vector<std::pair<int64_t, std::vector<int32_t>>> requests;
+  for (int i = 0; i < 40; ++i) {
+    std::vector<int32_t> prompt = i % 2 ? system_prompt : std::vector<int32_t>{};
+    const int extra = 1 + static_cast<int>(rng() % 12);
+    for (int j = 0; j < extra; ++j) prompt.push_back(static_cast<int32_t>(rng() % 500));
+    int64_t id;
+    ASSERT_TRUE(engine.enqueue(prompt, MaxNew(1 + static_cast<int>(rng() % 20)), &id).ok());
+    requests.emplace_back(id, prompt);
+    if (i % 3 == 0) Step(engine, model);  // arrivals interleave with steps
+  }
+  while (Step(engine, model)) {
+  }
+  for (auto& [id, prompt] : requests) {
+    StreamUpdate u;
+    ASSERT_TRUE(engine.poll(id, 0, &u));
+    EXPECT_EQ(u.status, StreamStatus::FINISHED);
+    EXPECT_EQ(u.new_tokens, model.reference(prompt, u.num_generated)) << "stream " << id;
+  }
+  const EngineStats s = engine.stats();
+  EXPECT_GT(s.preemptions, 0);      // the pool was too small for everyone at once
+  EXPECT_GT(s.kv.hit_tokens, 0);    // the shared system prompt was reused
+  ExpectAllBlocksBack(engine);
+}
+
+TEST(Engine, AdmissionRejectsWhatCanNeverRun) {
+  EngineConfig c = SmallConfig();
+  c.max_seq_len = 1000;  // larger than the cache (24 blocks x 4 = 96 tokens)
+  Engine engine(c);
+  int64_t id;
+  ErrorInfo e = engine.enqueue({}, MaxNew(4), &id);
+  EXPECT_EQ(e.code, ErrorCode::INVALID_PARAMS);
+  e = engine.enqueue(std::vector<int32_t>(96, 1), MaxNew(4), &id);
+  EXPECT_EQ(e.code, ErrorCode::EXCEEDS_KV_CACHE_MAX_LEN);
+  EXPECT_NE(e.message.find("96"), std::string::npos) << e.message;
+  GenerateConfig bad = MaxNew(4);
+  bad.min_new_tokens = -1;
+  e = engine.enqueue(std::vector<int32_t>(3, 1), bad, &id);
+  EXPECT_NE(e.message.find("min_new_tokens"), std::string::npos);
+
+  EngineConfig d = SmallConfig();
+  Engine short_engine(d);
+  e = short_engine.enqueue(std::vector<int32_t>(64, 1), MaxNew(4), &id);
+  EXPECT_EQ(e.code, ErrorCode::LONG_PROMPT_ERROR);
+  EXPECT_NE(e.message.find("max_seq_len"), std::string::npos);
+}
+
+TEST(Engine, GenerationStopsAtTheCacheCapacityInsteadOfWaitingForever) {
+  EngineConfig c = SmallConfig();
+  c.max_seq_len = 1000;
+  Engine engine(c);
+  FakeModel model(24, 4);
+  int64_t id;
+  ASSERT_TRUE(engine.enqueue(std::vector<int32_t>(90, 3), MaxNew(100), &id).ok());
+  while (Step(engine, model)) {
+  }
+  StreamUpdate u;
+  engine.poll(id, 0, &u);
+  EXPECT_EQ(u.status, StreamStatus::FINISHED);
+  EXPECT_EQ(u.finish_reason, "length");
+  EXPECT_EQ(u.prompt_len + u.num_generated, 96);
+}
+
+TEST(Engine, CancelMidPrefillAndMidDecodeFreesBlocks) {
+  Engine engine(SmallConfig());
+  FakeModel model(24, 4);
+  int64_t prefill_id, decode_id;
+  ASSERT_TRUE(engine.enqueue(std::vector<int32_t>(40, 5), MaxNew(10), &prefill_id).ok());  // 3 chunks of 16
+  ASSERT_TRUE(engine.enqueue({1, 2, 3}, MaxNew(50), &decode_id).ok());
+
+  // In flight: the abort is deferred to commit, which must not append tokens.
+  const StepBatch& b = engine.schedule();
+  ASSERT_EQ(b.num_streams, 1);  // the long prompt used the whole budget
+  EXPECT_TRUE(engine.abort(prefill_id));
+  auto tokens = model.run(b);
+  ASSERT_TRUE(engine.commit(tokens.data(), nullptr, static_cast<int>(tokens.size())).ok());
+  StreamUpdate u;
+  engine.poll(prefill_id, 0, &u);
+  EXPECT_EQ(u.status, StreamStatus::CANCELLED);
+  EXPECT_EQ(u.error.code, ErrorCode::CANCELLED);
+  EXPECT_EQ(u.num_generated, 0);
+
+  for (int i = 0; i < 5; ++i) Step(engine, model);
+  engine.poll(decode_id, 0, &u);
+  EXPECT_EQ(u.status, StreamStatus::RUNNING);
+  EXPECT_GT(u.num_generated, 0);
+  EXPECT_TRUE(engine.abort(decode_id));  // not in flight: freed now
+  engine.poll(decode_id, 0, &u);
+  EXPECT_EQ(u.status, StreamStatus::CANCELLED);
+  ExpectAllBlocksBack(engine);
+  EXPECT_FALSE(engine.abort(12345));
+}
+
+TEST(Engine, TimeoutEndsAStreamWithGenerateTimeout) {
+  Engine engine(SmallConfig());
+  FakeModel model(24, 4);
+  GenerateConfig g = MaxNew(1000);
+  g.timeout_ms = 20;
+  g.ignore_eos = true;
+  int64_t id;
+  ASSERT_TRUE(engine.enqueue({1, 2, 3}, g, &id).ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  StreamUpdate u;
+  while (std::chrono::steady_clock::now() < deadline) {
+    Step(engine, model);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    engine.poll(id, 0, &u);
+    if (u.done()) break;
+  }
+  EXPECT_EQ(u.status, StreamStatus::ERROR);
+  EXPECT_EQ(u.error.code, ErrorCode::GENERATE_TIMEOUT);
+  ExpectAllBlocksBack(engine);
+}
+
+TEST(Engine, CommitChecksTheTokenCount) {
+  Engine engine(SmallConfig());
+  int64_t id;
+  ASSERT_TRUE(engine.enqueue({1, 2, 3}, MaxNew(2), &id).ok());
+  EXPECT_FALSE(engine.commit(nullptr, nullptr, 0).ok());  // nothing scheduled
+  const StepBatch& b = engine.schedule();
+  ASSERT_EQ(b.num_sampled, 1);
+  int32_t two[2] = {1, 2};
+  ErrorInfo e = engine.commit(two, nullptr, 2);
+  EXPECT_EQ(e.code, ErrorCode::INVALID_PARAMS);
+  EXPECT_TRUE(engine.commit(two, nullptr, 1).ok());
+}
+
+TEST(Engine, StopTokensAndLogprobsFlowThrough) {
+  EngineConfig c = SmallConfig();
+  FakeModel model(24, 4);
+  std::vector<int32_t> prompt = {4, 5, 6};
+  auto expected = model.reference(prompt, 5);
+  c.eos_token_ids = {expected[2]};
+  Engine engine(c);
+  GenerateConfig g = MaxNew(5);
+  g.return_logprobs = true;
+  int64_t id;
+  ASSERT_TRUE(engine.enqueue(prompt, g, &id).ok());
+  for (;;) {
+    const StepBatch& b = engine.schedule();
+    if (b.num_streams == 0) break;
+    auto tokens = model.run(b);
+    std::vector<float> lp(tokens.size(), -1.5f);
+    ASSERT_TRUE(engine.commit(tokens.data(), lp.data(), static_cast<int>(tokens.size())).ok());
+  }
+  StreamUpdate u;
+  engine.poll(id, 1, &u);  // from the second generated token on
+  EXPECT_EQ(u.new_tokens, std::vector<int32_t>(expected.begin() + 1, expected.begin() + 3));
+  EXPECT_EQ(u.new_logprobs, std::vector<float>(2, -1.5f));
+  EXPECT_EQ(u.finish_reason, "stop");
+}
+
+TEST(Engine, ListenersHearEveryUpdateAndWaitForWorkWakesUp) {
+  Engine engine(SmallConfig());
+  FakeModel model(24, 4);
+  EXPECT_FALSE(engine.wait_for_work(1));
+  std::atomic<bool> stop{false};
+  std::thread loop([&] {
+    while (!stop) {
+      if (engine.wait_for_work(10)) Step(engine, model);
+    }
+  });
+  int64_t id;
+  ASSERT_TRUE(engine.enqueue({7, 8, 9}, MaxNew(30), &id).ok());
+  std::atomic<int> calls{0};
+  std::atomic<bool> finished{false};
+  engine.set_listener(id, [&] {
+    ++calls;
+    StreamUpdate u;
+    engine.poll(id, 0, &u);
+    if (u.done()) finished = true;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!finished && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  stop = true;
+  loop.join();
+  EXPECT_TRUE(finished);
+  EXPECT_GE(calls.load(), 1);
+  EXPECT_EQ(Generated(engine, id), model.reference({7, 8, 9}, 30));
+  engine.release(id);
+  StreamUpdate u;
+  EXPECT_FALSE(engine.poll(id, 0, &u));
+  EXPECT_EQ(engine.stats().tracked_streams, 0);
+}
+
+}  // namespace
+}  // namespace rtp_llm

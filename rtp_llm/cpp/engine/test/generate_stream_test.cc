@@ -1,0 +1,101 @@
+#include "rtp_llm/cpp/engine/generate_stream.h"
+
+#include <gtest/gtest.h>
+
+namespace rtp_llm {
+namespace {
+
+const std::vector<int32_t> kEos = {2};
+
+GenerateStream Make(GenerateConfig c, int max_seq_len = 100) { return GenerateStream(1, {5, 6, 7}, c, max_seq_len, 1, 0); }
+
+TEST(StopCriteria, MaxNewTokens) {
+  GenerateConfig c;
+  c.max_new_tokens = 2;
+  auto s = Make(c);
+  EXPECT_FALSE(s.append(10, 0, kEos, 1));
+  EXPECT_TRUE(s.append(11, 0, kEos, 2));
+  EXPECT_EQ(s.status(), StreamStatus::FINISHED);
+  EXPECT_EQ(s.finish_reason(), "length");
+  EXPECT_EQ(s.num_generated(), 2);
+}
+
+TEST(StopCriteria, EosStopsUnlessIgnored) {
+  GenerateConfig c;
+  auto s = Make(c);
+  EXPECT_TRUE(s.append(2, 0, kEos, 1));
+  EXPECT_EQ(s.finish_reason(), "stop");
+
+  c.ignore_eos = true;
+  auto t = Make(c);
+  EXPECT_FALSE(t.append(2, 0, kEos, 1));
+}
+
+TEST(StopCriteria, MinNewTokensDefersEosAndStopWords) {
+  GenerateConfig c;
+  c.min_new_tokens = 2;
+  c.stop_words_list = {{9}};
+  auto s = Make(c);
+  EXPECT_FALSE(s.append(2, 0, kEos, 1));  // EOS before min_new_tokens is just a token
+  EXPECT_TRUE(s.append(9, 0, kEos, 2));
+  EXPECT_EQ(s.finish_reason(), "stop");
+}
+
+TEST(StopCriteria, StopWordSequenceMatchesOnlyGeneratedTokens) {
+  GenerateConfig c;
+  c.stop_words_list = {{7, 8}, {30, 31, 32}};
+  auto s = Make(c);  // the prompt ends with 7: a stop word must not straddle it
+  EXPECT_FALSE(s.append(8, 0, kEos, 1));
+  EXPECT_FALSE(s.append(30, 0, kEos, 2));
+  EXPECT_FALSE(s.append(31, 0, kEos, 3));
+  EXPECT_TRUE(s.append(32, 0, kEos, 4));
+  EXPECT_EQ(s.finish_reason(), "stop");
+}
+
+TEST(StopCriteria, MaxSeqLen) {
+  GenerateConfig c;
+  c.max_new_tokens = 100;
+  auto s = Make(c, 5);
+  EXPECT_FALSE(s.append(10, 0, kEos, 1));
+  EXPECT_TRUE(s.append(11, 0, kEos, 2));
+  EXPECT_EQ(s.finish_reason(), "length");
+}
+
+TEST(StopCriteria, Timeout) {
+  GenerateConfig c;
+  c.timeout_ms = 5;
+  auto s = Make(c);
+  EXPECT_FALSE(s.timed_out(4999));
+  EXPECT_TRUE(s.timed_out(5001));
+}
+
+TEST(GenerateConfig, ValidationNamesTheField) {
+  GenerateConfig c;
+  EXPECT_TRUE(c.validate().ok());
+  c.top_p = 0;
+  EXPECT_NE(c.validate().message.find("top_p"), std::string::npos);
+  c = {};
+  c.max_new_tokens = 0;
+  EXPECT_NE(c.validate().message.find("max_new_tokens"), std::string::npos);
+  c = {};
+  c.temperature = -1;
+  EXPECT_EQ(c.validate().code, ErrorCode::INVALID_PARAMS);
+  c = {};
+  c.stop_words_list = {{}};
+  EXPECT_NE(c.validate().message.find("stop_words_list"), std::string::npos);
+}
+
+TEST(GenerateStream, LogprobsKeptOnlyWhenAsked) {
+  GenerateConfig c;
+  auto s = Make(c);
+  s.append(10, -0.5f, kEos, 1);
+  EXPECT_TRUE(s.logprobs().empty());
+  c.return_logprobs = true;
+  auto t = Make(c);
+  t.append(10, -0.5f, kEos, 1);
+  ASSERT_EQ(t.logprobs().size(), 1u);
+  EXPECT_FLOAT_EQ(t.logprobs()[0], -0.5f);
+}
+
+}  // namespace
+}  // namespace rtp_llm
