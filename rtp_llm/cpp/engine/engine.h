@@ -84,10 +84,11 @@ class Engine {
   EngineStats stats();
   // Wakes wait_for_work() for good; later calls return false immediately.
   void stop();
+  // The clock of StreamTiming (steady, microseconds).
+  static int64_t now_us();
 
  private:
   using ListenerPtr = std::shared_ptr<Listener>;
-  static int64_t now_us();
   void notify(const std::vector<GenerateStream*>& streams);  // with mu_ held
   void dispatch_loop();
 

@@ -33,14 +33,16 @@ class FakeModel {
     return out;
   }
 
-  // One step: returns the sampled tokens (batch order of do_sample streams).
-  std::vector<int32_t> run(const StepBatch& b) {
+  // One step: returns the sampled tokens (batch order of do_sample streams). `Batch` is a
+  // StepBatch or the C ABI's RtpStepBatch (same field names).
+  template <class Batch>
+  std::vector<int32_t> run(const Batch& b) {
     for (int t = 0; t < b.num_tokens; ++t) kv_[b.slot_mapping[t]] = b.token_ids[t];
     std::vector<int32_t> sampled;
     for (int i = 0; i < b.num_streams; ++i) {
       if (!b.do_sample[i]) continue;
       context_.resize(b.context_lens[i]);
-      const int32_t* row = b.block_tables.data() + static_cast<size_t>(i) * b.block_table_stride;
+      const int32_t* row = &b.block_tables[0] + static_cast<size_t>(i) * b.block_table_stride;
       for (int p = 0; p < b.context_lens[i]; ++p) {
         context_[p] = kv_[static_cast<size_t>(row[p / block_size_]) * block_size_ + p % block_size_];
       }

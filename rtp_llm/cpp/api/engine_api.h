@@ -1,0 +1,106 @@
+// C ABI of the engine core for Python (ctypes) and other hosts. All functions are
+// thread-safe unless noted; a stepping loop calls schedule() then commit() alternately.
+//
+// Ownership and lifetime:
+// - RtpEngine* is created by rtp_llm_engine_create and freed by rtp_llm_engine_destroy
+//   (which stops the RPC server first). No other function frees anything.
+// - The RtpStepBatch returned by schedule() and every array it points to are owned by the
+//   engine: valid until the next schedule() or destroy(); the pointers themselves never
+//   change for an engine (buffers are preallocated to their maximum sizes).
+// - Input buffers (protos, tokens, addresses) are only read during the call.
+// - Output buffers (err, out) are caller-owned; strings are NUL-terminated and truncated to
+//   the given capacity.
+#pragma once
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct RtpEngine RtpEngine;
+
+typedef struct {
+  int32_t num_blocks;              // KV-cache blocks
+  int32_t block_size;              // tokens per block
+  int32_t max_batch_size;          // streams per step
+  int32_t max_num_batched_tokens;  // token budget per step (longer prompts are chunked)
+  int32_t max_seq_len;             // prompt + generated tokens per stream
+  int32_t enable_prefix_cache;     // 0 or 1
+  const int32_t* eos_token_ids;    // may be NULL when num_eos_token_ids == 0
+  int32_t num_eos_token_ids;
+} RtpEngineConfig;
+
+// Field meanings: see rtp_llm/cpp/engine/step_batch.h. S = num_streams, T = num_tokens,
+// B = block_table_stride; block_tables is [S, B] row-major.
+typedef struct {
+  int32_t num_streams, num_tokens, num_sampled, block_table_stride, num_prefill;
+  const int64_t* stream_ids;
+  const int32_t* query_lens;
+  const int32_t* prefix_lens;
+  const int32_t* context_lens;
+  const int32_t* query_starts;
+  const int32_t* do_sample;
+  const int32_t* block_tables;
+  const int32_t* token_ids;
+  const int32_t* positions;
+  const int64_t* slot_mapping;
+  const float* temperature;
+  const int32_t* top_k;
+  const float* top_p;
+  const float* min_p;
+  const float* repetition_penalty;
+  const float* presence_penalty;
+  const float* frequency_penalty;
+  const int64_t* random_seed;
+  const int32_t* num_generated;
+  const int32_t* return_logprobs;
+} RtpStepBatch;
+
+typedef struct {
+  int32_t running, waiting, tracked_streams;
+  int32_t total_blocks, free_blocks, cached_blocks, used_blocks, block_size;
+  int64_t hit_tokens, lookup_tokens, steps, preemptions, finished;
+} RtpEngineStats;
+
+// NULL on a bad config, with the field at fault named in `err`.
+RtpEngine* rtp_llm_engine_create(const RtpEngineConfig* config, char* err, int32_t err_len);
+void rtp_llm_engine_destroy(RtpEngine* engine);
+
+// Enqueues a serialized GenerateInputPB (token_ids + generate_config). Returns 0 and the
+// stream id, or upstream's error code (e.g. 511 LONG_PROMPT_ERROR) with the reason in `err`.
+int32_t rtp_llm_engine_enqueue(RtpEngine* engine, const void* generate_input_pb, int32_t len, int64_t* stream_id,
+                               char* err, int32_t err_len);
+
+// The next step (num_streams == 0: nothing to run). Not thread-safe with commit().
+const RtpStepBatch* rtp_llm_engine_schedule(RtpEngine* engine);
+// The sampled tokens of the last batch's do_sample streams in batch order (n == num_sampled);
+// logprobs may be NULL. Returns 0, or 605 (INVALID_PARAMS) with the reason in `err`.
+int32_t rtp_llm_engine_commit(RtpEngine* engine, const int32_t* tokens, const float* logprobs, int32_t n, char* err,
+                              int32_t err_len);
+
+// 1 when a stream waits or runs, 0 after timeout_ms or rtp_llm_engine_stop.
+int32_t rtp_llm_engine_wait_for_work(RtpEngine* engine, int32_t timeout_ms);
+void rtp_llm_engine_stop(RtpEngine* engine);
+
+// 1 if the stream existed. Its blocks are freed now, or at the commit of its in-flight step.
+int32_t rtp_llm_engine_abort(RtpEngine* engine, int64_t stream_id);
+// Serializes a GenerateOutputsPB with the tokens generated from index `from` on into `out`,
+// and the stream's error code (upstream's numbering, 0 if none) into `*error_code` (may be
+// NULL). Returns the message size; -1 for an unknown stream; if the size exceeds `cap`,
+// nothing is written and the needed size is returned (call again with a larger buffer).
+int32_t rtp_llm_engine_poll(RtpEngine* engine, int64_t stream_id, int32_t from, void* out, int32_t cap,
+                            int32_t* error_code);
+// Forgets a stream (aborting it if unfinished). Call once its final output was read.
+void rtp_llm_engine_release(RtpEngine* engine, int64_t stream_id);
+
+void rtp_llm_engine_stats(RtpEngine* engine, RtpEngineStats* out);
+
+// Serves RpcService on `address` ("host:port", port 0 picks one). Returns the bound port,
+// or -1 with the reason in `err`.
+int32_t rtp_llm_engine_start_rpc_server(RtpEngine* engine, const char* address, char* err, int32_t err_len);
+void rtp_llm_engine_stop_rpc_server(RtpEngine* engine);
+
+#ifdef __cplusplus
+}
+#endif

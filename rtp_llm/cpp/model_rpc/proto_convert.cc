@@ -1,0 +1,109 @@
+#include "rtp_llm/cpp/model_rpc/proto_convert.h"
+
+#include <cmath>
+
+namespace rtp_llm {
+
+GenerateConfig from_proto(const GenerateConfigPB& pb, int max_seq_len) {
+  GenerateConfig c;
+  c.max_new_tokens = pb.max_new_tokens() != 0 ? pb.max_new_tokens() : max_seq_len;
+  c.min_new_tokens = pb.min_new_tokens();
+  c.ignore_eos = pb.ignore_eos();
+  c.timeout_ms = pb.timeout_ms();
+  c.is_streaming = pb.is_streaming();
+  for (const IntVector& row : pb.stop_words_list().rows()) {
+    c.stop_words_list.emplace_back(row.values().begin(), row.values().end());
+  }
+  c.temperature = pb.temperature();
+  c.top_k = pb.top_k();
+  c.top_p = pb.top_p() != 0.0f ? pb.top_p() : 1.0f;
+  c.repetition_penalty = pb.repetition_penalty() != 0.0f ? pb.repetition_penalty() : 1.0f;
+  c.presence_penalty = pb.presence_penalty();
+  c.frequency_penalty = pb.frequency_penalty();
+  c.random_seed = pb.has_random_seed() ? pb.random_seed().value() : -1;
+  c.return_logprobs = pb.return_softmax_probs() || pb.return_cum_log_probs();
+  return c;
+}
+
+namespace {
+
+void set_fp32(TensorPB* t, const std::vector<float>& values) {
+  t->set_data_type(TensorPB::FP32);
+  t->add_shape(static_cast<int64_t>(values.size()));
+  t->set_fp32_data(values.data(), values.size() * sizeof(float));
+}
+
+int32_t us(int64_t from, int64_t to) { return from > 0 && to >= from ? static_cast<int32_t>(to - from) : 0; }
+
+}  // namespace
+
+void to_proto(int64_t request_id, const StreamUpdate& u, int64_t now_us, GenerateOutputsPB* out) {
+  out->Clear();
+  out->set_request_id(request_id);
+  FlattenOutputPB* flat = out->mutable_flatten_output();
+  flat->add_finished(u.done());
+
+  TensorPB* ids = flat->mutable_output_ids();
+  ids->set_data_type(TensorPB::INT32);
+  ids->add_shape(1);
+  ids->add_shape(static_cast<int64_t>(u.new_tokens.size()));
+  ids->set_int32_data(u.new_tokens.data(), u.new_tokens.size() * sizeof(int32_t));
+
+  AuxInfoPB* aux = flat->add_aux_info();
+  const StreamTiming& t = u.timing;
+  aux->set_cost_time_us(us(t.enqueue_us, t.finish_us > 0 ? t.finish_us : now_us));
+  aux->set_first_token_cost_time_us(us(t.enqueue_us, t.first_token_us));
+  aux->set_wait_time_us(us(t.enqueue_us, t.first_scheduled_us));
+  aux->set_iter_count(t.iter_count);
+  aux->set_input_len(u.prompt_len);
+  aux->set_output_len(u.num_generated);
+  aux->set_step_output_len(static_cast<int32_t>(u.new_tokens.size()));
+  aux->set_total_reuse_len(t.reuse_len);
+  aux->set_local_reuse_len(t.reuse_len);
+  aux->set_prefix_len(t.reuse_len);
+  if (!u.new_logprobs.empty()) {
+    std::vector<float> probs(u.new_logprobs.size());
+    for (size_t i = 0; i < probs.size(); ++i) probs[i] = std::exp(u.new_logprobs[i]);
+    set_fp32(aux->mutable_softmax_probs(), probs);
+  }
+}
+
+grpc::Status to_status(const ErrorInfo& error) {
+  grpc::StatusCode code;
+  switch (error.code) {
+    case ErrorCode::NONE_ERROR: return grpc::Status::OK;
+    case ErrorCode::CANCELLED: code = grpc::StatusCode::CANCELLED; break;
+    case ErrorCode::MALLOC_FAILED: code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
+    case ErrorCode::GENERATE_TIMEOUT: code = grpc::StatusCode::DEADLINE_EXCEEDED; break;
+    case ErrorCode::LONG_PROMPT_ERROR:
+    case ErrorCode::EXCEEDS_KV_CACHE_MAX_LEN: code = grpc::StatusCode::OUT_OF_RANGE; break;
+    case ErrorCode::INVALID_PARAMS: code = grpc::StatusCode::INVALID_ARGUMENT; break;
+    default: code = grpc::StatusCode::INTERNAL; break;
+  }
+  ErrorDetailsPB details;
+  details.set_error_code(static_cast<int64_t>(error.code));
+  details.set_error_message(error.message);
+  return grpc::Status(code, error.message, details.SerializeAsString());
+}
+
+void fill_worker_status(const EngineStats& s, const EngineConfig& config, WorkerStatusPB* out) {
+  out->set_role("PDFUSION");
+  out->set_alive(true);
+  out->set_running_query_len(s.running);
+  out->set_waiting_query_len(s.waiting);
+  out->set_iterate_count(static_cast<int32_t>(s.steps));
+  out->set_dp_size(1);
+  out->set_tp_size(1);
+  out->set_available_kv_cache(int64_t{s.kv.free_blocks + s.kv.cached_blocks} * s.kv.block_size);
+  out->set_total_kv_cache(int64_t{s.kv.total_blocks} * s.kv.block_size);
+  out->set_max_seq_len(config.max_seq_len);
+  out->set_max_batch_tokens_size(config.max_num_batched_tokens);
+}
+
+void fill_cache_status(const EngineStats& s, CacheStatusPB* out) {
+  out->set_available_kv_cache(int64_t{s.kv.free_blocks + s.kv.cached_blocks} * s.kv.block_size);
+  out->set_total_kv_cache(int64_t{s.kv.total_blocks} * s.kv.block_size);
+  out->set_block_size(s.kv.block_size);
+}
+
+}  // namespace rtp_llm

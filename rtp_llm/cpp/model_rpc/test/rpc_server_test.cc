@@ -1,0 +1,278 @@
+// End to end through the C ABI and gRPC: a stepping thread drives the engine with the fake
+// model (rtp_llm_engine_schedule/commit), clients talk to the RPC server.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "rtp_llm/cpp/api/engine_api.h"
+#include "rtp_llm/cpp/engine/test/fake_model.h"
+#include "rtp_llm/cpp/model_rpc/proto/model_rpc_service.grpc.pb.h"
+
+namespace rtp_llm {
+namespace {
+
+using testing::FakeModel;
+
+constexpr int kBlocks = 1024;
+constexpr int kBlockSize = 16;
+
+std::vector<int32_t> Ids(const GenerateOutputsPB& msg) {
+  const std::string& bytes = msg.flatten_output().output_ids().int32_data();
+  std::vector<int32_t> ids(bytes.size() / sizeof(int32_t));
+  std::memcpy(ids.data(), bytes.data(), bytes.size());
+  return ids;
+}
+
+// Reads one GenerateStreamCall with the callback API (no thread per call).
+class Call : public grpc::ClientReadReactor<GenerateOutputsPB> {
+ public:
+  Call(RpcService::Stub* stub, GenerateInputPB request) : request_(std::move(request)) {
+    stub->async()->GenerateStreamCall(&context_, &request_, this);
+    StartRead(&message_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    ++messages_;
+    auto ids = Ids(message_);
+    tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+    finished_ = message_.flatten_output().finished(0);
+    output_len_ = message_.flatten_output().aux_info(0).output_len();
+    if (first_read_) first_read_();
+    StartRead(&message_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = status;
+    done_ = true;
+    cv_.notify_all();
+  }
+  grpc::Status Await() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    return status_;
+  }
+  void Cancel() { context_.TryCancel(); }
+
+  const GenerateInputPB& request() const { return request_; }
+  std::vector<int32_t> tokens_;
+  int messages_ = 0;
+  bool finished_ = false;
+  int output_len_ = 0;
+  std::function<void()> first_read_;
+
+ private:
+  GenerateInputPB request_;
+  grpc::ClientContext context_;
+  GenerateOutputsPB message_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  grpc::Status status_;
+};
+
+class RpcServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RtpEngineConfig config{kBlocks, kBlockSize, 256, 2048, 512, 1, nullptr, 0};
+    char err[256];
+    engine_ = rtp_llm_engine_create(&config, err, sizeof(err));
+    ASSERT_NE(engine_, nullptr) << err;
+    const int port = rtp_llm_engine_start_rpc_server(engine_, "127.0.0.1:0", err, sizeof(err));
+    ASSERT_GT(port, 0) << err;
+    stub_ = RpcService::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                    grpc::InsecureChannelCredentials()));
+    loop_ = std::thread([this] {
+      FakeModel model(kBlocks, kBlockSize);
+      char error[256];
+      while (!stop_) {
+        if (!rtp_llm_engine_wait_for_work(engine_, 10)) continue;
+        const RtpStepBatch* b = rtp_llm_engine_schedule(engine_);
+        if (b->num_streams == 0) continue;
+        auto tokens = model.run(*b);
+        if (step_delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_delay_us_.load()));
+        if (rtp_llm_engine_commit(engine_, tokens.data(), nullptr, static_cast<int32_t>(tokens.size()), error,
+                                  sizeof(error)) != 0) {
+          ADD_FAILURE() << error;
+        }
+      }
+    });
+  }
+
+  void TearDown() override {
+    stop_ = true;
+    rtp_llm_engine_stop(engine_);
+    loop_.join();
+    rtp_llm_engine_destroy(engine_);
+  }
+
+  RtpEngineStats Stats() {
+    RtpEngineStats s;
+    rtp_llm_engine_stats(engine_, &s);
+    return s;
+  }
+
+  // Engine idle: nothing running or tracked, every block free or cached.
+  void ExpectDrained() {
+    RtpEngineStats s = Stats();
+    for (int i = 0; i < 200 && (s.tracked_streams > 0 || s.running + s.waiting > 0); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      s = Stats();
+    }
+    EXPECT_EQ(s.running + s.waiting, 0);
+    EXPECT_EQ(s.tracked_streams, 0);
+    EXPECT_EQ(s.used_blocks, 0);
+    EXPECT_EQ(s.free_blocks + s.cached_blocks, s.total_blocks);
+  }
+
+  static GenerateInputPB Request(std::vector<int32_t> prompt, int max_new_tokens, bool streaming) {
+    GenerateInputPB r;
+    for (int32_t t : prompt) r.add_token_ids(t);
+    r.mutable_generate_config()->set_max_new_tokens(max_new_tokens);
+    r.mutable_generate_config()->set_is_streaming(streaming);
+    return r;
+  }
+
+  RtpEngine* engine_ = nullptr;
+  std::unique_ptr<RpcService::Stub> stub_;
+  std::thread loop_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> step_delay_us_{0};  // a slower "model", so that clients can act mid-stream
+};
+
+TEST_F(RpcServerTest, ThousandConcurrentStreamsCompleteWithCorrectTokens) {
+  FakeModel reference(kBlocks, kBlockSize);
+  std::mt19937 rng(1234);
+  const std::vector<int32_t> shared = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22};
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < 1000; ++i) {
+    std::vector<int32_t> prompt = i % 3 == 0 ? shared : std::vector<int32_t>{};
+    const int extra = 1 + static_cast<int>(rng() % 40);
+    for (int j = 0; j < extra; ++j) prompt.push_back(static_cast<int32_t>(rng() % 900));
+    GenerateInputPB r = Request(prompt, 1 + static_cast<int>(rng() % 48), i % 2 == 0);
+    r.set_request_id(i);
+    calls.push_back(std::make_unique<Call>(stub_.get(), r));
+  }
+  for (auto& call : calls) {
+    grpc::Status status = call->Await();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    const auto& r = call->request();
+    std::vector<int32_t> prompt(r.token_ids().begin(), r.token_ids().end());
+    EXPECT_EQ(call->tokens_, reference.reference(prompt, r.generate_config().max_new_tokens()));
+    EXPECT_TRUE(call->finished_);
+    EXPECT_EQ(call->output_len_, r.generate_config().max_new_tokens());
+    if (!r.generate_config().is_streaming()) {
+      EXPECT_EQ(call->messages_, 1);
+    }
+  }
+  EXPECT_GT(Stats().hit_tokens, 0);
+  ExpectDrained();
+}
+
+TEST_F(RpcServerTest, StreamingSendsOnlyNewTokens) {
+  step_delay_us_ = 1000;
+  auto call = std::make_unique<Call>(stub_.get(), Request({1, 2, 3}, 40, true));
+  ASSERT_TRUE(call->Await().ok());
+  EXPECT_GT(call->messages_, 1);
+  EXPECT_EQ(call->tokens_, FakeModel(kBlocks, kBlockSize).reference({1, 2, 3}, 40));  // no repeats
+  ExpectDrained();
+}
+
+TEST_F(RpcServerTest, ClientCancelAbortsTheStreamAndFreesItsBlocks) {
+  step_delay_us_ = 2000;  // 400 tokens take ~0.8 s; the clients cancel after 50 ms
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < 50; ++i) {
+    GenerateInputPB r = Request(std::vector<int32_t>(100, i), 400, true);
+    r.mutable_generate_config()->set_ignore_eos(true);
+    calls.push_back(std::make_unique<Call>(stub_.get(), r));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_GT(Stats().running, 0);
+  for (auto& call : calls) call->Cancel();
+  for (auto& call : calls) EXPECT_EQ(call->Await().error_code(), grpc::StatusCode::CANCELLED);
+  ExpectDrained();  // within 2 s; typically one step
+}
+
+TEST_F(RpcServerTest, ErrorsMapToGrpcCodesWithErrorDetails) {
+  auto too_long = std::make_unique<Call>(stub_.get(), Request(std::vector<int32_t>(600, 1), 4, false));
+  grpc::Status status = too_long->Await();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  ErrorDetailsPB details;
+  ASSERT_TRUE(details.ParseFromString(status.error_details()));
+  EXPECT_EQ(details.error_code(), 511);  // LONG_PROMPT_ERROR
+  EXPECT_NE(details.error_message().find("max_seq_len"), std::string::npos);
+
+  GenerateInputPB bad = Request({1, 2}, 4, false);
+  bad.mutable_generate_config()->set_top_p(2.0f);
+  auto invalid = std::make_unique<Call>(stub_.get(), bad);
+  status = invalid->Await();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("top_p"), std::string::npos);
+
+  GenerateInputPB slow = Request({1, 2}, 100000, false);
+  slow.mutable_generate_config()->set_timeout_ms(1);
+  slow.mutable_generate_config()->set_ignore_eos(true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  auto timeout = std::make_unique<Call>(stub_.get(), slow);
+  EXPECT_EQ(timeout->Await().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ExpectDrained();
+}
+
+TEST_F(RpcServerTest, HealthWorkerAndCacheStatus) {
+  grpc::ClientContext c1, c2, c3;
+  CheckHealthResponsePB health;
+  ASSERT_TRUE(stub_->CheckHealth(&c1, EmptyPB(), &health).ok());
+  EXPECT_EQ(health.health(), "ok");
+  WorkerStatusPB worker;
+  ASSERT_TRUE(stub_->GetWorkerStatus(&c2, StatusVersionPB(), &worker).ok());
+  EXPECT_TRUE(worker.alive());
+  EXPECT_EQ(worker.total_kv_cache(), int64_t{kBlocks} * kBlockSize);
+  EXPECT_EQ(worker.max_seq_len(), 512);
+  CacheStatusPB cache;
+  ASSERT_TRUE(stub_->GetCacheStatus(&c3, CacheVersionPB(), &cache).ok());
+  EXPECT_EQ(cache.block_size(), kBlockSize);
+  EXPECT_EQ(cache.available_kv_cache(), cache.total_kv_cache());
+}
+
+TEST_F(RpcServerTest, PollThroughTheCApi) {
+  GenerateInputPB r = Request({4, 4, 4}, 6, false);
+  const std::string bytes = r.SerializeAsString();
+  int64_t id = 0;
+  char err[256];
+  ASSERT_EQ(rtp_llm_engine_enqueue(engine_, bytes.data(), static_cast<int32_t>(bytes.size()), &id, err, sizeof(err)), 0)
+      << err;
+  std::vector<char> buf(16);
+  GenerateOutputsPB out;
+  for (int i = 0; i < 500; ++i) {
+    int32_t code = -1;
+    int32_t n = rtp_llm_engine_poll(engine_, id, 0, buf.data(), static_cast<int32_t>(buf.size()), &code);
+    ASSERT_GE(n, 0);
+    EXPECT_EQ(code, 0);
+    if (n > static_cast<int32_t>(buf.size())) {  // too small: says how much is needed
+      buf.resize(n);
+      n = rtp_llm_engine_poll(engine_, id, 0, buf.data(), static_cast<int32_t>(buf.size()), &code);
+    }
+    ASSERT_TRUE(out.ParseFromArray(buf.data(), n));
+    if (out.flatten_output().finished(0)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(Ids(out), FakeModel(kBlocks, kBlockSize).reference({4, 4, 4}, 6));
+  rtp_llm_engine_release(engine_, id);
+  EXPECT_EQ(rtp_llm_engine_poll(engine_, id, 0, nullptr, 0, nullptr), -1);
+  std::string garbage = "\xff\xff\xff";
+  EXPECT_EQ(rtp_llm_engine_enqueue(engine_, garbage.data(), 3, &id, err, sizeof(err)), 605);
+  ExpectDrained();
+}
+
+}  // namespace
+}  // namespace rtp_llm
