@@ -143,6 +143,18 @@ int32_t rtp_llm_engine_poll(RtpEngine* engine, int64_t stream_id, int32_t from, 
   return static_cast<int32_t>(size);
 }
 
+int32_t rtp_llm_engine_stream_tokens(RtpEngine* engine, int64_t stream_id, int32_t* out, int32_t cap,
+                                     int32_t* prompt_len) {
+  std::vector<int32_t> tokens;
+  int prompt = 0;
+  if (!engine->engine->tokens(stream_id, &tokens, &prompt)) return -1;
+  if (prompt_len != nullptr) *prompt_len = prompt;
+  if (out != nullptr && tokens.size() <= static_cast<size_t>(std::max(cap, 0))) {
+    std::copy(tokens.begin(), tokens.end(), out);
+  }
+  return static_cast<int32_t>(tokens.size());
+}
+
 void rtp_llm_engine_release(RtpEngine* engine, int64_t stream_id) { engine->engine->release(stream_id); }
 
 void rtp_llm_engine_stats(RtpEngine* engine, RtpEngineStats* out) {

@@ -91,6 +91,10 @@ int32_t rtp_llm_engine_abort(RtpEngine* engine, int64_t stream_id);
 // nothing is written and the needed size is returned (call again with a larger buffer).
 int32_t rtp_llm_engine_poll(RtpEngine* engine, int64_t stream_id, int32_t from, void* out, int32_t cap,
                             int32_t* error_code);
+// Copies a stream's tokens (prompt, then generated) into `out` (up to `cap`) and its prompt
+// length into `*prompt_len`. Returns the total count (> cap: call again), -1 if unknown.
+int32_t rtp_llm_engine_stream_tokens(RtpEngine* engine, int64_t stream_id, int32_t* out, int32_t cap,
+                                     int32_t* prompt_len);
 // Forgets a stream (aborting it if unfinished). Call once its final output was read.
 void rtp_llm_engine_release(RtpEngine* engine, int64_t stream_id);
 

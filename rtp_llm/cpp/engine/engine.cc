@@ -158,6 +158,15 @@ bool Engine::poll(int64_t id, int from, StreamUpdate* out) {
   return true;
 }
 
+bool Engine::tokens(int64_t id, std::vector<int32_t>* out, int* prompt_len) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = streams_.find(id);
+  if (it == streams_.end()) return false;
+  *out = it->second->tokens();
+  *prompt_len = it->second->prompt_len();
+  return true;
+}
+
 void Engine::release(int64_t id) {
   abort(id);
   std::lock_guard<std::mutex> lock(mu_);

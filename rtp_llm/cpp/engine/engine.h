@@ -77,6 +77,8 @@ class Engine {
   bool abort(int64_t id);
   // Copies the stream's state from generated token `from` on. False if unknown.
   bool poll(int64_t id, int from, StreamUpdate* out);
+  // All of a stream's tokens (prompt, then generated) and its prompt length. False if unknown.
+  bool tokens(int64_t id, std::vector<int32_t>* out, int* prompt_len);
   // Forgets a stream, aborting it if unfinished. Readers call it once they are done.
   void release(int64_t id);
   // Called (on the dispatcher thread) whenever the stream gets tokens or ends.

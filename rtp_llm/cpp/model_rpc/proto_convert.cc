@@ -17,6 +17,7 @@ GenerateConfig from_proto(const GenerateConfigPB& pb, int max_seq_len) {
   c.temperature = pb.temperature();
   c.top_k = pb.top_k();
   c.top_p = pb.top_p() != 0.0f ? pb.top_p() : 1.0f;
+  c.min_p = pb.min_p();
   c.repetition_penalty = pb.repetition_penalty() != 0.0f ? pb.repetition_penalty() : 1.0f;
   c.presence_penalty = pb.presence_penalty();
   c.frequency_penalty = pb.frequency_penalty();

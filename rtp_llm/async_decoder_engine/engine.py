@@ -1,0 +1,115 @@
+"""The Python side of the engine: builds the core, the KV cache and the model runner from a
+loaded model, and steps them (schedule -> model -> sample -> commit), in the caller's
+thread (offline) or in a background thread (server)."""
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from rtp_llm.device import get_backend
+from rtp_llm.model_loader import LoadedModel
+from rtp_llm.models_py.decoder import DecoderModel
+from rtp_llm.async_decoder_engine.model_runner import ModelRunner
+from rtp_llm.ops.engine_core import EngineCore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineArgs:
+    device: str = "cpu"
+    max_seq_len: Optional[int] = None       # default: the model's max_position_embeddings, capped at 8192
+    max_batch_size: int = 64
+    max_num_batched_tokens: int = 2048
+    seq_size_per_block: int = 16
+    kv_cache_mem_mb: Optional[int] = None   # default: a quarter of free memory, at most 4 GiB
+    num_kv_blocks: Optional[int] = None     # exact block count instead of a memory budget (tests, tuning)
+    reuse_cache: bool = True
+    warm_up: bool = True
+
+    def validate(self) -> None:
+        for name in ("max_batch_size", "max_num_batched_tokens", "seq_size_per_block"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_seq_len is not None and self.max_seq_len < 2:
+            raise ValueError(f"--max_seq_len must be >= 2, got {self.max_seq_len}")
+        if self.kv_cache_mem_mb is not None and self.kv_cache_mem_mb < 1:
+            raise ValueError(f"--kv_cache_mem_mb must be >= 1, got {self.kv_cache_mem_mb}")
+
+
+def kv_block_bytes(loaded: LoadedModel, block_size: int) -> int:
+    c = loaded.config
+    return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * torch.tensor([], dtype=loaded.dtype).element_size()
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, args: EngineArgs):
+        args.validate()
+        self.loaded = loaded
+        self.args = args
+        c = loaded.config
+        self.backend = get_backend(args.device)
+        if args.seq_size_per_block not in self.backend.block_sizes:
+            raise ValueError(f"--seq_size_per_block {args.seq_size_per_block} is not supported on {args.device} "
+                             f"(supported: {self.backend.block_sizes})")
+        self.max_seq_len = args.max_seq_len or min(c.max_position_embeddings, 8192)
+        block = args.seq_size_per_block
+        budget = (args.kv_cache_mem_mb << 20) if args.kv_cache_mem_mb else min(
+            self.backend.available_memory_bytes() // 4, 4 << 30)
+        num_blocks = args.num_kv_blocks or budget // kv_block_bytes(loaded, block)
+        min_blocks = -(-self.max_seq_len // block)
+        if num_blocks < min_blocks:
+            raise ValueError(f"the KV cache (--kv_cache_mem_mb={budget >> 20}) holds {num_blocks} blocks of {block} tokens; one "
+                             f"sequence of max_seq_len={self.max_seq_len} needs {min_blocks}: raise the budget or "
+                             f"lower --max_seq_len")
+        self.num_blocks = int(num_blocks)
+        log.info("KV cache: %d blocks x %d tokens (%d MiB), max_seq_len %d", self.num_blocks, block,
+                 self.num_blocks * kv_block_bytes(loaded, block) >> 20, self.max_seq_len)
+        self.core = EngineCore(self.num_blocks, block, args.max_batch_size, args.max_num_batched_tokens,
+                               self.max_seq_len, args.reuse_cache, c.eos_token_ids)
+        kv = self.backend.allocate_kv_cache(c.num_layers, self.num_blocks, block, c.num_kv_heads, c.head_dim,
+                                            loaded.dtype)
+        model = DecoderModel(c, loaded.weights, self.backend, self.max_seq_len)
+        self.runner = ModelRunner(model, self.backend, kv, block)
+        self._thread: Optional[threading.Thread] = None
+        self._running = False
+        if args.warm_up:
+            self.warm_up()
+
+    def step(self) -> bool:
+        """One step in the caller's thread; False when there was nothing to run."""
+        b = self.core.schedule()
+        if b.num_streams == 0:
+            return False
+        self.runner.step(self.core, b)
+        return True
+
+    def warm_up(self):
+        from rtp_llm.config.generate_config import GenerateConfig
+
+        sid = self.core.enqueue([0] * min(16, self.max_seq_len - 2), GenerateConfig(max_new_tokens=2,
+                                                                                     temperature=0).to_proto())
+        while self.step():
+            pass
+        self.core.release(sid)
+
+    def start(self):
+        """Steps in a background thread until stop()."""
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name="rtp_llm-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while self._running:
+            if self.core.wait_for_work(100):
+                self.step()
+
+    def stop(self):
+        self._running = False
+        self.core.stop()
+        if self._thread:
+            self._thread.join()
+            self._thread = None

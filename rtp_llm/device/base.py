@@ -1,0 +1,63 @@
+"""The interface every device backend implements: KV-cache layout and allocation, attention
+metadata built once per step from the core's batch, and the ops a decoder layer needs.
+
+KV layout (all devices): per layer, K and V each [num_blocks, block_size, num_kv_heads,
+head_dim]; a token at position p of a stream lives in block block_table[p // block_size] at
+offset p % block_size, i.e. at flat slot slot_mapping = block * block_size + offset.
+"""
+
+from abc import ABC, abstractmethod
+from typing import Any, Tuple
+
+import torch
+
+
+class AttentionMetadata:
+    """Backend-specific, built by prepare_attention() and shared by all layers of a step."""
+
+
+class DeviceBackend(ABC):
+    name: str
+    device: torch.device
+    block_sizes: Tuple[int, ...]  # supported KV block sizes; the first is the default
+
+    @abstractmethod
+    def allocate_kv_cache(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                          dtype: torch.dtype) -> torch.Tensor:
+        """[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]; [l, 0] is K, [l, 1] is V."""
+
+    @abstractmethod
+    def available_memory_bytes(self) -> int:
+        """Memory the KV cache may use when no budget is configured."""
+
+    @abstractmethod
+    def prepare_attention(self, batch: Any, block_size: int) -> AttentionMetadata:
+        """From a core StepBatch (numpy views, valid only for this step)."""
+
+    @abstractmethod
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata) -> None:
+        """k, v: [T, num_kv_heads, head_dim] into this layer's cache kv: [2, blocks, block_size, heads, dim]."""
+
+    @abstractmethod
+    def attention(self, q: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """q: [T, num_heads, head_dim] -> [T, num_heads, head_dim]; causal over each stream's context."""
+
+    @abstractmethod
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """x: [N, D], weight: [D] (HF semantics: normalize in fp32, cast, then scale)."""
+
+    @abstractmethod
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, 2 * I] (gate then up) -> [T, I]."""
+
+    def rotary(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q: [T, H, D], k: [T, Hkv, D], cos/sin: [T, D/2] -> rotated (HF's rotate_half layout)."""
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    cos = cos.unsqueeze(1).to(x.dtype)
+    sin = sin.unsqueeze(1).to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -1,0 +1,106 @@
+"""Offline batch generation, in the spirit of vLLM's LLM.generate and upstream's pipeline.
+
+    from rtp_llm.llm import LLM
+    llm = LLM("path/to/checkpoint")            # HF directory or .gguf file
+    out = llm.generate(["The capital of France is"], {"max_new_tokens": 8, "temperature": 0})
+    print(out[0].outputs[0].text)
+"""
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from rtp_llm.async_decoder_engine.engine import Engine, EngineArgs
+from rtp_llm.config.generate_config import GenerateConfig
+from rtp_llm.model_loader import load_model, parse_dtype
+from rtp_llm.ops.engine_core import EngineError
+
+log = logging.getLogger(__name__)
+
+Prompt = Union[str, Sequence[int]]
+
+
+@dataclass
+class SequenceOutput:
+    token_ids: List[int]
+    text: Optional[str]
+    finish_reason: str  # "stop" | "length" | "error: ..."
+    logprobs: Optional[List[float]] = None
+
+
+@dataclass
+class GenerationOutput:
+    prompt: Optional[str]
+    prompt_token_ids: List[int]
+    outputs: List[SequenceOutput]
+    aux_info: Dict[str, Any] = field(default_factory=dict)
+
+
+class LLM:
+    def __init__(self, checkpoint_path: str, model_type: Optional[str] = None, tokenizer_path: Optional[str] = None,
+                 act_type: str = "fp32", progress: bool = True, **engine_args):
+        self.loaded = load_model(checkpoint_path, model_type, parse_dtype(act_type), tokenizer_path, progress)
+        self.tokenizer = self.loaded.tokenizer
+        self.engine = Engine(self.loaded, EngineArgs(**engine_args))
+
+    def encode(self, prompt: Prompt) -> List[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this checkpoint has no tokenizer: pass token ids, or tokenizer_path")
+            return list(self.tokenizer(prompt).input_ids)
+        return [int(t) for t in prompt]
+
+    def generate(self, prompts: Union[Prompt, List[Prompt]],
+                 generate_config: Union[None, Dict[str, Any], List[Dict[str, Any]]] = None) -> List[GenerationOutput]:
+        single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], int))
+        prompts = [prompts] if single else list(prompts)
+        configs = generate_config if isinstance(generate_config, list) else [generate_config] * len(prompts)
+        if len(configs) != len(prompts):
+            raise ValueError(f"{len(configs)} generate_configs for {len(prompts)} prompts")
+        core = self.engine.core
+        pending = []  # (prompt index, sequence index, stream id)
+        encoded, parsed = [], []
+        try:
+            for i, (prompt, cfg) in enumerate(zip(prompts, configs)):
+                gc = GenerateConfig.from_dict(cfg)
+                ids = self.encode(prompt)
+                encoded.append(ids)
+                parsed.append(gc)
+                for j in range(gc.num_return_sequences):
+                    pending.append((i, j, core.enqueue(ids, gc.to_proto(j), request_id=i)))
+            while self.engine.step():
+                pass
+            results = [GenerationOutput(p if isinstance(p, str) else None, ids, []) for p, ids in zip(prompts, encoded)]
+            for i, j, sid in pending:
+                out, code = core.poll(sid)
+                flat = out.flatten_output
+                ids = list(memoryview(flat.output_ids.int32_data).cast("i")) if flat.output_ids.int32_data else []
+                reason = "stop" if code == 0 else f"error: {out.error_info.error_message} ({code})"
+                seq = SequenceOutput(ids, self._decode(ids), reason)
+                if parsed[i].return_logprobs and flat.aux_info[0].softmax_probs.fp32_data:
+                    import math
+
+                    probs = memoryview(flat.aux_info[0].softmax_probs.fp32_data).cast("f")
+                    seq.logprobs = [math.log(p) if p > 0 else float("-inf") for p in probs]
+                aux = flat.aux_info[0]
+                if code == 0:
+                    seq.finish_reason = "length" if len(ids) >= parsed[i].max_new_tokens else "stop"
+                results[i].outputs.append(seq)
+                results[i].aux_info = {"input_len": aux.input_len, "output_len": aux.output_len,
+                                       "reuse_len": aux.total_reuse_len, "iter_count": aux.iter_count,
+                                       "cost_time_ms": aux.cost_time_us / 1000.0}
+            return results
+        finally:
+            for _, _, sid in pending:
+                core.release(sid)
+
+    def _decode(self, ids: List[int]) -> Optional[str]:
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def close(self):
+        self.engine.core.close()
+
+
+__all__ = ["LLM", "GenerationOutput", "SequenceOutput", "EngineError"]

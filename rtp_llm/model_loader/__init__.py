@@ -1,0 +1,73 @@
+"""Loads a checkpoint (HF directory or .gguf file) into a ModelConfig, named tensors in the run
+dtype, and a tokenizer."""
+
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import torch
+
+from rtp_llm.config.model_config import ModelConfig
+from rtp_llm.model_loader.registry import MODEL_TYPES, UnsupportedModelError  # noqa: F401
+from rtp_llm.model_loader.weights import CheckpointError
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    weights: Dict[str, torch.Tensor]
+    tokenizer: Any
+    dtype: torch.dtype
+
+
+def find_gguf(checkpoint_path: str) -> Optional[str]:
+    if checkpoint_path.endswith(".gguf") and os.path.isfile(checkpoint_path):
+        return checkpoint_path
+    if os.path.isdir(checkpoint_path) and not os.path.exists(os.path.join(checkpoint_path, "config.json")):
+        found = sorted(f for f in os.listdir(checkpoint_path) if f.endswith(".gguf"))
+        if len(found) > 1:
+            raise CheckpointError(f"{checkpoint_path} holds several .gguf files ({', '.join(found)}): name one")
+        if found:
+            return os.path.join(checkpoint_path, found[0])
+    return None
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"act_type {name!r} is not supported; use one of {', '.join(sorted(DTYPES))}")
+    return DTYPES[name]
+
+
+def load_model(checkpoint_path: str, model_type: Optional[str] = None, dtype: torch.dtype = torch.float32,
+               tokenizer_path: Optional[str] = None, progress: bool = True) -> LoadedModel:
+    if not os.path.exists(checkpoint_path):
+        raise CheckpointError(f"checkpoint_path {checkpoint_path} does not exist")
+    gguf_path = find_gguf(checkpoint_path)
+    if gguf_path:
+        from rtp_llm.model_loader.gguf_loader import load_gguf, load_gguf_tokenizer
+
+        config, weights = load_gguf(gguf_path, model_type, dtype, progress)
+        tokenizer = None if tokenizer_path else load_gguf_tokenizer(gguf_path)
+    else:
+        from rtp_llm.model_loader.hf_loader import load_hf_weights, read_hf_config
+
+        config = read_hf_config(checkpoint_path, model_type)
+        weights = load_hf_weights(checkpoint_path, config, dtype, progress)
+        tokenizer = None
+        has_tokenizer = any(os.path.exists(os.path.join(checkpoint_path, f))
+                            for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+        # Without tokenizer files the model still serves token ids (e.g. test checkpoints).
+        tokenizer_path = tokenizer_path or (checkpoint_path if has_tokenizer else None)
+    if tokenizer_path:
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        except Exception as e:
+            raise CheckpointError(f"cannot load a tokenizer from {tokenizer_path}: {e}") from e
+    if not config.eos_token_ids and getattr(tokenizer, "eos_token_id", None) is not None:
+        config.eos_token_ids = [int(tokenizer.eos_token_id)]
+    return LoadedModel(config, weights, tokenizer, dtype)

@@ -1,0 +1,138 @@
+"""GGUF checkpoints (llama.cpp): architecture from the metadata, tensors dequantized to the
+run dtype with HF names, llama.cpp's rotary permutation of q/k undone for llama-arch files,
+and the tokenizer (with its chat template) built from the same file."""
+
+import os
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from rtp_llm.config.model_config import ModelConfig, RopeScaling
+from rtp_llm.model_loader.registry import MODEL_TYPES, resolve_model_type
+from rtp_llm.model_loader.weights import CheckpointError, check_weights
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                 "output.weight": "lm_head.weight"}
+
+
+def _reader(path: str):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:
+        raise CheckpointError(f"cannot read GGUF file {path}: {e}") from e
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def read_gguf_config(path: str, model_type: Optional[str] = None, reader=None) -> ModelConfig:
+    reader = reader or _reader(path)
+    arch = _field(reader, "general.architecture")
+    name = resolve_model_type(model_type, arch, path)
+    a = arch
+    heads = int(_field(reader, f"{a}.attention.head_count"))
+    hidden = int(_field(reader, f"{a}.embedding_length"))
+    names = {t.name for t in reader.tensors}
+    eos = [int(_field(reader, k)) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+           if _field(reader, k) is not None]
+    scale_type = _field(reader, f"{a}.rope.scaling.type", "none")
+    if scale_type not in ("none", "linear"):
+        raise CheckpointError(f"{path}: rope scaling {scale_type!r} is not supported")
+    scaling = RopeScaling()
+    if scale_type == "linear":
+        scaling = RopeScaling(kind="linear", factor=float(_field(reader, f"{a}.rope.scaling.factor")))
+    config = ModelConfig(
+        model_type=name,
+        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
+        hidden_size=hidden,
+        num_layers=int(_field(reader, f"{a}.block_count")),
+        num_heads=heads,
+        num_kv_heads=int(_field(reader, f"{a}.attention.head_count_kv", heads)),
+        head_dim=int(_field(reader, f"{a}.attention.key_length", hidden // heads)),
+        intermediate_size=int(_field(reader, f"{a}.feed_forward_length")),
+        rms_norm_eps=float(_field(reader, f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(_field(reader, f"{a}.rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        max_position_embeddings=int(_field(reader, f"{a}.context_length", 4096)),
+        tie_word_embeddings="output.weight" not in names,
+        qkv_bias=MODEL_TYPES[name]["qkv_bias"],
+        qk_norm=MODEL_TYPES[name]["qk_norm"],
+        eos_token_ids=sorted(set(eos)),
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+    )
+    config.validate()
+    return config
+
+
+def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    # llama.cpp's converter interleaves each head's rotary halves; restore HF's layout.
+    out, hidden = w.shape
+    return w.reshape(n_heads, out // n_heads // 2, 2, hidden).transpose(1, 2).reshape(out, hidden)
+
+
+def _unpermute_bias(b: torch.Tensor, n_heads: int) -> torch.Tensor:
+    return b.reshape(n_heads, b.shape[0] // n_heads // 2, 2).transpose(1, 2).reshape(-1)
+
+
+def load_gguf(path: str, model_type: Optional[str], dtype: torch.dtype, progress: bool = True):
+    """(ModelConfig, weights) from a .gguf file."""
+    import gguf
+
+    reader = _reader(path)
+    config = read_gguf_config(path, model_type, reader)
+    permuted = _field(reader, "general.architecture") == "llama"
+    weights: Dict[str, torch.Tensor] = {}
+    for t in tqdm(reader.tensors, desc="loading weights", unit="tensor", disable=not progress):
+        if t.name.startswith("blk."):
+            _, layer, rest = t.name.split(".", 2)
+            if rest not in _LAYER_NAMES:
+                continue
+            name = f"model.layers.{layer}.{_LAYER_NAMES[rest]}"
+        elif t.name in _GLOBAL_NAMES:
+            name = _GLOBAL_NAMES[t.name]
+        else:
+            continue
+        try:
+            data = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as e:
+            raise CheckpointError(f"{path}: cannot dequantize tensor {t.name} ({t.tensor_type.name}): {e}") from e
+        shape = [int(d) for d in reversed(t.shape)]
+        tensor = torch.from_numpy(np.array(data, dtype=np.float32).reshape(shape))  # a writable copy
+        if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
+            tensor = _unpermute(tensor, config.num_heads if "q_proj" in name else config.num_kv_heads)
+        if permuted and name.endswith(("q_proj.bias", "k_proj.bias")):
+            tensor = _unpermute_bias(tensor, config.num_heads if "q_proj" in name else config.num_kv_heads)
+        weights[name] = tensor.to(dtype)
+    check_weights(config, weights, path)
+    return config, weights
+
+
+def load_gguf_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path))
+    except Exception as e:
+        raise CheckpointError(f"cannot build the tokenizer from {path}: {e}") from e

@@ -1,0 +1,122 @@
+"""HF checkpoints: config.json, generation_config.json and single or sharded *.safetensors."""
+
+import json
+import os
+from typing import Dict, List, Optional
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from rtp_llm.config.model_config import ModelConfig, RopeScaling
+from rtp_llm.model_loader.registry import MODEL_TYPES, resolve_model_type
+from rtp_llm.model_loader.weights import CheckpointError, check_weights, expected_weights
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
+
+
+def _as_list(value) -> List[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def _rope(cfg: dict) -> tuple:
+    params = dict(cfg.get("rope_parameters") or {})  # transformers 5 moves rope settings here
+    scaling = cfg.get("rope_scaling") or params
+    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default")) or "default"
+    if kind not in ("default", "linear", "llama3"):
+        raise CheckpointError(f"rope scaling type {kind!r} is not supported (default, linear, llama3 are)")
+    rs = RopeScaling(kind=kind)
+    if kind != "default":
+        rs.factor = float(scaling["factor"])
+    if kind == "llama3":
+        rs.low_freq_factor = float(scaling.get("low_freq_factor", 1.0))
+        rs.high_freq_factor = float(scaling.get("high_freq_factor", 4.0))
+        rs.original_max_position = int(scaling.get("original_max_position_embeddings", 8192))
+    return theta, rs
+
+
+def read_hf_config(checkpoint_path: str, model_type: Optional[str] = None) -> ModelConfig:
+    path = os.path.join(checkpoint_path, "config.json")
+    if not os.path.exists(path):
+        raise CheckpointError(f"{checkpoint_path} has no config.json (an HF checkpoint directory or a .gguf file "
+                              f"is expected)")
+    cfg = _read_json(path)
+    archs = cfg.get("architectures") or []
+    name = resolve_model_type(model_type, archs[0] if archs else cfg.get("model_type"), path)
+    traits = MODEL_TYPES[name]
+    heads = int(cfg["num_attention_heads"])
+    theta, scaling = _rope(cfg)
+    gen_path = os.path.join(checkpoint_path, "generation_config.json")
+    gen = _read_json(gen_path) if os.path.exists(gen_path) else {}
+    eos = _as_list(gen.get("eos_token_id")) or _as_list(cfg.get("eos_token_id"))
+    config = ModelConfig(
+        model_type=name,
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=int(cfg["hidden_size"]),
+        num_layers=int(cfg["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+        intermediate_size=int(cfg["intermediate_size"]),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=traits["qkv_bias"] or bool(cfg.get("attention_bias", False)),
+        qk_norm=traits["qk_norm"],
+        eos_token_ids=eos,
+        bos_token_id=gen.get("bos_token_id", cfg.get("bos_token_id")),
+    )
+    config.validate()
+    return config
+
+
+def _shards(checkpoint_path: str) -> List[str]:
+    index = os.path.join(checkpoint_path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        files = sorted(set(_read_json(index)["weight_map"].values()))
+        missing = [f for f in files if not os.path.exists(os.path.join(checkpoint_path, f))]
+        if missing:
+            raise CheckpointError(f"{index} names shard {missing[0]}, which is missing")
+        return [os.path.join(checkpoint_path, f) for f in files]
+    single = os.path.join(checkpoint_path, "model.safetensors")
+    if os.path.exists(single):
+        return [single]
+    found = sorted(f for f in os.listdir(checkpoint_path) if f.endswith(".safetensors"))
+    if not found:
+        raise CheckpointError(f"{checkpoint_path} has no *.safetensors weights")
+    return [os.path.join(checkpoint_path, f) for f in found]
+
+
+def load_hf_weights(checkpoint_path: str, config: ModelConfig, dtype: torch.dtype,
+                    progress: bool = True) -> Dict[str, torch.Tensor]:
+    wanted = expected_weights(config)
+    weights: Dict[str, torch.Tensor] = {}
+    shards = _shards(checkpoint_path)
+    bar = tqdm(total=len(wanted), desc="loading weights", unit="tensor", disable=not progress)
+    for shard in shards:
+        try:
+            with safe_open(shard, framework="pt") as f:
+                for name in f.keys():
+                    if name in wanted:
+                        weights[name] = f.get_tensor(name).to(dtype)
+                        bar.update(1)
+        except CheckpointError:
+            raise
+        except Exception as e:  # safetensors' errors on a truncated or corrupt file
+            raise CheckpointError(f"cannot read {shard}: {e}") from e
+    bar.close()
+    if config.tie_word_embeddings and "lm_head.weight" in weights:
+        del weights["lm_head.weight"]
+    check_weights(config, weights, checkpoint_path)
+    return weights

@@ -1,0 +1,114 @@
+"""Token sampling on the device: greedy, temperature, top-k, top-p, min-p, repetition /
+presence / frequency penalties, and per-request seeds.
+
+A seeded row draws from its own generator seeded by (seed, tokens generated so far), so its
+samples do not depend on which other requests share the batch."""
+
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+_MASK = -float("inf")
+
+
+@dataclass
+class SamplingRows:
+    """Per-row parameters of the rows being sampled (numpy arrays of length N)."""
+
+    stream_ids: np.ndarray
+    temperature: np.ndarray
+    top_k: np.ndarray
+    top_p: np.ndarray
+    min_p: np.ndarray
+    repetition_penalty: np.ndarray
+    presence_penalty: np.ndarray
+    frequency_penalty: np.ndarray
+    random_seed: np.ndarray
+    num_generated: np.ndarray
+
+
+def _seed(seed: int, step: int) -> int:
+    return (int(seed) * 6364136223846793005 + int(step) * 1442695040888963407 + 1) & ((1 << 63) - 1)
+
+
+class Sampler:
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, rows: SamplingRows,
+               history: Callable[[int], Tuple[Sequence[int], int]]) -> Tuple[np.ndarray, np.ndarray]:
+        """logits: [N, V] fp32. history(stream_id) -> (all tokens, prompt length), asked only for
+        rows with penalties. Returns (tokens [N] int32, log-prob of each under the model [N])."""
+        n = logits.shape[0]
+        logprobs = torch.log_softmax(logits, dim=-1)
+        logits = self._apply_penalties(logits, rows, history)
+        greedy = (rows.temperature <= 0) | (rows.top_k == 1)
+        tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
+        g = np.nonzero(greedy)[0]
+        if len(g):
+            gi = torch.from_numpy(g).to(logits.device)
+            tokens[gi] = logits[gi].argmax(dim=-1)
+        s = np.nonzero(~greedy)[0]
+        if len(s):
+            si = torch.from_numpy(s).to(logits.device)
+            probs = self._probs(logits[si], rows, s)
+            seeded = rows.random_seed[s] >= 0
+            picked = torch.empty(len(s), dtype=torch.int64, device=logits.device)
+            if (~seeded).any():
+                u = torch.from_numpy(np.nonzero(~seeded)[0]).to(logits.device)
+                picked[u] = torch.multinomial(probs[u], 1).squeeze(1)
+            for j in np.nonzero(seeded)[0]:
+                r = s[j]
+                gen = torch.Generator(device=logits.device).manual_seed(_seed(rows.random_seed[r], rows.num_generated[r]))
+                picked[j] = torch.multinomial(probs[j], 1, generator=gen)[0]
+            tokens[si] = picked
+        chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
+        return tokens.to(torch.int32).cpu().numpy(), chosen.cpu().numpy()
+
+    def _apply_penalties(self, logits, rows: SamplingRows, history) -> torch.Tensor:
+        active = np.nonzero((rows.repetition_penalty != 1.0) | (rows.presence_penalty != 0.0)
+                            | (rows.frequency_penalty != 0.0))[0]
+        if not len(active):
+            return logits
+        logits = logits.clone()
+        for r in active:
+            tokens, prompt_len = history(int(rows.stream_ids[r]))
+            seq = torch.as_tensor(np.asarray(tokens, dtype=np.int64), device=logits.device)
+            row = logits[r]
+            if rows.repetition_penalty[r] != 1.0 and len(seq):  # HF: prompt and output tokens
+                seen = torch.unique(seq)
+                vals = row[seen]
+                p = float(rows.repetition_penalty[r])
+                row[seen] = torch.where(vals < 0, vals * p, vals / p)
+            out = seq[prompt_len:]
+            if len(out) and (rows.presence_penalty[r] != 0.0 or rows.frequency_penalty[r] != 0.0):
+                counts = torch.bincount(out, minlength=row.shape[0]).to(row.dtype)
+                row -= float(rows.frequency_penalty[r]) * counts + float(rows.presence_penalty[r]) * (counts > 0)
+        return logits
+
+    def _probs(self, logits: torch.Tensor, rows: SamplingRows, idx: np.ndarray) -> torch.Tensor:
+        dev = logits.device
+        temp = torch.from_numpy(rows.temperature[idx].astype(np.float32)).to(dev)[:, None]
+        logits = logits / temp
+        top_k = rows.top_k[idx]
+        if (top_k > 0).any():
+            k = torch.from_numpy(np.where(top_k > 0, top_k, logits.shape[1]).astype(np.int64)).to(dev)
+            kth = logits.topk(int(k.max()), dim=-1).values.gather(1, (k - 1)[:, None].clamp(max=logits.shape[1] - 1))
+            logits = logits.masked_fill(logits < kth, _MASK)
+        top_p = rows.top_p[idx]
+        if (top_p < 1.0).any():
+            sorted_logits, order = logits.sort(dim=-1, descending=True)
+            cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            p = torch.from_numpy(top_p.astype(np.float32)).to(dev)[:, None]
+            drop = cum - sorted_logits.softmax(dim=-1) > p  # keep the smallest prefix reaching p
+            sorted_logits = sorted_logits.masked_fill(drop, _MASK)
+            logits = torch.full_like(logits, _MASK).scatter(1, order, sorted_logits)
+        probs = logits.softmax(dim=-1)
+        min_p = rows.min_p[idx]
+        if (min_p > 0).any():
+            mp = torch.from_numpy(min_p.astype(np.float32)).to(dev)[:, None]
+            probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
+        return probs
