@@ -16,7 +16,7 @@ LOGIT_TOL = 1e-4
 
 def hf_greedy(model, prompt, n):
     ids = torch.tensor([prompt])
-    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, attention_mask=torch.ones_like(ids))
+    out = model.generate(ids, max_new_tokens=n, do_sample=False, attention_mask=torch.ones_like(ids))
     return out[0, len(prompt):].tolist()
 
 

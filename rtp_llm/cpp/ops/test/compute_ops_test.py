@@ -32,5 +32,62 @@ class RmsNormTest(unittest.TestCase):
             self.ops.rms_norm(torch.zeros(2, 16), torch.zeros(8), 1e-6)
 
 
+def reference_paged_attention(q, k_cache, v_cache, block_tables, query_starts, context_lens, scale):
+    import torch.nn.functional as F
+
+    out = torch.empty_like(q)
+    bs = k_cache.shape[1]
+    for s in range(len(context_lens)):
+        a, b, ctx = int(query_starts[s]), int(query_starts[s + 1]), int(context_lens[s])
+        pos = torch.arange(ctx)
+        slots = block_tables[s][pos // bs].long() * bs + pos % bs
+        k = k_cache.reshape(-1, *k_cache.shape[2:])[slots].transpose(0, 1)[None].float()
+        v = v_cache.reshape(-1, *v_cache.shape[2:])[slots].transpose(0, 1)[None].float()
+        qs = q[a:b].transpose(0, 1)[None].float()
+        mask = torch.arange(ctx)[None, :] <= torch.arange(ctx - (b - a), ctx)[:, None]
+        o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[a:b] = o[0].transpose(0, 1).to(q.dtype)
+    return out
+
+
+class PagedAttentionTest(unittest.TestCase):
+    def setUp(self):
+        self.ops = ensure_compute_ops_loaded()
+
+    def run_case(self, dtype, heads, kv_heads, head_dim, block_size, query_lens, context_lens, atol):
+        g = torch.Generator().manual_seed(1)
+        num_blocks = 64
+        k = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+        v = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+        max_blocks = max(-(-c // block_size) for c in context_lens)
+        # Each stream's blocks are scattered through the pool, as the block pool hands them out.
+        perm = torch.randperm(num_blocks, generator=g)[: len(context_lens) * max_blocks]
+        tables = perm.reshape(len(context_lens), max_blocks).to(torch.int32)
+        starts = torch.tensor([0] + list(torch.tensor(query_lens).cumsum(0)), dtype=torch.int32)
+        q = torch.randn(int(starts[-1]), heads, head_dim, generator=g).to(dtype)
+        ctx = torch.tensor(context_lens, dtype=torch.int32)
+        scale = head_dim ** -0.5
+        ours = self.ops.paged_attention(q, k, v, tables, starts, ctx, scale)
+        ref = reference_paged_attention(q, k, v, tables, starts, ctx, scale)
+        torch.testing.assert_close(ours, ref, atol=atol, rtol=atol)
+
+    def test_decode_prefill_and_chunk_after_prefix_fp32(self):
+        # Streams: decode (1 query, 37 keys), full prefill (20 of 20), chunk after a prefix (5 of 50).
+        self.run_case(torch.float32, 9, 3, 64, 16, [1, 20, 5], [37, 20, 50], 1e-5)
+
+    def test_mqa_bf16(self):
+        self.run_case(torch.bfloat16, 14, 2, 64, 16, [1, 1, 12], [100, 3, 12], 2e-2)
+
+    def test_mha_small_blocks(self):
+        self.run_case(torch.float32, 4, 4, 32, 4, [3, 1], [9, 64], 1e-5)
+
+    def test_rejects_bad_shapes_with_a_clear_error(self):
+        q = torch.zeros(2, 4, 8)
+        cache = torch.zeros(4, 4, 4, 8)
+        with self.assertRaisesRegex(RuntimeError, "query_starts"):
+            self.ops.paged_attention(q, cache, cache, torch.zeros(1, 1, dtype=torch.int32),
+                                     torch.tensor([0, 1], dtype=torch.int32), torch.tensor([1], dtype=torch.int32), 1.0)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,0 +1,141 @@
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include "rtp_llm/cpp/ops/compute_ops.h"
+
+namespace rtp_llm::ops {
+
+namespace {
+
+constexpr int kMaxGroup = 16;   // query heads per KV head
+constexpr int kMaxHeadDim = 256;
+
+template <typename T>
+inline void load(const T* src, float* dst, int n) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// One (query token, KV head) item: the group of query heads sharing that KV head attends
+// keys [0, pos] of its stream, read block by block through the block table, with an online
+// softmax in fp32.
+template <typename T>
+void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_table, int pos, int kv_head,
+            int num_kv_heads, int group, int head_dim, int block_size, float scale, T* out, int64_t q_head_stride) {
+  float qf[kMaxGroup][kMaxHeadDim], acc[kMaxGroup][kMaxHeadDim], kf[kMaxHeadDim], vf[kMaxHeadDim];
+  float m[kMaxGroup], l[kMaxGroup], s[kMaxGroup][64];
+  for (int g = 0; g < group; ++g) {
+    load(q + g * q_head_stride, qf[g], head_dim);
+    for (int d = 0; d < head_dim; ++d) qf[g][d] *= scale;
+    std::fill(acc[g], acc[g] + head_dim, 0.f);
+    m[g] = -std::numeric_limits<float>::infinity();
+    l[g] = 0.f;
+  }
+  const int64_t token_stride = int64_t{num_kv_heads} * head_dim;
+  const int num_keys = pos + 1;
+  for (int start = 0; start < num_keys; start += block_size) {
+    const int n = std::min(block_size, num_keys - start);
+    const int64_t base = int64_t{block_table[start / block_size]} * block_size * token_stride + int64_t{kv_head} * head_dim;
+    for (int j = 0; j < n; ++j) {
+      load(k_cache + base + j * token_stride, kf, head_dim);
+      for (int g = 0; g < group; ++g) {
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int d = 0; d < head_dim; ++d) dot += qf[g][d] * kf[d];
+        s[g][j] = dot;
+      }
+    }
+    for (int g = 0; g < group; ++g) {
+      float block_max = m[g];
+      for (int j = 0; j < n; ++j) block_max = std::max(block_max, s[g][j]);
+      const float rescale = std::exp(m[g] - block_max);
+      l[g] *= rescale;
+#pragma omp simd
+      for (int d = 0; d < head_dim; ++d) acc[g][d] *= rescale;
+      for (int j = 0; j < n; ++j) {
+        s[g][j] = std::exp(s[g][j] - block_max);
+        l[g] += s[g][j];
+      }
+      m[g] = block_max;
+    }
+    for (int j = 0; j < n; ++j) {
+      load(v_cache + base + j * token_stride, vf, head_dim);
+      for (int g = 0; g < group; ++g) {
+        const float p = s[g][j];
+#pragma omp simd
+        for (int d = 0; d < head_dim; ++d) acc[g][d] += p * vf[d];
+      }
+    }
+  }
+  for (int g = 0; g < group; ++g) {
+    const float inv = 1.f / l[g];
+    T* o = out + g * q_head_stride;
+    for (int d = 0; d < head_dim; ++d) o[d] = static_cast<T>(acc[g][d] * inv);
+  }
+}
+
+}  // namespace
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& block_tables, const at::Tensor& query_starts,
+                           const at::Tensor& context_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3, "paged_attention: q must be [T, H, D], got ", q.sizes());
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+              "paged_attention: k/v caches must be [blocks, block_size, kv_heads, D]");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
+              "paged_attention: q and the caches must share a dtype");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && query_starts.scalar_type() == at::kInt &&
+                  context_lens.scalar_type() == at::kInt,
+              "paged_attention: block_tables, query_starts and context_lens must be int32");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_attention: caches must be contiguous");
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
+  const int block_size = static_cast<int>(k_cache.size(1));
+  const int kv_heads = static_cast<int>(k_cache.size(2));
+  TORCH_CHECK(k_cache.size(3) == D && D <= kMaxHeadDim, "paged_attention: head_dim mismatch or > ", kMaxHeadDim);
+  TORCH_CHECK(H % kv_heads == 0 && H / kv_heads <= kMaxGroup, "paged_attention: ", H, " heads over ", kv_heads,
+              " KV heads is not supported");
+  TORCH_CHECK(block_size <= 64, "paged_attention: block_size must be <= 64");
+  const int group = static_cast<int>(H / kv_heads);
+  const int64_t S = context_lens.size(0);
+  TORCH_CHECK(query_starts.size(0) == S + 1 && block_tables.size(0) == S, "paged_attention: batch shape mismatch");
+
+  const at::Tensor qc = q.contiguous();
+  const at::Tensor bt = block_tables.contiguous(), qs = query_starts.contiguous(), cl = context_lens.contiguous();
+  at::Tensor out = at::empty_like(qc);
+  const int32_t* starts = qs.data_ptr<int32_t>();
+  const int32_t* ctx = cl.data_ptr<int32_t>();
+  TORCH_CHECK(starts[S] == T, "paged_attention: query_starts[-1] must equal the number of tokens");
+  // token -> stream, so that work items are (token, KV head) pairs in one flat range.
+  std::vector<int32_t> stream_of(T);
+  for (int64_t s = 0; s < S; ++s) std::fill(stream_of.begin() + starts[s], stream_of.begin() + starts[s + 1], s);
+  const int64_t bt_stride = bt.size(1);
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qc.scalar_type(), "paged_attention", [&] {
+    const scalar_t* qp = qc.data_ptr<scalar_t>();
+    const scalar_t* kp = k_cache.data_ptr<scalar_t>();
+    const scalar_t* vp = v_cache.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const int32_t* tables = bt.data_ptr<int32_t>();
+    at::parallel_for(0, T * kv_heads, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t t = item / kv_heads;
+        const int kvh = static_cast<int>(item % kv_heads);
+        const int s = stream_of[t];
+        // Causal: token t sits at position ctx - (tokens of the stream after it) - 1.
+        const int pos = ctx[s] - (starts[s + 1] - static_cast<int>(t));
+        const int64_t offset = (t * H + int64_t{kvh} * group) * D;
+        attend(qp + offset, kp, vp, tables + s * bt_stride, pos, kvh, kv_heads, group, static_cast<int>(D),
+               block_size, static_cast<float>(scale), op + offset, D);
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace rtp_llm::ops

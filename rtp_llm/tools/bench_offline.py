@@ -1,0 +1,94 @@
+"""Offline generation throughput against HF transformers' generate() in the same run (a tool
+that prints numbers, not a test).
+
+    python -m rtp_llm.tools.bench_offline --checkpoint PATH [--batch 1,16] [--prompt_len 128]
+        [--gen_len 128] [--act_type bf16] [--threads N]
+
+Both sides get the same random prompts, greedy decoding and exactly gen_len new tokens
+(EOS ignored). Reported: output tokens/s (batch * gen_len / wall time, prefill included)
+and the ratio ours / HF."""
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+
+def load_hf(path: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    if path.endswith(".gguf"):
+        model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                     dtype=torch.float32)
+        model = model.to(dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def hf_run(model, prompts, gen_len):
+    ids = torch.tensor(prompts)
+    with torch.inference_mode():
+        t = time.perf_counter()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen_len, do_sample=False)
+        elapsed = time.perf_counter() - t
+    assert out.shape[1] - ids.shape[1] == gen_len
+    return elapsed
+
+
+def ours_run(llm, prompts, gen_len):
+    t = time.perf_counter()
+    outs = llm.generate(prompts, {"max_new_tokens": gen_len, "temperature": 0, "ignore_eos": True})
+    elapsed = time.perf_counter() - t
+    assert all(len(o.outputs[0].token_ids) == gen_len for o in outs)
+    return elapsed
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="HF directory or .gguf file")
+    p.add_argument("--batch", default="1,16")
+    p.add_argument("--prompt_len", type=int, default=128)
+    p.add_argument("--gen_len", type=int, default=128)
+    p.add_argument("--act_type", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per side (median reported)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--skip_hf", action="store_true")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from rtp_llm.llm import LLM
+    from rtp_llm.model_loader import parse_dtype
+
+    dtype = parse_dtype(args.act_type)
+    batches = [int(b) for b in args.batch.split(",")]
+    max_batch = max(batches)
+    llm = LLM(args.checkpoint, act_type=args.act_type, progress=False,
+              max_seq_len=args.prompt_len + args.gen_len + 16, max_batch_size=max(max_batch, 1),
+              max_num_batched_tokens=max(2048, args.prompt_len), kv_cache_mem_mb=1024)
+    hf = None if args.skip_hf else load_hf(args.checkpoint, dtype)
+    vocab = llm.loaded.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    print(f"model {os.path.basename(args.checkpoint)}  dtype {args.act_type}  prompt {args.prompt_len}  "
+          f"gen {args.gen_len}  torch threads {torch.get_num_threads()}")
+    print(f"{'batch':>5} {'rtp_llm tok/s':>14} {'HF tok/s':>10} {'ratio':>7}")
+    for batch in batches:
+        prompts = torch.randint(100, vocab - 100, (batch, args.prompt_len), generator=g).tolist()
+        ours_run(llm, [q[:8] for q in prompts], 4)  # warm-up
+        ours = statistics.median(ours_run(llm, prompts, args.gen_len) for _ in range(args.repeats))
+        ours_tps = batch * args.gen_len / ours
+        if hf is None:
+            print(f"{batch:>5} {ours_tps:>14.1f} {'-':>10} {'-':>7}")
+            continue
+        hf_run(hf, [q[:8] for q in prompts], 4)
+        ref = statistics.median(hf_run(hf, prompts, args.gen_len) for _ in range(args.repeats))
+        hf_tps = batch * args.gen_len / ref
+        print(f"{batch:>5} {ours_tps:>14.1f} {hf_tps:>10.1f} {ours_tps / hf_tps:>6.2f}x", flush=True)
+    llm.close()
+
+
+if __name__ == "__main__":
+    main()

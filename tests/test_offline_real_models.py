@@ -1,0 +1,45 @@
+"""The offline API on real GGUF models: it knows the capital of France, and its greedy tokens
+equal HF transformers' on the same (dequantized, fp32) weights."""
+
+import os
+
+import pytest
+import torch
+
+from rtp_llm.llm import LLM
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of",
+           "List three colors: red,"]
+NEW_TOKENS = 64
+
+
+@pytest.fixture(scope="module", params=["smollm2", "qwen25"])
+def model(request):
+    path = request.getfixturevalue(request.param)
+    llm = LLM(path, act_type="fp32", progress=False, max_seq_len=512, kv_cache_mem_mb=256,
+              max_num_batched_tokens=32)  # small budget: the prompts are chunked
+    yield path, llm
+    llm.close()
+
+
+def test_capital_of_france(model):
+    _, llm = model
+    out = llm.generate("The capital of France is", {"max_new_tokens": 8, "temperature": 0})[0]
+    assert "Paris" in out.outputs[0].text, out.outputs[0].text
+
+
+def test_greedy_tokens_equal_hf_transformers(model):
+    from transformers import AutoModelForCausalLM
+
+    path, llm = model
+    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                              dtype=torch.float32).eval()
+    # Like ignore_eos: EOS is an ordinary token (min_new_tokens would instead forbid it).
+    hf.generation_config.eos_token_id = None
+    config = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+    ours = llm.generate(PROMPTS, config)
+    for out in ours:
+        ids = torch.tensor([out.prompt_token_ids])
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                          do_sample=False)[0, ids.shape[1]:].tolist()
+        assert out.outputs[0].token_ids == ref, out.prompt
