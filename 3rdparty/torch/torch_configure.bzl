@@ -4,7 +4,8 @@ Targets:
   :torch    cc_library: torch headers (with the bundled pybind11), C++ ABI define, and link
             flags for libtorch/libc10/libtorch_python of that installation
   :target_has_torch  config_setting: the target CPU is the one torch was built for
-  defs.bzl  TORCH_VERSION, TORCH_CXX11_ABI, TORCH_NPU_VERSION, TORCH_COMPATIBLE_WITH
+  defs.bzl  TORCH_VERSION, TORCH_CXX11_ABI, TORCH_NPU_VERSION, TORCH_COMPATIBLE_WITH,
+            TORCH_OPENMP_COPTS
 
 Without torch the repository still loads (the C++ core needs no torch); building :torch then
 fails with the fix. Torch-linked targets are compatible only with the CPU that installed
@@ -25,6 +26,10 @@ try:
         cxx11_abi=int(torch._C._GLIBCXX_USE_CXX11_ABI),
         include=os.path.join(root, "include"),
         lib=os.path.join(root, "lib"),
+        # The OpenMP runtime torch bundles (ATen's parallel_for is inline OpenMP code: an
+        # extension must use torch's runtime, not a second one).
+        openmp=sorted(f for f in os.listdir(os.path.join(root, "lib")) if f.startswith("libgomp")),
+        openmp_build=torch.backends.openmp.is_available(),
     )
     try:
         info["torch_npu"] = metadata.version("torch_npu")
@@ -43,7 +48,7 @@ cc_library(
     hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh"], allow_empty = True),
     includes = ["include", "include/torch/csrc/api/include"],
     defines = ["_GLIBCXX_USE_CXX11_ABI={abi}"],
-    linkopts = ["-L{lib}", "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10"],
+    linkopts = ["-L{lib}", "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10"{openmp}],
 )
 """
 
@@ -64,10 +69,13 @@ def _torch_configure_impl(repository_ctx):
         repository_ctx.file("BUILD", write_failing_target("torch_missing.h", message) + """
 cc_library(name = "torch", hdrs = [":torch_missing.h"], visibility = ["//visibility:public"])
 """)
-        info = {"version": "", "cxx11_abi": 1, "torch_npu": None}
+        info = {"version": "", "cxx11_abi": 1, "torch_npu": None, "openmp_build": False}
     else:
         repository_ctx.symlink(info["include"], "include")
-        repository_ctx.file("BUILD", _BUILD.format(abi = info["cxx11_abi"], lib = info["lib"]))
+        openmp = ""
+        if info["openmp_build"]:
+            openmp = ', "-l:%s"' % info["openmp"][0] if info["openmp"] else ', "-lgomp"'
+        repository_ctx.file("BUILD", _BUILD.format(abi = info["cxx11_abi"], lib = info["lib"], openmp = openmp))
     repository_ctx.file("BUILD", repository_ctx.read("BUILD") + """
 config_setting(
     name = "target_has_torch",
@@ -80,6 +88,8 @@ config_setting(
         "TORCH_CXX11_ABI = %d" % info["cxx11_abi"],
         "TORCH_NPU_VERSION = %r" % (info["torch_npu"] or ""),
         "TORCH_COMPATIBLE_WITH = [%r]" % cpu,
+        # Compile flags for code using ATen's parallel_for (see the probe's `openmp`).
+        "TORCH_OPENMP_COPTS = %r" % (["-fopenmp"] if info["openmp_build"] else []),
         "",
     ]))
 

@@ -50,9 +50,17 @@ class DeviceBackend(ABC):
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, 2 * I] (gate then up) -> [T, I]."""
 
-    def rotary(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """q: [T, H, D], k: [T, Hkv, D], cos/sin: [T, D/2] -> rotated (HF's rotate_half layout)."""
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """residual += x (in place); returns rms_norm(residual). x, residual: [N, D]."""
+        residual.add_(x)
+        return self.rms_norm(residual, weight, eps)
+
+    def rotary(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor):
+        """q: [T, H, D], k: [T, Hkv, D], positions: [T]; cos/sin: [max_positions, D/2] fp32.
+        Returns the rotated q, k (HF's rotate_half layout); may rotate in place."""
+        c, s = cos[positions], sin[positions]
+        return _rotate(q, c, s), _rotate(k, c, s)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

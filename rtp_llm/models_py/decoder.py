@@ -16,15 +16,21 @@ from rtp_llm.models_py.rotary import cos_sin_table
 
 @dataclass
 class Layer:
+    # Projection weights are stored transposed, [in, out], and applied as x @ w: on the CPU
+    # that is ~10% faster than F.linear over [out, in] for decode-sized batches.
     input_norm: torch.Tensor
-    qkv: torch.Tensor            # [(H + 2 Hkv) D, hidden]: q, k and v projections fused
+    qkv: torch.Tensor            # [hidden, (H + 2 Hkv) D]: q, k and v projections fused
     qkv_bias: Optional[torch.Tensor]
     q_norm: Optional[torch.Tensor]
     k_norm: Optional[torch.Tensor]
-    o_proj: torch.Tensor
+    o_proj: torch.Tensor         # [H D, hidden]
     post_norm: torch.Tensor
-    gate_up: torch.Tensor        # [2 I, hidden]
-    down: torch.Tensor
+    gate_up: torch.Tensor        # [hidden, 2 I]
+    down: torch.Tensor           # [I, hidden]
+
+
+def _t(w: torch.Tensor) -> torch.Tensor:
+    return w.t().contiguous()
 
 
 class DecoderModel:
@@ -46,14 +52,14 @@ class DecoderModel:
                 bias = torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]])
             self.layers.append(Layer(
                 input_norm=w[p + "input_layernorm.weight"],
-                qkv=torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]]),
+                qkv=_t(torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]])),
                 qkv_bias=bias,
                 q_norm=w.get(a + "q_norm.weight"),
                 k_norm=w.get(a + "k_norm.weight"),
-                o_proj=w[a + "o_proj.weight"],
+                o_proj=_t(w[a + "o_proj.weight"]),
                 post_norm=w[p + "post_attention_layernorm.weight"],
-                gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
-                down=w[p + "mlp.down_proj.weight"],
+                gate_up=_t(torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])),
+                down=_t(w[p + "mlp.down_proj.weight"]),
             ))
         cos, sin = cos_sin_table(c, max_positions)
         self.cos, self.sin = cos.to(dev), sin.to(dev)
@@ -68,22 +74,26 @@ class DecoderModel:
         token is wanted. Returns logits [N, vocab] in fp32."""
         c, be = self.config, self.backend
         T = token_ids.shape[0]
-        h = self.embed[token_ids]
-        cos, sin = self.cos[positions], self.sin[positions]
+        residual = self.embed[token_ids]  # [T, hidden]; every layer adds into it in place
+        x = be.rms_norm(residual, self.layers[0].input_norm, c.rms_norm_eps)
         for i, layer in enumerate(self.layers):
-            x = be.rms_norm(h, layer.input_norm, c.rms_norm_eps)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = x @ layer.qkv
+            if layer.qkv_bias is not None:
+                qkv += layer.qkv_bias
             q = qkv[:, : self.q_size].reshape(T, c.num_heads, c.head_dim)
             k = qkv[:, self.q_size: self.q_size + self.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
             v = qkv[:, self.q_size + self.kv_size:].reshape(T, c.num_kv_heads, c.head_dim)
             if layer.q_norm is not None:
                 q = be.rms_norm(q.reshape(-1, c.head_dim), layer.q_norm, c.rms_norm_eps).view_as(q)
                 k = be.rms_norm(k.reshape(-1, c.head_dim), layer.k_norm, c.rms_norm_eps).view_as(k)
-            q, k = be.rotary(q, k, cos, sin)
-            be.write_kv(k, v.contiguous(), kv_cache[i], meta)
+            q, k = be.rotary(q, k, positions, self.cos, self.sin)
+            be.write_kv(k, v, kv_cache[i], meta)
             o = be.attention(q, kv_cache[i], meta, self.scale)
-            h = h + F.linear(o.reshape(T, self.q_size), layer.o_proj)
-            x = be.rms_norm(h, layer.post_norm, c.rms_norm_eps)
-            h = h + F.linear(be.silu_and_mul(F.linear(x, layer.gate_up)), layer.down)
-        h = be.rms_norm(h[sample_rows], self.final_norm, c.rms_norm_eps)
+            x = be.add_rms_norm(o.reshape(T, self.q_size) @ layer.o_proj, residual, layer.post_norm, c.rms_norm_eps)
+            mlp = be.silu_and_mul(x @ layer.gate_up) @ layer.down
+            if i + 1 < len(self.layers):
+                x = be.add_rms_norm(mlp, residual, self.layers[i + 1].input_norm, c.rms_norm_eps)
+            else:
+                residual += mlp
+        h = be.rms_norm(residual[sample_rows], self.final_norm, c.rms_norm_eps)
         return F.linear(h, self.lm_head).float()

@@ -11,4 +11,11 @@ PYBIND11_MODULE(librtp_compute_ops, m) {
         "q: [T, H, D] over paged k/v caches [blocks, block_size, Hkv, D] -> [T, H, D]", pybind11::arg("q"),
         pybind11::arg("k_cache"), pybind11::arg("v_cache"), pybind11::arg("block_tables"),
         pybind11::arg("query_starts"), pybind11::arg("context_lens"), pybind11::arg("scale"));
+  m.def("fused_add_rms_norm", &rtp_llm::ops::fused_add_rms_norm, "residual += x; rms_norm(residual)",
+        pybind11::arg("x"), pybind11::arg("residual"), pybind11::arg("weight"), pybind11::arg("eps"));
+  m.def("rotary_embedding", &rtp_llm::ops::rotary_embedding, "in-place rotary on q and k", pybind11::arg("q"),
+        pybind11::arg("k"), pybind11::arg("positions"), pybind11::arg("cos"), pybind11::arg("sin"));
+  m.def("silu_and_mul", &rtp_llm::ops::silu_and_mul, "x: [T, 2I] -> silu(gate) * up", pybind11::arg("x"));
+  m.def("store_kv", &rtp_llm::ops::store_kv, "k, v into the paged cache at slot_mapping", pybind11::arg("k"),
+        pybind11::arg("v"), pybind11::arg("kv_cache"), pybind11::arg("slot_mapping"));
 }

@@ -17,4 +17,18 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                            const at::Tensor& block_tables, const at::Tensor& query_starts,
                            const at::Tensor& context_lens, double scale);
 
+// residual += x (in place), then returns rms_norm(residual, weight). x, residual: [N, D].
+at::Tensor fused_add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
+
+// In place on q: [T, H, D] and k: [T, Hkv, D] (HF's rotate_half layout); positions: [T]
+// int64; cos, sin: [max_positions, D / 2] float32.
+void rotary_embedding(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const at::Tensor& cos,
+                      const at::Tensor& sin);
+
+// x: [T, 2 I] (gate, then up) -> silu(gate) * up: [T, I].
+at::Tensor silu_and_mul(const at::Tensor& x);
+
+// Writes k, v: [T, Hkv, D] to kv_cache: [2, blocks, block_size, Hkv, D] at slot_mapping: [T].
+void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& kv_cache, const at::Tensor& slot_mapping);
+
 }  // namespace rtp_llm::ops

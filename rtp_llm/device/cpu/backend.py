@@ -1,11 +1,11 @@
-"""CPU backend: paged attention (prefill, chunks after a cached prefix and decode in one
-call, reading K/V through the block tables) and RMSNorm in the compute-ops extension."""
+"""CPU backend: the compute-ops extension's kernels: paged attention (prefill, chunks after a
+cached prefix and decode in one call, reading K/V through the block tables), KV store,
+rotary, fused residual-add + RMSNorm and SiLU-and-mul."""
 
 import os
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from rtp_llm.device.base import AttentionMetadata, DeviceBackend
 
@@ -48,9 +48,7 @@ class CpuBackend(DeviceBackend):
         )
 
     def write_kv(self, k, v, kv, meta):
-        flat = kv.view(2, -1, kv.shape[-2], kv.shape[-1])
-        flat[0].index_copy_(0, meta.slot_mapping, k)
-        flat[1].index_copy_(0, meta.slot_mapping, v)
+        self._ops.store_kv(k, v, kv, meta.slot_mapping)
 
     def attention(self, q, kv, meta, scale):
         return self._ops.paged_attention(q, kv[0], kv[1], meta.block_tables, meta.query_starts, meta.context_lens,
@@ -59,6 +57,12 @@ class CpuBackend(DeviceBackend):
     def rms_norm(self, x, weight, eps):
         return self._ops.rms_norm(x, weight, eps)
 
+    def add_rms_norm(self, x, residual, weight, eps):
+        return self._ops.fused_add_rms_norm(x, residual, weight, eps)
+
+    def rotary(self, q, k, positions, cos, sin):
+        self._ops.rotary_embedding(q, k, positions, cos, sin)
+        return q, k
+
     def silu_and_mul(self, x):
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return self._ops.silu_and_mul(x)

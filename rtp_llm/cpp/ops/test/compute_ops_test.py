@@ -89,5 +89,48 @@ class PagedAttentionTest(unittest.TestCase):
                                      torch.tensor([0, 1], dtype=torch.int32), torch.tensor([1], dtype=torch.int32), 1.0)
 
 
+class FusedOpsTest(unittest.TestCase):
+    def setUp(self):
+        self.ops = ensure_compute_ops_loaded()
+        self.g = torch.Generator().manual_seed(3)
+
+    def test_fused_add_rms_norm_adds_in_place_then_normalizes(self):
+        x, res, w = (torch.randn(5, 64, generator=self.g) for _ in range(3))
+        w = w[0]
+        expected_res = res + x
+        out = self.ops.fused_add_rms_norm(x, res, w, 1e-6)
+        torch.testing.assert_close(res, expected_res)
+        torch.testing.assert_close(out, reference_rms_norm(expected_res, w, 1e-6))
+
+    def test_silu_and_mul(self):
+        x = torch.randn(7, 2 * 48, generator=self.g)
+        gate, up = x.chunk(2, dim=-1)
+        torch.testing.assert_close(self.ops.silu_and_mul(x), torch.nn.functional.silu(gate) * up)
+
+    def test_rotary_matches_hf_rotate_half(self):
+        from rtp_llm.device.base import _rotate
+
+        q = torch.randn(6, 4, 32, generator=self.g)
+        k = torch.randn(6, 2, 32, generator=self.g)
+        pos = torch.tensor([0, 5, 9, 1, 2, 63])
+        angles = torch.outer(torch.arange(64).float(), torch.rand(16, generator=self.g))
+        cos, sin = angles.cos(), angles.sin()
+        expected_q, expected_k = _rotate(q, cos[pos], sin[pos]), _rotate(k, cos[pos], sin[pos])
+        self.ops.rotary_embedding(q, k, pos, cos, sin)
+        torch.testing.assert_close(q, expected_q)
+        torch.testing.assert_close(k, expected_k)
+
+    def test_store_kv_writes_each_token_at_its_slot(self):
+        cache = torch.zeros(2, 4, 4, 2, 8)
+        k, v = torch.randn(3, 2, 8, generator=self.g), torch.randn(3, 2, 8, generator=self.g)
+        slots = torch.tensor([13, 2, 7])
+        self.ops.store_kv(k, v, cache, slots)
+        flat = cache.view(2, 16, 2, 8)
+        torch.testing.assert_close(flat[0, slots], k)
+        torch.testing.assert_close(flat[1, slots], v)
+        with self.assertRaisesRegex(RuntimeError, "out of range"):
+            self.ops.store_kv(k, v, cache, torch.tensor([0, 1, 16]))
+
+
 if __name__ == "__main__":
     unittest.main()
