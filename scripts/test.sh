@@ -6,6 +6,8 @@
 #  3. bazelisk test --config=asan //rtp_llm/cpp/...  the C++ tests under AddressSanitizer
 #  4. scripts/check_wheel.sh                         the installed wheel: loads, imports and
 #                                                    is portable (bundled libraries)
+#  5. pytest tests/                                  integration tests on real small models
+#                                                    (fetched by scripts/fetch_models.sh)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -22,5 +24,10 @@ fi
 step "bazelisk test --config=asan //rtp_llm/cpp/..."
 bazelisk test --config=asan //rtp_llm/cpp/...
 step "installed wheel"
-scripts/check_wheel.sh "$(mktemp -d)/venv"
+VENV="$(mktemp -d)/venv"
+scripts/check_wheel.sh "$VENV"
+step "integration tests (tests/) against the installed wheel"
+"$VENV/bin/python" -m pip install -q -r deps/requirements_test.txt
+PYTHON="$VENV/bin/python" scripts/fetch_models.sh >/dev/null
+(cd /tmp && "$VENV/bin/python" -m pytest -q "$ROOT/tests")
 step "all tests passed"

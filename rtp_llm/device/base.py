@@ -39,8 +39,10 @@ class DeviceBackend(ABC):
         """k, v: [T, num_kv_heads, head_dim] into this layer's cache kv: [2, blocks, block_size, heads, dim]."""
 
     @abstractmethod
-    def attention(self, q: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        """q: [T, num_heads, head_dim] -> [T, num_heads, head_dim]; causal over each stream's context."""
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata,
+                  scale: float) -> torch.Tensor:
+        """q: [T, num_heads, head_dim] -> [T, num_heads, head_dim]; causal over each stream's
+        context. k, v: this step's [T, num_kv_heads, head_dim], already written to kv."""
 
     @abstractmethod
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

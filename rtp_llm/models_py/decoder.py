@@ -88,7 +88,7 @@ class DecoderModel:
                 k = be.rms_norm(k.reshape(-1, c.head_dim), layer.k_norm, c.rms_norm_eps).view_as(k)
             q, k = be.rotary(q, k, positions, self.cos, self.sin)
             be.write_kv(k, v, kv_cache[i], meta)
-            o = be.attention(q, kv_cache[i], meta, self.scale)
+            o = be.attention(q, k, v, kv_cache[i], meta, self.scale)
             x = be.add_rms_norm(o.reshape(T, self.q_size) @ layer.o_proj, residual, layer.post_norm, c.rms_norm_eps)
             mlp = be.silu_and_mul(x @ layer.gate_up) @ layer.down
             if i + 1 < len(self.layers):

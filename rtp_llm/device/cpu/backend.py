@@ -3,20 +3,29 @@ cached prefix and decode in one call, reading K/V through the block tables), KV 
 rotary, fused residual-add + RMSNorm and SiLU-and-mul."""
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from rtp_llm.device.base import AttentionMetadata, DeviceBackend
 
 
 @dataclass
 class CpuAttentionMetadata(AttentionMetadata):
-    # Zero-copy views of the core's step batch (valid for this step only).
     slot_mapping: torch.Tensor  # [T] int64
-    block_tables: torch.Tensor  # [S, B] int32
-    query_starts: torch.Tensor  # [S + 1] int32
-    context_lens: torch.Tensor  # [S] int32
+    # Streams with one query token (decode), for the paged kernel: their token rows (None
+    # when every stream decodes, i.e. all rows), block tables [Sd, B], query starts [Sd + 1]
+    # and context lengths [Sd], int32.
+    decode_rows: Optional[torch.Tensor]
+    block_tables: torch.Tensor
+    query_starts: torch.Tensor
+    context_lens: torch.Tensor
+    # Prompt chunks: (first row, rows, KV slots of the cached prefix or None). They are
+    # compute-bound, so they go to SDPA (GEMMs) rather than the paged kernel.
+    chunks: List[Tuple[int, int, Optional[torch.Tensor]]] = field(default_factory=list)
 
 
 class CpuBackend(DeviceBackend):
@@ -40,19 +49,56 @@ class CpuBackend(DeviceBackend):
             return 4 << 30
 
     def prepare_attention(self, batch, block_size: int) -> CpuAttentionMetadata:
-        return CpuAttentionMetadata(
-            slot_mapping=torch.from_numpy(batch.slot_mapping),
-            block_tables=torch.from_numpy(batch.block_tables),
-            query_starts=torch.from_numpy(batch.query_starts),
-            context_lens=torch.from_numpy(batch.context_lens),
+        q_lens = batch.query_lens
+        decode = q_lens == 1
+        if decode.all():  # zero-copy views of the core's step batch (valid for this step)
+            meta = CpuAttentionMetadata(torch.from_numpy(batch.slot_mapping), None,
+                                        torch.from_numpy(batch.block_tables), torch.from_numpy(batch.query_starts),
+                                        torch.from_numpy(batch.context_lens))
+            return meta
+        idx = np.nonzero(decode)[0]
+        meta = CpuAttentionMetadata(
+            torch.from_numpy(batch.slot_mapping),
+            torch.from_numpy(batch.query_starts[idx].astype(np.int64)),
+            torch.from_numpy(np.ascontiguousarray(batch.block_tables[idx])),
+            torch.from_numpy(np.arange(len(idx) + 1, dtype=np.int32)),
+            torch.from_numpy(np.ascontiguousarray(batch.context_lens[idx])),
         )
+        for i in np.nonzero(~decode)[0]:
+            start, n, prefix = int(batch.query_starts[i]), int(q_lens[i]), int(batch.prefix_lens[i])
+            slots = None
+            if prefix:
+                pos = np.arange(prefix + n)
+                slots = torch.from_numpy(batch.block_tables[i][pos // block_size].astype(np.int64) * block_size
+                                         + pos % block_size)
+            meta.chunks.append((start, n, slots))
+        return meta
 
     def write_kv(self, k, v, kv, meta):
         self._ops.store_kv(k, v, kv, meta.slot_mapping)
 
-    def attention(self, q, kv, meta, scale):
-        return self._ops.paged_attention(q, kv[0], kv[1], meta.block_tables, meta.query_starts, meta.context_lens,
-                                         scale)
+    def attention(self, q, k, v, kv, meta, scale):
+        if meta.decode_rows is None:
+            return self._ops.paged_attention(q, kv[0], kv[1], meta.block_tables, meta.query_starts,
+                                             meta.context_lens, scale)
+        out = torch.empty_like(q)
+        if len(meta.decode_rows):
+            out[meta.decode_rows] = self._ops.paged_attention(q[meta.decode_rows], kv[0], kv[1], meta.block_tables,
+                                                              meta.query_starts, meta.context_lens, scale)
+        for start, n, slots in meta.chunks:
+            qs = q[start:start + n].transpose(0, 1)  # [H, n, D]
+            if slots is None:  # a whole prompt: its K/V are this step's
+                ks, vs = k[start:start + n].transpose(0, 1), v[start:start + n].transpose(0, 1)
+                mask = None
+            else:  # a chunk after a cached prefix: K/V of the whole context from the cache
+                ks = kv[0].view(-1, *kv.shape[-2:])[slots].transpose(0, 1)
+                vs = kv[1].view(-1, *kv.shape[-2:])[slots].transpose(0, 1)
+                c = slots.shape[0]
+                mask = torch.arange(c)[None, :] <= torch.arange(c - n, c)[:, None]
+            o = F.scaled_dot_product_attention(qs[None], ks[None], vs[None], attn_mask=mask, is_causal=mask is None,
+                                               scale=scale, enable_gqa=True)
+            out[start:start + n] = o[0].transpose(0, 1)
+        return out
 
     def rms_norm(self, x, weight, eps):
         return self._ops.rms_norm(x, weight, eps)
