@@ -36,7 +36,6 @@ template <typename T>
 inline __attribute__((always_inline)) void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_table, int pos, int kv_head,
             int num_kv_heads, int group, int head_dim, int block_size, float scale, T* out, int64_t q_head_stride) {
   float qf[kMaxGroup][kMaxHeadDim], acc[kMaxGroup][kMaxHeadDim], kf[kMaxHeadDim], vf[kMaxHeadDim];
-  alignas(64) float kt[kMaxHeadDim][64];
   alignas(64) float s[kMaxGroup][64];
   float m[kMaxGroup], l[kMaxGroup];
   for (int g = 0; g < group; ++g) {
@@ -51,26 +50,19 @@ inline __attribute__((always_inline)) void attend(const T* q, const T* k_cache, 
   for (int start = 0; start < num_keys; start += block_size) {
     const int n = std::min(block_size, num_keys - start);
     const int64_t base = int64_t{block_table[start / block_size]} * block_size * token_stride + int64_t{kv_head} * head_dim;
-    // K of this block transposed to [D][keys], so that scores are 16-wide FMAs over the keys
-    // instead of one horizontal dot product per key.
+    // Scores: one dot product per (key, query head); each K row is converted to fp32 once
+    // and shared by the query heads of the group.
     for (int j = 0; j < n; ++j) {
       load(k_cache + base + j * token_stride, kf, head_dim);
-      for (int d = 0; d < head_dim; ++d) kt[d][j] = kf[d];
-    }
-    const int w = block_size;  // lanes computed; keys [n, w) are zero padding, masked below
-    for (int j = n; j < w; ++j) {
-      for (int d = 0; d < head_dim; ++d) kt[d][j] = 0.f;
+      for (int g = 0; g < group; ++g) {
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int d = 0; d < head_dim; ++d) dot += qf[g][d] * kf[d];
+        s[g][j] = dot;
+      }
     }
     for (int g = 0; g < group; ++g) {
       float* sg = s[g];
-#pragma omp simd
-      for (int j = 0; j < w; ++j) sg[j] = 0.f;
-      for (int d = 0; d < head_dim; ++d) {
-        const float qd = qf[g][d];
-        const float* row = kt[d];
-#pragma omp simd
-        for (int j = 0; j < w; ++j) sg[j] += qd * row[j];
-      }
       float block_max = m[g];
       for (int j = 0; j < n; ++j) block_max = std::max(block_max, sg[j]);
       const float rescale = std::exp(m[g] - block_max);
