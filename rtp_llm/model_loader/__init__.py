@@ -41,33 +41,42 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def load_tokenizer(checkpoint_path: str, tokenizer_path: Optional[str] = None):
+    """The tokenizer for a checkpoint: tokenizer_path if given, else the GGUF file's, else the
+    HF directory's; None when an HF directory has no tokenizer files (token ids only)."""
+    from transformers import AutoTokenizer
+
+    if not tokenizer_path:
+        gguf_path = find_gguf(checkpoint_path)
+        if gguf_path:
+            from rtp_llm.model_loader.gguf_loader import load_gguf_tokenizer
+
+            return load_gguf_tokenizer(gguf_path)
+        if not any(os.path.exists(os.path.join(checkpoint_path, f))
+                   for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+            return None
+        tokenizer_path = checkpoint_path
+    try:
+        return AutoTokenizer.from_pretrained(tokenizer_path)
+    except Exception as e:
+        raise CheckpointError(f"cannot load a tokenizer from {tokenizer_path}: {e}") from e
+
+
 def load_model(checkpoint_path: str, model_type: Optional[str] = None, dtype: torch.dtype = torch.float32,
                tokenizer_path: Optional[str] = None, progress: bool = True) -> LoadedModel:
     if not os.path.exists(checkpoint_path):
         raise CheckpointError(f"checkpoint_path {checkpoint_path} does not exist")
     gguf_path = find_gguf(checkpoint_path)
     if gguf_path:
-        from rtp_llm.model_loader.gguf_loader import load_gguf, load_gguf_tokenizer
+        from rtp_llm.model_loader.gguf_loader import load_gguf
 
         config, weights = load_gguf(gguf_path, model_type, dtype, progress)
-        tokenizer = None if tokenizer_path else load_gguf_tokenizer(gguf_path)
     else:
         from rtp_llm.model_loader.hf_loader import load_hf_weights, read_hf_config
 
         config = read_hf_config(checkpoint_path, model_type)
         weights = load_hf_weights(checkpoint_path, config, dtype, progress)
-        tokenizer = None
-        has_tokenizer = any(os.path.exists(os.path.join(checkpoint_path, f))
-                            for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
-        # Without tokenizer files the model still serves token ids (e.g. test checkpoints).
-        tokenizer_path = tokenizer_path or (checkpoint_path if has_tokenizer else None)
-    if tokenizer_path:
-        from transformers import AutoTokenizer
-
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-        except Exception as e:
-            raise CheckpointError(f"cannot load a tokenizer from {tokenizer_path}: {e}") from e
+    tokenizer = load_tokenizer(checkpoint_path, tokenizer_path)
     if not config.eos_token_ids and getattr(tokenizer, "eos_token_id", None) is not None:
         config.eos_token_ids = [int(tokenizer.eos_token_id)]
     return LoadedModel(config, weights, tokenizer, dtype)

@@ -1,0 +1,72 @@
+"""Server flags, upstream's names; every flag has an environment twin in upper case
+(--start_port / START_PORT). Flags win over the environment."""
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+from typing import List, Optional
+
+
+@dataclass
+class ServerConfig:
+    checkpoint_path: str = ""
+    model_type: Optional[str] = None
+    tokenizer_path: Optional[str] = None
+    start_port: int = 8088                 # HTTP; the engine's gRPC server listens on start_port + 1
+    frontend_server_count: int = 4
+    concurrency_limit: int = 32
+    max_seq_len: Optional[int] = None
+    max_batch_size: int = 32
+    max_num_batched_tokens: int = 2048
+    seq_size_per_block: int = 16
+    kv_cache_mem_mb: Optional[int] = None
+    reuse_cache: bool = True
+    act_type: str = "bf16"
+    device: str = "cpu"
+
+    def validate(self) -> None:
+        if not self.checkpoint_path:
+            raise ValueError("--checkpoint_path (or CHECKPOINT_PATH) is required")
+        if not os.path.exists(self.checkpoint_path):
+            raise ValueError(f"--checkpoint_path {self.checkpoint_path} does not exist")
+        if not 1 <= self.start_port <= 65534:
+            raise ValueError(f"--start_port must be in [1, 65534], got {self.start_port}")
+        for name in ("frontend_server_count", "concurrency_limit"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def rpc_address(self) -> str:
+        return f"127.0.0.1:{self.start_port + 1}"
+
+    def to_args(self) -> List[str]:
+        out = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out.append(f"--{f.name}={int(value) if isinstance(value, bool) else value}")
+        return out
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
+
+
+def parse_server_config(argv=None, description: str = "") -> ServerConfig:
+    p = argparse.ArgumentParser(description=description)
+    defaults = ServerConfig()
+    for f in fields(ServerConfig):
+        default = getattr(defaults, f.name)
+        kind = {bool: _parse_bool, int: int}.get(type(default), str)
+        if f.name in ("max_seq_len", "kv_cache_mem_mb"):
+            kind = int
+        env = os.environ.get(f.name.upper())
+        p.add_argument(f"--{f.name}", type=kind, default=kind(env) if env is not None else default,
+                       help=f"env {f.name.upper()}; default {default}")
+    config = ServerConfig(**vars(p.parse_args(argv)))
+    config.validate()
+    return config

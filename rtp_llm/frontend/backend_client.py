@@ -1,0 +1,100 @@
+"""The frontend's view of the engine: one gRPC GenerateStreamCall per sequence."""
+
+from dataclasses import dataclass, field
+from typing import AsyncIterator, List, Optional
+
+import grpc
+
+from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2 as pb
+from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2_grpc as pb_grpc
+
+
+@dataclass
+class Chunk:
+    new_ids: List[int]
+    finished: bool
+    aux: dict = field(default_factory=dict)
+
+
+class BackendError(Exception):
+    """The engine refused or failed a request: `http_status`, upstream `error_code`, message."""
+
+    def __init__(self, http_status: int, error_code: int, message: str):
+        super().__init__(message)
+        self.http_status = http_status
+        self.error_code = error_code
+        self.message = message
+
+
+_HTTP = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.CANCELLED: 499,
+}
+
+
+def _aux(a: pb.AuxInfoPB) -> dict:
+    return {
+        "cost_time": a.cost_time_us / 1000.0, "first_token_cost_time": a.first_token_cost_time_us / 1000.0,
+        "wait_time": a.wait_time_us / 1000.0, "iter_count": a.iter_count, "input_len": a.input_len,
+        "prefix_len": a.prefix_len, "reuse_len": a.total_reuse_len, "output_len": a.output_len,
+    }
+
+
+class BackendClient:
+    def __init__(self, address: str):
+        # The backend may come up after this frontend: reconnect quickly rather than with
+        # gRPC's default backoff (up to two minutes).
+        self.channel = grpc.aio.insecure_channel(address, options=[
+            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.max_receive_message_length", 64 << 20)])
+        self.stub = pb_grpc.RpcServiceStub(self.channel)
+
+    async def health(self, timeout: float = 2.0) -> bool:
+        try:
+            r = await self.stub.CheckHealth(pb.EmptyPB(), timeout=timeout)
+            return r.health == "ok"
+        except grpc.aio.AioRpcError:
+            return False
+
+    async def worker_status(self) -> pb.WorkerStatusPB:
+        return await self.stub.GetWorkerStatus(pb.StatusVersionPB(), timeout=5)
+
+    async def cache_status(self) -> pb.CacheStatusPB:
+        return await self.stub.GetCacheStatus(pb.CacheVersionPB(), timeout=5)
+
+    async def generate(self, token_ids: List[int], config: pb.GenerateConfigPB,
+                       request_id: int = 0) -> AsyncIterator[Chunk]:
+        """Streams the new tokens of one sequence. Closing the iterator early (a stop string
+        was hit, the client went away) cancels the call, and the engine frees the stream."""
+        request = pb.GenerateInputPB(request_id=request_id, token_ids=token_ids)
+        request.generate_config.CopyFrom(config)
+        request.generate_config.is_streaming = True
+        # wait_for_ready: a request during a reconnect waits for the channel instead of failing.
+        call = self.stub.GenerateStreamCall(request, wait_for_ready=True)
+        try:
+            async for out in call:
+                flat = out.flatten_output
+                ids = list(memoryview(flat.output_ids.int32_data).cast("i")) if flat.output_ids.int32_data else []
+                yield Chunk(ids, bool(flat.finished and flat.finished[0]), _aux(flat.aux_info[0]))
+        except grpc.aio.AioRpcError as e:
+            code, message = e.code(), e.details() or str(e.code())
+            error_code = 514  # UNKNOWN_ERROR
+            trailing = dict(e.trailing_metadata() or ())
+            raw = trailing.get("grpc-status-details-bin")
+            if raw:
+                details = pb.ErrorDetailsPB()
+                try:
+                    details.ParseFromString(raw)
+                    error_code, message = int(details.error_code), details.error_message or message
+                except Exception:
+                    pass
+            raise BackendError(_HTTP.get(code, 500), error_code, message) from None
+        finally:
+            call.cancel()
+
+    async def close(self):
+        await self.channel.close()

@@ -1,0 +1,44 @@
+"""The backend process: loads the model, runs the engine loop, serves RpcService on
+start_port + 1 (loopback) until SIGTERM/SIGINT."""
+
+import logging
+import signal
+import sys
+import threading
+
+from rtp_llm.config.server_config import ServerConfig, parse_server_config
+
+log = logging.getLogger("rtp_llm.backend")
+
+
+def serve(config: ServerConfig) -> int:
+    from rtp_llm.async_decoder_engine.engine import Engine, EngineArgs
+    from rtp_llm.model_loader import load_model, parse_dtype
+
+    loaded = load_model(config.checkpoint_path, config.model_type, parse_dtype(config.act_type),
+                        config.tokenizer_path, progress=True)
+    engine = Engine(loaded, EngineArgs(device=config.device, max_seq_len=config.max_seq_len,
+                                       max_batch_size=config.max_batch_size,
+                                       max_num_batched_tokens=config.max_num_batched_tokens,
+                                       seq_size_per_block=config.seq_size_per_block,
+                                       kv_cache_mem_mb=config.kv_cache_mem_mb, reuse_cache=config.reuse_cache))
+    port = engine.core.start_rpc_server(config.rpc_address)
+    engine.start()
+    log.info("backend serving RpcService on 127.0.0.1:%d", port)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    log.info("backend stopping")
+    engine.core.stop_rpc_server()  # cancels calls in progress; their streams are aborted
+    engine.stop()
+    return 0
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return serve(parse_server_config(argv, __doc__))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

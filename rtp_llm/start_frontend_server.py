@@ -1,0 +1,49 @@
+"""A frontend process: the HTTP API on start_port (SO_REUSEPORT: several frontends share it),
+talking to the backend's RpcService on start_port + 1."""
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from aiohttp import web
+
+from rtp_llm.config.server_config import ServerConfig, parse_server_config
+
+log = logging.getLogger("rtp_llm.frontend")
+
+
+async def _serve(config: ServerConfig) -> None:
+    from rtp_llm.frontend.app import Frontend
+    from rtp_llm.frontend.backend_client import BackendClient
+    from rtp_llm.model_loader import load_tokenizer
+
+    tokenizer = load_tokenizer(config.checkpoint_path, config.tokenizer_path)
+    if tokenizer is None:
+        raise ValueError(f"{config.checkpoint_path} has no tokenizer: pass --tokenizer_path")
+    client = BackendClient(config.rpc_address)
+    name = os.path.basename(os.path.normpath(config.checkpoint_path))
+    limit = max(1, config.concurrency_limit // config.frontend_server_count)
+    runner = web.AppRunner(Frontend(tokenizer, client, name, limit).app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "0.0.0.0", config.start_port, reuse_port=True)
+    await site.start()
+    log.info("frontend %d listening on :%d", os.getpid(), config.start_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()  # finishes requests in flight
+    await client.close()
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(_serve(parse_server_config(argv, __doc__)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

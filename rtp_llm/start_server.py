@@ -1,0 +1,62 @@
+"""python -m rtp_llm.start_server --checkpoint_path=DIR_OR_GGUF [--model_type=qwen_3]
+[--start_port=8088] [--frontend_server_count=4] ...   (every flag has an env twin: START_PORT)
+
+Starts one backend process (model, engine, gRPC on start_port + 1) and N frontend processes
+(HTTP on start_port), supervises them, and exits non-zero if one dies. SIGTERM/SIGINT stop
+the frontends first (they finish requests in flight), then the backend."""
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+
+from rtp_llm.config.server_config import parse_server_config
+
+log = logging.getLogger("rtp_llm.start_server")
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = parse_server_config(argv, __doc__)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    args = config.to_args()
+    py = sys.executable
+    backend = subprocess.Popen([py, "-m", "rtp_llm.start_backend_server", *args])
+    frontends = [subprocess.Popen([py, "-m", "rtp_llm.start_frontend_server", *args])
+                 for _ in range(config.frontend_server_count)]
+    children = [("backend", backend)] + [(f"frontend {i}", p) for i, p in enumerate(frontends)]
+    stopping = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.append(True))
+    code = 0
+    while not stopping:
+        dead = [(name, p) for name, p in children if p.poll() is not None]
+        if dead:
+            name, p = dead[0]
+            log.error("%s (pid %d) exited with code %s: stopping the server", name, p.pid, p.returncode)
+            code = 1
+            break
+        time.sleep(0.2)
+    for p in frontends:  # frontends first: they drain, then the engine goes
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in frontends:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    if backend.poll() is None:
+        backend.send_signal(signal.SIGTERM)
+        try:
+            backend.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            backend.kill()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

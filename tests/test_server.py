@@ -1,0 +1,151 @@
+"""The server end to end on the embedded default model (SmolLM2-135M-Instruct): the seed
+flow on the native API, the OpenAI API through the official client (chat, completions,
+streaming, stop, n > 1, usage), errors as JSON, and served greedy output equal to the
+offline API's."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return port if port < 65000 else _free_port()
+
+
+def _post(url, body, timeout=120):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+@pytest.fixture(scope="module")
+def server(smollm2):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={smollm2}",
+                             f"--start_port={port}", "--frontend_server_count=2", "--kv_cache_mem_mb=256",
+                             "--max_seq_len=2048", "--act_type=fp32"])
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        assert proc.poll() is None, "the server exited while starting"
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        time.sleep(1)
+    else:
+        pytest.fail("the server did not become healthy")
+    yield base
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused")
+
+
+def test_seed_flow_native(server):
+    status, text = _post(server + "/", {"prompt": "hello, what is your name", "generate_config": {"max_new_tokens": 16}})
+    assert status == 200, text
+    body = json.loads(text)
+    assert body["response"] and body["finished"] is True
+    assert body["aux_info"]["output_len"] > 0
+
+
+def test_native_streaming_ends_with_done(server):
+    req = urllib.request.Request(server + "/", data=json.dumps({
+        "prompt": "The capital of France is", "generate_config": {"max_new_tokens": 8, "temperature": 0},
+        "yield_generator": True}).encode())
+    with urllib.request.urlopen(req, timeout=120) as r:
+        events = [line for line in r.read().decode().split("\n\n") if line]
+    assert events[-1] == "data:[done]"
+    last = json.loads(events[-2][len("data:"):])
+    assert last["finished"] is True and "Paris" in last["response"]
+
+
+def test_chat_and_usage(client):
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is the capital of France?"}],
+                                       max_tokens=24, temperature=0)
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_completions_stream_with_usage(client):
+    chunks = list(client.completions.create(model="m", prompt="1, 2, 3, 4,", max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text.startswith(" 5, 6")
+    assert chunks[-1].usage.completion_tokens == 12
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_chat_stream(client):
+    stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Say hello."}],
+                                            max_tokens=16, temperature=0, stream=True)
+    deltas = [c.choices[0].delta for c in stream if c.choices]
+    assert deltas[0].role == "assistant"
+    assert "".join(d.content or "" for d in deltas)
+
+
+def test_stop_string_is_not_in_the_output(client):
+    r = client.completions.create(model="m", prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=["7"])
+    assert r.choices[0].text == " 5, 6, "
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_n_sequences_with_seeds(client):
+    r = client.completions.create(model="m", prompt="Once upon a time", max_tokens=8, n=3, temperature=1.0, seed=7)
+    assert len(r.choices) == 3 and sorted(c.index for c in r.choices) == [0, 1, 2]
+    again = client.completions.create(model="m", prompt="Once upon a time", max_tokens=8, n=3, temperature=1.0, seed=7)
+    assert [c.text for c in sorted(r.choices, key=lambda c: c.index)] == \
+        [c.text for c in sorted(again.choices, key=lambda c: c.index)]
+
+
+def test_bad_input_is_a_400_naming_the_field(server, client):
+    import openai
+
+    status, text = _post(server + "/", {"prompt": "hi", "generate_config": {"top_p": 3}})
+    assert status == 400 and "top_p" in json.loads(text)["message"]
+    status, text = _post(server + "/", {"generate_config": {}})
+    assert status == 400 and "prompt" in json.loads(text)["message"]
+    status, _ = _post(server + "/nope", {})
+    assert status == 404
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="m", prompt="hi", max_tokens=0)
+    assert "max_tokens" in str(e.value)
+    status, text = _post(server + "/", {"prompt": "x " * 3000, "generate_config": {"max_new_tokens": 4}})
+    assert status == 400 and json.loads(text)["error_code"] == 511
+
+
+def test_served_greedy_equals_offline(server, smollm2):
+    from rtp_llm.llm import LLM
+
+    prompts = ["The capital of France is", "def add(a, b):"]
+    served = [json.loads(_post(server + "/", {"prompt": p, "generate_config": {"max_new_tokens": 24,
+                                                                                  "temperature": 0}})[1])["response"]
+              for p in prompts]
+    llm = LLM(smollm2, act_type="fp32", progress=False, max_seq_len=2048, kv_cache_mem_mb=256)
+    offline = [o.outputs[0].text for o in llm.generate(prompts, {"max_new_tokens": 24, "temperature": 0})]
+    llm.close()
+    assert served == offline
