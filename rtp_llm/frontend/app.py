@@ -70,7 +70,8 @@ class Frontend:
         try:
             resp = await handler(request)
         except RequestError as e:
-            resp = error_response(e.status, e.error_code, str(e), openai, e.field)
+            headers = {"Retry-After": "1"} if e.status == 429 else None
+            resp = error_response(e.status, e.error_code, str(e), openai, e.field or None, headers)
         except BackendError as e:
             resp = error_response(e.http_status, e.error_code, e.message, openai)
         except web.HTTPException as e:
