@@ -24,8 +24,9 @@ async def _serve(config: ServerConfig) -> None:
         raise ValueError(f"{config.checkpoint_path} has no tokenizer: pass --tokenizer_path")
     client = BackendClient(config.rpc_address)
     name = os.path.basename(os.path.normpath(config.checkpoint_path))
-    limit = max(1, config.concurrency_limit // config.frontend_server_count)
-    runner = web.AppRunner(Frontend(tokenizer, client, name, limit).app(), access_log=None)
+    # Per frontend process (SO_REUSEPORT spreads connections unevenly, so a share of a global
+    # limit would refuse requests while another frontend idles).
+    runner = web.AppRunner(Frontend(tokenizer, client, name, config.concurrency_limit).app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "0.0.0.0", config.start_port, reuse_port=True)
     await site.start()

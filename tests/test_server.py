@@ -149,3 +149,28 @@ def test_served_greedy_equals_offline(server, smollm2):
     offline = [o.outputs[0].text for o in llm.generate(prompts, {"max_new_tokens": 24, "temperature": 0})]
     llm.close()
     assert served == offline
+
+
+def test_metrics_after_traffic(server):
+    _post(server + "/", {"prompt": "hi there", "generate_config": {"max_new_tokens": 4}})
+    with urllib.request.urlopen(server + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for name in ("rtp_llm_http_requests_total", "rtp_llm_time_to_first_token_seconds_bucket",
+                 "rtp_llm_e2e_request_latency_seconds_count", "rtp_llm_kv_cache_usage",
+                 "rtp_llm_prefix_cache_hit_rate", "rtp_llm_running_streams"):
+        assert name in text, name
+
+
+def test_load_tool_reports_latencies_and_overhead(server, tmp_path):
+    from rtp_llm.tools import bench_serve
+
+    report_path = tmp_path / "report.json"
+    bench_serve.main(["--base_url", server, "--endpoint", "native", "--num_prompts", "4", "--input_len", "16",
+                      "--output_len", "4", "--concurrency", "2", "--save_json", str(report_path)])
+    report = json.loads(report_path.read_text())
+    assert report["completed"] == 4 and report["failed"] == 0
+    assert report["server_overhead_ms"]["p50"] >= 0
+    bench_serve.main(["--base_url", server, "--num_prompts", "4", "--input_len", "16", "--output_len", "4",
+                      "--concurrency", "4", "--save_json", str(report_path)])
+    report = json.loads(report_path.read_text())
+    assert report["completed"] == 4 and report["tpot_ms"]["p50"] > 0

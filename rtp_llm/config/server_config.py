@@ -14,7 +14,7 @@ class ServerConfig:
     tokenizer_path: Optional[str] = None
     start_port: int = 8088                 # HTTP; the engine's gRPC server listens on start_port + 1
     frontend_server_count: int = 4
-    concurrency_limit: int = 32
+    concurrency_limit: int = 32            # requests in flight per frontend process; more get 429
     max_seq_len: Optional[int] = None
     max_batch_size: int = 32
     max_num_batched_tokens: int = 2048

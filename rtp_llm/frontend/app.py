@@ -15,6 +15,7 @@ from rtp_llm.config.generate_config import GenerateConfig, GenerateConfigError
 from rtp_llm.frontend.backend_client import BackendClient, BackendError
 from rtp_llm.frontend.errors import CONCURRENCY_LIMIT_ERROR, UNKNOWN_ERROR, RequestError, error_response
 from rtp_llm.frontend.generation import generate_sequences
+from rtp_llm.frontend.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class Frontend:
         self.limit = concurrency_limit
         self.in_flight = 0
         self.ids = itertools.count(1)
-        self.counters: Dict[str, int] = {}
+        self.stats = Metrics()
 
     # ---- plumbing ---------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -81,8 +82,8 @@ class Frontend:
         except Exception:
             log.exception("internal error on %s", request.path)
             resp = error_response(500, UNKNOWN_ERROR, "internal error", openai)
-        key = f'{request.method} {request.path if request.match_info.route.resource else "unknown"} {resp.status}'
-        self.counters[key] = self.counters.get(key, 0) + 1
+        route = request.match_info.route.resource
+        self.stats.count(request.method, route.canonical if route else "unknown", resp.status)
         return resp
 
     async def _json(self, request: web.Request) -> Dict[str, Any]:
@@ -96,7 +97,7 @@ class Frontend:
 
     def _admit(self):
         if self.in_flight >= self.limit:
-            raise RequestError("", f"over the concurrency limit ({self.limit} per frontend)", 429,
+            raise RequestError("", f"over the concurrency limit ({self.limit} requests per frontend process)", 429,
                                CONCURRENCY_LIMIT_ERROR)
         self.in_flight += 1
 
@@ -136,12 +137,38 @@ class Frontend:
                                   "block_size": s.block_size})
 
     async def metrics(self, request):
-        lines = ["# TYPE rtp_llm_http_requests_total counter"]
-        for key, n in sorted(self.counters.items()):
-            method, path, status = key.split(" ")
-            lines.append(f'rtp_llm_http_requests_total{{method="{method}",path="{path}",status="{status}"}} {n}')
-        lines += ["# TYPE rtp_llm_frontend_in_flight gauge", f"rtp_llm_frontend_in_flight {self.in_flight}"]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+        gauges = {"rtp_llm_frontend_in_flight": ("requests in flight in this frontend", self.in_flight)}
+        try:
+            w, c = await self.client.worker_status(), await self.client.cache_status()
+            gauges.update({
+                "rtp_llm_running_streams": ("streams being generated", w.running_query_len),
+                "rtp_llm_waiting_streams": ("streams waiting for admission", w.waiting_query_len),
+                "rtp_llm_kv_cache_usage": ("fraction of KV cache tokens in use",
+                                           1 - c.available_kv_cache / max(c.total_kv_cache, 1)),
+                "rtp_llm_prefix_cache_hit_rate": ("prompt tokens served by the prefix cache / looked up",
+                                                  c.hit_tokens / max(c.lookup_tokens, 1)),
+            })
+        except BackendError:
+            pass
+        except Exception:  # the engine is down: frontend metrics are still worth serving
+            log.warning("metrics: the backend did not answer")
+        return web.Response(text=self.stats.render(gauges), content_type="text/plain")
+
+    async def _timed(self, events):
+        """Passes events through, recording TTFT, inter-token latency and e2e latency."""
+        start = last = time.perf_counter()
+        first = True
+        async for ev in events:
+            if ev.delta:
+                now = time.perf_counter()
+                if first:
+                    self.stats.ttft.observe(now - start)
+                    first = False
+                else:
+                    self.stats.itl.observe(now - last)
+                last = now
+            yield ev
+        self.stats.e2e.observe(time.perf_counter() - start)
 
     async def tokenize(self, request):
         body = await self._json(request)
@@ -181,8 +208,8 @@ class Frontend:
     async def _native_one(self, prompt_ids, config, stop, fe):
         n = config.num_return_sequences
         texts, aux = [""] * n, [{}] * n
-        async for ev in generate_sequences(self.client, self.tokenizer, prompt_ids, config, stop,
-                                           bool(fe.get("print_stop_words")), next(self.ids)):
+        async for ev in self._timed(generate_sequences(self.client, self.tokenizer, prompt_ids, config, stop,
+                                                       bool(fe.get("print_stop_words")), next(self.ids))):
             texts[ev.index] += ev.delta
             if ev.finished:
                 aux[ev.index] = ev.aux
@@ -196,8 +223,8 @@ class Frontend:
         incremental = bool(fe.get("return_incremental"))
         n = config.num_return_sequences
         texts, finished = [""] * n, [False] * n
-        async for ev in generate_sequences(self.client, self.tokenizer, prompt_ids, config, stop,
-                                           bool(fe.get("print_stop_words")), next(self.ids)):
+        async for ev in self._timed(generate_sequences(self.client, self.tokenizer, prompt_ids, config, stop,
+                                                       bool(fe.get("print_stop_words")), next(self.ids))):
             texts[ev.index] += ev.delta
             finished[ev.index] = finished[ev.index] or ev.finished
             out = ev.delta if incremental else texts[ev.index]
@@ -266,7 +293,8 @@ class Frontend:
         obj = "chat.completion" if chat else "text_completion"
         self._admit()
         try:
-            events = generate_sequences(self.client, self.tokenizer, prompt_ids, config, stop, False, next(self.ids))
+            events = self._timed(generate_sequences(self.client, self.tokenizer, prompt_ids, config, stop, False,
+                                                    next(self.ids)))
             if not stream:
                 n = config.num_return_sequences
                 texts, reasons, tokens = [""] * n, ["stop"] * n, [0] * n

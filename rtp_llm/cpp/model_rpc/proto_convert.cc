@@ -105,6 +105,8 @@ void fill_cache_status(const EngineStats& s, CacheStatusPB* out) {
   out->set_available_kv_cache(int64_t{s.kv.free_blocks + s.kv.cached_blocks} * s.kv.block_size);
   out->set_total_kv_cache(int64_t{s.kv.total_blocks} * s.kv.block_size);
   out->set_block_size(s.kv.block_size);
+  out->set_hit_tokens(s.kv.hit_tokens);
+  out->set_lookup_tokens(s.kv.lookup_tokens);
 }
 
 }  // namespace rtp_llm

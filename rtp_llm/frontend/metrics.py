@@ -1,0 +1,51 @@
+"""Prometheus text-format metrics of one frontend process (no client library needed)."""
+
+import bisect
+from typing import Dict, List, Sequence, Tuple
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Histogram:
+    def __init__(self, name: str, help_text: str, buckets: Sequence[float] = _LATENCY_BUCKETS):
+        self.name, self.help = name, help_text
+        self.buckets = list(buckets)
+        self.counts = [0] * (len(self.buckets) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+
+    def render(self) -> List[str]:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        total = 0
+        for bound, n in zip(self.buckets + [float("inf")], self.counts):
+            total += n
+            le = "+Inf" if bound == float("inf") else repr(bound)
+            lines.append(f'{self.name}_bucket{{le="{le}"}} {total}')
+        lines += [f"{self.name}_sum {self.sum}", f"{self.name}_count {total}"]
+        return lines
+
+
+class Metrics:
+    def __init__(self):
+        self.requests: Dict[Tuple[str, str, int], int] = {}
+        self.ttft = Histogram("rtp_llm_time_to_first_token_seconds", "time to the first generated text")
+        self.itl = Histogram("rtp_llm_inter_token_latency_seconds", "time between streamed text chunks")
+        self.e2e = Histogram("rtp_llm_e2e_request_latency_seconds", "request latency, first byte in to last out")
+
+    def count(self, method: str, path: str, status: int) -> None:
+        key = (method, path, status)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+    def render(self, gauges: Dict[str, Tuple[str, float]]) -> str:
+        lines = ["# HELP rtp_llm_http_requests_total HTTP requests by route and status",
+                 "# TYPE rtp_llm_http_requests_total counter"]
+        for (method, path, status), n in sorted(self.requests.items()):
+            lines.append(f'rtp_llm_http_requests_total{{method="{method}",path="{path}",status="{status}"}} {n}')
+        for h in (self.ttft, self.itl, self.e2e):
+            lines += h.render()
+        for name, (help_text, value) in sorted(gauges.items()):
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value}"]
+        return "\n".join(lines) + "\n"
