@@ -174,3 +174,19 @@ def test_load_tool_reports_latencies_and_overhead(server, tmp_path):
                       "--concurrency", "4", "--save_json", str(report_path)])
     report = json.loads(report_path.read_text())
     assert report["completed"] == 4 and report["tpot_ms"]["p50"] > 0
+
+
+def test_logprobs_of_chosen_tokens(client):
+    import openai
+
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Say yes."}], max_tokens=6,
+                                       temperature=0, logprobs=True)
+    content = r.choices[0].logprobs.content
+    assert content and all(c.logprob <= 0 for c in content)
+    assert "".join(c.token for c in content).strip()
+    c = client.completions.create(model="m", prompt="1, 2, 3,", max_tokens=4, temperature=0, logprobs=1)
+    assert len(c.choices[0].logprobs.token_logprobs) == 4
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       logprobs=True, top_logprobs=5)
+    assert "top_logprobs" in str(e.value)

@@ -260,6 +260,26 @@ class Frontend:
             raise RequestError("body", str(e)) from None
 
     @staticmethod
+    def _logprobs_wanted(body, chat: bool) -> bool:
+        top = body.get("top_logprobs") if chat else body.get("logprobs")
+        if chat and body.get("logprobs") not in (None, False, True):
+            raise RequestError("logprobs", "must be a boolean")
+        if top not in (None, 0, False, True) and not (isinstance(top, int) and top >= 0):
+            raise RequestError("top_logprobs" if chat else "logprobs", "must be a non-negative integer")
+        if isinstance(top, int) and not isinstance(top, bool) and top > (0 if chat else 1):
+            raise RequestError("top_logprobs" if chat else "logprobs",
+                               "alternatives are not supported: only the chosen token's log-prob is returned")
+        return bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
+
+    def _logprobs(self, pairs, chat: bool):
+        tokens = [self.tokenizer.decode([t]) for t, _ in pairs]
+        if chat:
+            return {"content": [{"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
+                                for tok, (_, lp) in zip(tokens, pairs)]}
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp in pairs], "top_logprobs": None,
+                "text_offset": None}
+
+    @staticmethod
     def _stop(body) -> List[str]:
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else stop
@@ -285,6 +305,8 @@ class Frontend:
 
     async def _openai(self, request, body, prompt_ids, chat: bool, default_max: Optional[int]):
         config = self._openai_config(body, default_max)
+        want_logprobs = self._logprobs_wanted(body, chat)
+        config.return_logprobs = want_logprobs
         stop = self._stop(body)
         stream = bool(body.get("stream"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -298,13 +320,16 @@ class Frontend:
             if not stream:
                 n = config.num_return_sequences
                 texts, reasons, tokens = [""] * n, ["stop"] * n, [0] * n
+                pairs: List[list] = [[] for _ in range(n)]
                 async for ev in events:
                     texts[ev.index] += ev.delta
+                    pairs[ev.index] += ev.logprobs
                     if ev.finished:
                         reasons[ev.index], tokens[ev.index] = ev.finish_reason, ev.num_tokens
+                lps = [self._logprobs(p, chat) if want_logprobs else None for p in pairs]
                 choices = [({"index": i, "message": {"role": "assistant", "content": texts[i]},
-                             "finish_reason": reasons[i], "logprobs": None} if chat else
-                            {"index": i, "text": texts[i], "finish_reason": reasons[i], "logprobs": None})
+                             "finish_reason": reasons[i], "logprobs": lps[i]} if chat else
+                            {"index": i, "text": texts[i], "finish_reason": reasons[i], "logprobs": lps[i]})
                            for i in range(n)]
                 usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": sum(tokens),
                          "total_tokens": len(prompt_ids) + sum(tokens)}
@@ -331,9 +356,10 @@ class Frontend:
                 if not ev.delta and not ev.finished:
                     continue
                 reason = ev.finish_reason if ev.finished else None
+                lp = self._logprobs(ev.logprobs, chat) if want_logprobs else None
                 choice = ({"index": ev.index, "delta": {"content": ev.delta} if ev.delta else {},
-                           "finish_reason": reason} if chat else
-                          {"index": ev.index, "text": ev.delta, "finish_reason": reason, "logprobs": None})
+                           "finish_reason": reason, "logprobs": lp} if chat else
+                          {"index": ev.index, "text": ev.delta, "finish_reason": reason, "logprobs": lp})
                 await send([choice])
             if include_usage:
                 await send([], {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,

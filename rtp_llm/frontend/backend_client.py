@@ -1,5 +1,6 @@
 """The frontend's view of the engine: one gRPC GenerateStreamCall per sequence."""
 
+import math
 from dataclasses import dataclass, field
 from typing import AsyncIterator, List, Optional
 
@@ -14,6 +15,7 @@ class Chunk:
     new_ids: List[int]
     finished: bool
     aux: dict = field(default_factory=dict)
+    logprobs: Optional[List[float]] = None  # of new_ids, when the request asked for them
 
 
 class BackendError(Exception):
@@ -79,7 +81,12 @@ class BackendClient:
             async for out in call:
                 flat = out.flatten_output
                 ids = list(memoryview(flat.output_ids.int32_data).cast("i")) if flat.output_ids.int32_data else []
-                yield Chunk(ids, bool(flat.finished and flat.finished[0]), _aux(flat.aux_info[0]))
+                aux = flat.aux_info[0]
+                logprobs = None
+                if aux.softmax_probs.fp32_data:
+                    logprobs = [math.log(p) if p > 0 else -math.inf
+                                for p in memoryview(aux.softmax_probs.fp32_data).cast("f")]
+                yield Chunk(ids, bool(flat.finished and flat.finished[0]), _aux(aux), logprobs)
         except grpc.aio.AioRpcError as e:
             code, message = e.code(), e.details() or str(e.code())
             error_code = 514  # UNKNOWN_ERROR

@@ -18,6 +18,8 @@ class SequenceEvent:
     finish_reason: Optional[str] = None  # "stop" | "length" when finished
     aux: dict = field(default_factory=dict)
     num_tokens: int = 0
+    # (token id, log-prob) of the tokens this event covers, when the request asked for them.
+    logprobs: List[tuple] = field(default_factory=list)
 
 
 async def generate_sequences(client: BackendClient, tokenizer, prompt_ids: List[int], config: GenerateConfig,
@@ -31,8 +33,11 @@ async def generate_sequences(client: BackendClient, tokenizer, prompt_ids: List[
         reason = "stop"
         aux: dict = {}
         try:
+            pending: List[tuple] = []
             async for chunk in stream:
                 aux = chunk.aux
+                if chunk.logprobs is not None:
+                    pending += list(zip(chunk.new_ids, chunk.logprobs))
                 delta = detok.add(chunk.new_ids)
                 if detok.stopped:
                     break  # a stop string: leaving the loop cancels the call
@@ -42,10 +47,12 @@ async def generate_sequences(client: BackendClient, tokenizer, prompt_ids: List[
                         reason = "length"
                     break
                 if delta:
-                    await queue.put(SequenceEvent(index, delta, False, aux=aux, num_tokens=len(detok.ids)))
+                    await queue.put(SequenceEvent(index, delta, False, aux=aux, num_tokens=len(detok.ids),
+                                                  logprobs=pending))
+                    pending = []
             else:
                 delta = detok.finish()
-            await queue.put(SequenceEvent(index, delta, True, reason, aux, len(detok.ids)))
+            await queue.put(SequenceEvent(index, delta, True, reason, aux, len(detok.ids), pending))
         except BackendError as e:
             await queue.put(e)
         finally:
