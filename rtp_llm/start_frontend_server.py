@@ -26,7 +26,8 @@ async def _serve(config: ServerConfig) -> None:
     name = os.path.basename(os.path.normpath(config.checkpoint_path))
     # Per frontend process (SO_REUSEPORT spreads connections unevenly, so a share of a global
     # limit would refuse requests while another frontend idles).
-    runner = web.AppRunner(Frontend(tokenizer, client, name, config.concurrency_limit).app(), access_log=None)
+    frontend = Frontend(tokenizer, client, name, config.concurrency_limit)
+    runner = web.AppRunner(frontend.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "0.0.0.0", config.start_port, reuse_port=True)
     await site.start()
@@ -36,7 +37,13 @@ async def _serve(config: ServerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await runner.cleanup()  # finishes requests in flight
+    # Drain: new requests get 503, those in flight finish (bounded), then the port closes.
+    frontend.draining = True
+    for _ in range(600):
+        if frontend.in_flight == 0:
+            break
+        await asyncio.sleep(0.1)
+    await runner.cleanup()
     await client.close()
 
 

@@ -32,11 +32,11 @@ def _post(url, body, timeout=120):
         return e.code, e.read().decode()
 
 
-@pytest.fixture(scope="module")
-def server(smollm2):
+def _start_server(model, frontends=2):
+    """(process, base URL) of a server that answers /health."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={smollm2}",
-                             f"--start_port={port}", "--frontend_server_count=2", "--kv_cache_mem_mb=256",
+    proc = subprocess.Popen([sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={model}",
+                             f"--start_port={port}", f"--frontend_server_count={frontends}", "--kv_cache_mem_mb=256",
                              "--max_seq_len=2048", "--act_type=fp32"])
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
@@ -50,7 +50,14 @@ def server(smollm2):
             pass
         time.sleep(1)
     else:
+        proc.kill()
         pytest.fail("the server did not become healthy")
+    return proc, base
+
+
+@pytest.fixture(scope="module")
+def server(smollm2):
+    proc, base = _start_server(smollm2)
     yield base
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
@@ -170,10 +177,12 @@ def test_load_tool_reports_latencies_and_overhead(server, tmp_path):
     report = json.loads(report_path.read_text())
     assert report["completed"] == 4 and report["failed"] == 0
     assert report["server_overhead_ms"]["p50"] >= 0
+    plot = tmp_path / "report.png"
     bench_serve.main(["--base_url", server, "--num_prompts", "4", "--input_len", "16", "--output_len", "4",
-                      "--concurrency", "4", "--save_json", str(report_path)])
+                      "--concurrency", "4", "--save_json", str(report_path), "--plot", str(plot)])
     report = json.loads(report_path.read_text())
     assert report["completed"] == 4 and report["tpot_ms"]["p50"] > 0
+    assert plot.read_bytes().startswith(b"\x89PNG")
 
 
 def test_logprobs_of_chosen_tokens(client):
@@ -190,3 +199,38 @@ def test_logprobs_of_chosen_tokens(client):
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2,
                                        logprobs=True, top_logprobs=5)
     assert "top_logprobs" in str(e.value)
+
+
+def test_sigterm_drains_requests_in_flight(smollm2):
+    import threading
+
+    proc, base = _start_server(smollm2, frontends=1)
+    result = {}
+
+    def request():
+        result["reply"] = _post(base + "/", {"prompt": "Tell me a story.",
+                                             "generate_config": {"max_new_tokens": 48, "ignore_eos": True}})
+
+    t = threading.Thread(target=request)
+    t.start()
+    time.sleep(1.0)  # the request is generating
+    proc.send_signal(signal.SIGTERM)
+    t.join(timeout=120)
+    status, text = result["reply"]
+    assert status == 200, text
+    assert json.loads(text)["aux_info"]["output_len"] == 48
+    assert proc.wait(timeout=60) == 0
+
+
+def test_qwen3_chat_template_honours_enable_thinking(model_cache):
+    from transformers import AutoTokenizer
+
+    from rtp_llm.frontend.app import Frontend
+
+    tok = AutoTokenizer.from_pretrained(os.path.join(model_cache, "qwen3-tokenizer"))
+    fe = Frontend(tok, client=None, model_name="qwen3", concurrency_limit=1)
+    messages = [{"role": "user", "content": "Hi"}]
+    off = tok.decode(fe._chat_ids(messages, {"enable_thinking": False}))
+    on = tok.decode(fe._chat_ids(messages, {}))
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert on.endswith("<|im_start|>assistant\n")

@@ -49,6 +49,8 @@ class Frontend:
         self.model_name = model_name
         self.limit = concurrency_limit
         self.in_flight = 0
+        self.ready = False     # the backend has answered a health check
+        self.draining = False  # SIGTERM: finish requests in flight, refuse new ones (503)
         self.ids = itertools.count(1)
         self.stats = Metrics()
 
@@ -95,7 +97,13 @@ class Frontend:
             raise RequestError("body", "must be a JSON object")
         return body
 
-    def _admit(self):
+    async def _admit(self):
+        if self.draining:
+            raise RequestError("", "the server is shutting down", 503, UNKNOWN_ERROR)
+        if not self.ready:
+            self.ready = await self.client.health(timeout=1.0)
+            if not self.ready:
+                raise RequestError("", "the engine is still starting", 503, UNKNOWN_ERROR)
         if self.in_flight >= self.limit:
             raise RequestError("", f"over the concurrency limit ({self.limit} requests per frontend process)", 429,
                                CONCURRENCY_LIMIT_ERROR)
@@ -120,7 +128,8 @@ class Frontend:
 
     # ---- health and status ------------------------------------------------------------
     async def health(self, request):
-        if await self.client.health():
+        if not self.draining and await self.client.health():
+            self.ready = True
             return web.Response(text='"ok"', content_type="application/json")
         return error_response(503, UNKNOWN_ERROR, "the engine is not serving", False)
 
@@ -196,7 +205,7 @@ class Frontend:
         streaming = bool(fe.get("yield_generator") or body.get("stream") or fe.get("is_streaming"))
         if streaming and len(ids) > 1:
             raise RequestError("prompt_batch", "cannot be streamed; send one prompt per request")
-        self._admit()
+        await self._admit()
         try:
             if streaming:
                 return await self._native_stream(request, ids[0], config, stop, fe)
@@ -313,7 +322,7 @@ class Frontend:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
-        self._admit()
+        await self._admit()
         try:
             events = self._timed(generate_sequences(self.client, self.tokenizer, prompt_ids, config, stop, False,
                                                     next(self.ids)))
