@@ -3,6 +3,7 @@ loaded model, and steps them (schedule -> model -> sample -> commit), in the cal
 thread (offline) or in a background thread (server)."""
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Optional
@@ -103,9 +104,16 @@ class Engine:
         self._thread.start()
 
     def _loop(self):
-        while self._running:
-            if self.core.wait_for_work(100):
-                self.step()
+        try:
+            while self._running:
+                if self.core.wait_for_work(100):
+                    self.step()
+        except BaseException:
+            # Failing one step's requests and serving on is issue 8's fault handling; until then
+            # a dead loop must not leave clients hanging: the process exits and its supervisor
+            # (start_server) stops the server with this log line as the reason.
+            log.exception("the engine loop failed; exiting")
+            os._exit(1)
 
     def stop(self):
         self._running = False
