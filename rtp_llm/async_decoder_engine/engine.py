@@ -74,6 +74,9 @@ class Engine:
         kv = self.backend.allocate_kv_cache(c.num_layers, self.num_blocks, block, c.num_kv_heads, c.head_dim,
                                             loaded.dtype)
         model = DecoderModel(c, loaded.weights, self.backend, self.max_seq_len)
+        # The model holds its own (fused, transposed) copies: drop the loaded tensors rather
+        # than keep the weights in memory twice.
+        loaded.weights.clear()
         self.runner = ModelRunner(model, self.backend, kv, block)
         self._thread: Optional[threading.Thread] = None
         self._running = False
