@@ -88,7 +88,11 @@ class Engine:
         b = self.core.schedule()
         if b.num_streams == 0:
             return False
-        self.runner.step(self.core, b)
+        try:
+            self.runner.step(self.core, b)
+        except Exception as e:  # the step's requests fail; the engine serves on
+            log.exception("model step failed; failing its %d streams", b.num_streams)
+            self.core.fail_batch(f"model execution failed: {type(e).__name__}: {e}")
         return True
 
     def warm_up(self):
@@ -112,9 +116,9 @@ class Engine:
                 if self.core.wait_for_work(100):
                     self.step()
         except BaseException:
-            # Failing one step's requests and serving on is issue 8's fault handling; until then
-            # a dead loop must not leave clients hanging: the process exits and its supervisor
-            # (start_server) stops the server with this log line as the reason.
+            # A failing step only fails its requests (step()); anything else that escapes must not
+            # leave clients hanging: the process exits and its supervisor (start_server) stops
+            # the server with this log line as the reason.
             log.exception("the engine loop failed; exiting")
             os._exit(1)
 

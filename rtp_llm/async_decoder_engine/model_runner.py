@@ -1,5 +1,7 @@
 """Turns the core's step batch into device tensors, runs the model and samples."""
 
+import os
+
 import numpy as np
 import torch
 
@@ -11,6 +13,9 @@ from rtp_llm.ops.engine_core import EngineCore, StepBatch
 
 class ModelRunner:
     def __init__(self, model: DecoderModel, backend: DeviceBackend, kv_cache: torch.Tensor, block_size: int):
+        # Test-only fault injection: a step whose batch holds this token id raises.
+        poison = os.environ.get("RTP_LLM_TEST_FAIL_ON_TOKEN")
+        self.poison_token = int(poison) if poison else None
         self.model = model
         self.backend = backend
         self.kv_cache = kv_cache
@@ -19,6 +24,8 @@ class ModelRunner:
 
     def logits(self, b: StepBatch) -> torch.Tensor:
         """[num_sampled, vocab] fp32 logits of the streams whose next token this step yields."""
+        if self.poison_token is not None and (b.token_ids == self.poison_token).any():
+            raise RuntimeError(f"injected fault (RTP_LLM_TEST_FAIL_ON_TOKEN={self.poison_token})")
         dev = self.backend.device
         token_ids = torch.from_numpy(b.token_ids.astype(np.int64)).to(dev)
         positions = torch.from_numpy(b.positions.astype(np.int64)).to(dev)

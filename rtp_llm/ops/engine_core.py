@@ -120,6 +120,7 @@ def _bind(lib):
     lib.rtp_llm_engine_schedule.argtypes = [ctypes.c_void_p]
     lib.rtp_llm_engine_commit.argtypes = [ctypes.c_void_p, _i32p, _f32p, ctypes.c_int32, ctypes.c_char_p,
                                           ctypes.c_int32]
+    lib.rtp_llm_engine_fail_batch.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32]
     lib.rtp_llm_engine_wait_for_work.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     lib.rtp_llm_engine_stop.argtypes = [ctypes.c_void_p]
     lib.rtp_llm_engine_abort.argtypes = [ctypes.c_void_p, ctypes.c_int64]
@@ -204,6 +205,12 @@ class EngineCore:
             lp = np.ascontiguousarray(logprobs, dtype=np.float32).ctypes.data_as(_f32p)
         code = self._lib.rtp_llm_engine_commit(self._handle, tokens.ctypes.data_as(_i32p), lp, len(tokens), self._err,
                                                len(self._err))
+        if code != 0:
+            raise EngineError(code, self._err.value.decode())
+
+    def fail_batch(self, message: str):
+        """Instead of commit(): the last batch's streams end with EXECUTION_EXCEPTION (606)."""
+        code = self._lib.rtp_llm_engine_fail_batch(self._handle, message.encode(), self._err, len(self._err))
         if code != 0:
             raise EngineError(code, self._err.value.decode())
 

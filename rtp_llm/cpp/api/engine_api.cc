@@ -118,6 +118,10 @@ int32_t rtp_llm_engine_commit(RtpEngine* engine, const int32_t* tokens, const fl
   return report(engine->engine->commit(tokens, logprobs, n), err, err_len);
 }
 
+int32_t rtp_llm_engine_fail_batch(RtpEngine* engine, const char* message, char* err, int32_t err_len) {
+  return report(engine->engine->fail_batch(message == nullptr ? "model execution failed" : message), err, err_len);
+}
+
 int32_t rtp_llm_engine_wait_for_work(RtpEngine* engine, int32_t timeout_ms) {
   return engine->engine->wait_for_work(timeout_ms) ? 1 : 0;
 }

@@ -79,6 +79,10 @@ const RtpStepBatch* rtp_llm_engine_schedule(RtpEngine* engine);
 int32_t rtp_llm_engine_commit(RtpEngine* engine, const int32_t* tokens, const float* logprobs, int32_t n, char* err,
                               int32_t err_len);
 
+// Instead of commit() when the model runner failed the last batch: its streams end with
+// EXECUTION_EXCEPTION (606) and `message`; the others carry on. Returns 0 or 605.
+int32_t rtp_llm_engine_fail_batch(RtpEngine* engine, const char* message, char* err, int32_t err_len);
+
 // 1 when a stream waits or runs, 0 after timeout_ms or rtp_llm_engine_stop.
 int32_t rtp_llm_engine_wait_for_work(RtpEngine* engine, int32_t timeout_ms);
 void rtp_llm_engine_stop(RtpEngine* engine);

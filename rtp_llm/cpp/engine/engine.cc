@@ -112,6 +112,19 @@ ErrorInfo Engine::commit(const int32_t* tokens, const float* logprobs, int n) {
   return {};
 }
 
+ErrorInfo Engine::fail_batch(const std::string& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!batch_outstanding_) return invalid("fail_batch() without a scheduled batch");
+  ended_.clear();
+  scheduler_.fail_step({ErrorCode::EXECUTION_EXCEPTION, message}, now_us(), ended_);
+  batch_outstanding_ = false;
+  finished_ += static_cast<int64_t>(ended_.size());
+  notify(ended_);
+  for (int64_t id : release_pending_) streams_.erase(id);
+  release_pending_.clear();
+  return {};
+}
+
 bool Engine::wait_for_work(int timeout_ms) {
   std::unique_lock<std::mutex> lock(mu_);
   work_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),

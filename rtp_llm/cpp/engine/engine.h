@@ -71,6 +71,9 @@ class Engine {
   const StepBatch& schedule();
   // Sampled tokens of the last batch's do_sample streams, in batch order (n == num_sampled).
   ErrorInfo commit(const int32_t* tokens, const float* logprobs, int n);
+  // Instead of commit(): the model runner failed the last batch. Its streams end with
+  // EXECUTION_EXCEPTION and `message`; every other stream carries on.
+  ErrorInfo fail_batch(const std::string& message);
   // Blocks until a stream waits or runs, or `timeout_ms` passes, or stop(). True if work.
   bool wait_for_work(int timeout_ms);
   // Cancels a stream (its blocks are freed now, or at commit() if in flight). False if unknown.

@@ -73,6 +73,18 @@ void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now
   scheduled_.push_back(s);
 }
 
+void Scheduler::fail_step(const ErrorInfo& error, int64_t now_us, std::vector<GenerateStream*>& ended) {
+  for (GenerateStream* s : scheduled_) {
+    s->in_flight = false;
+    if (!s->done()) s->finish(StreamStatus::ERROR, error, now_us);
+    kv_.free(s->block_table);
+    ended.push_back(s);
+  }
+  running_.erase(std::remove_if(running_.begin(), running_.end(), [](GenerateStream* s) { return s->done(); }),
+                 running_.end());
+  scheduled_.clear();
+}
+
 void Scheduler::expire(int64_t now_us, std::vector<GenerateStream*>& ended) {
   auto expired = [&](GenerateStream* s) {
     if (s->in_flight || !s->timed_out(now_us)) return false;

@@ -42,6 +42,10 @@ class Scheduler {
               const std::vector<int32_t>& eos_ids, int64_t now_us, std::vector<GenerateStream*>& updated,
               std::vector<GenerateStream*>& ended);
 
+  // The model runner failed this step: its streams end with `error` (blocks freed, removed);
+  // appended to `ended`. Streams not in the step are untouched.
+  void fail_step(const ErrorInfo& error, int64_t now_us, std::vector<GenerateStream*>& ended);
+
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }
   const std::deque<GenerateStream*>& waiting() const { return waiting_; }

@@ -79,6 +79,7 @@ grpc::Status to_status(const ErrorInfo& error) {
     case ErrorCode::LONG_PROMPT_ERROR:
     case ErrorCode::EXCEEDS_KV_CACHE_MAX_LEN: code = grpc::StatusCode::OUT_OF_RANGE; break;
     case ErrorCode::INVALID_PARAMS: code = grpc::StatusCode::INVALID_ARGUMENT; break;
+    case ErrorCode::EXECUTION_EXCEPTION: code = grpc::StatusCode::INTERNAL; break;
     default: code = grpc::StatusCode::INTERNAL; break;
   }
   ErrorDetailsPB details;

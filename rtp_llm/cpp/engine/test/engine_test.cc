@@ -171,6 +171,28 @@ TEST(Engine, TimeoutEndsAStreamWithGenerateTimeout) {
   ExpectAllBlocksBack(engine);
 }
 
+TEST(Engine, AFailedBatchFailsOnlyItsStreams) {
+  EngineConfig c = SmallConfig();
+  c.max_batch_size = 1;  // the second stream waits outside the failing step
+  Engine engine(c);
+  FakeModel model(24, 4);
+  int64_t bad, good;
+  ASSERT_TRUE(engine.enqueue({1, 2, 3}, MaxNew(5), &bad).ok());
+  ASSERT_TRUE(engine.enqueue({4, 5, 6}, MaxNew(5), &good).ok());
+  ASSERT_EQ(engine.schedule().num_streams, 1);
+  ASSERT_TRUE(engine.fail_batch("injected failure").ok());
+  EXPECT_FALSE(engine.fail_batch("twice").ok());  // nothing outstanding any more
+  StreamUpdate u;
+  engine.poll(bad, 0, &u);
+  EXPECT_EQ(u.status, StreamStatus::ERROR);
+  EXPECT_EQ(u.error.code, ErrorCode::EXECUTION_EXCEPTION);
+  EXPECT_EQ(u.error.message, "injected failure");
+  while (Step(engine, model)) {
+  }
+  EXPECT_EQ(Generated(engine, good), model.reference({4, 5, 6}, 5));
+  ExpectAllBlocksBack(engine);
+}
+
 TEST(Engine, CommitChecksTheTokenCount) {
   Engine engine(SmallConfig());
   int64_t id;
