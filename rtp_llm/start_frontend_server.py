@@ -26,10 +26,10 @@ async def _serve(config: ServerConfig) -> None:
     name = os.path.basename(os.path.normpath(config.checkpoint_path))
     # Per frontend process (SO_REUSEPORT spreads connections unevenly, so a share of a global
     # limit would refuse requests while another frontend idles).
-    frontend = Frontend(tokenizer, client, name, config.concurrency_limit)
+    frontend = Frontend(tokenizer, client, name, config.concurrency_limit, config.api_key)
     runner = web.AppRunner(frontend.app(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "0.0.0.0", config.start_port, reuse_port=True)
+    site = web.TCPSite(runner, config.host, config.start_port, reuse_port=True)
     await site.start()
     log.info("frontend %d listening on :%d", os.getpid(), config.start_port)
     stop = asyncio.Event()

@@ -6,6 +6,7 @@ Starts one backend process (model, engine, gRPC on start_port + 1) and N fronten
 the frontends first (they finish requests in flight), then the backend."""
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -24,9 +25,12 @@ def main(argv=None) -> int:
         log.error("%s", e)
         return 2
     args = config.to_args()
+    env = dict(os.environ)
+    if config.api_key:
+        env["API_KEY"] = config.api_key
     py = sys.executable
-    backend = subprocess.Popen([py, "-m", "rtp_llm.start_backend_server", *args])
-    frontends = [subprocess.Popen([py, "-m", "rtp_llm.start_frontend_server", *args])
+    backend = subprocess.Popen([py, "-m", "rtp_llm.start_backend_server", *args], env=env)
+    frontends = [subprocess.Popen([py, "-m", "rtp_llm.start_frontend_server", *args], env=env)
                  for _ in range(config.frontend_server_count)]
     children = [("backend", backend)] + [(f"frontend {i}", p) for i, p in enumerate(frontends)]
     stopping = []

@@ -234,3 +234,29 @@ def test_qwen3_chat_template_honours_enable_thinking(model_cache):
     on = tok.decode(fe._chat_ids(messages, {}))
     assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert on.endswith("<|im_start|>assistant\n")
+
+
+def test_api_key_guards_every_route_but_health(smollm2):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={smollm2}",
+                             f"--start_port={port}", "--frontend_server_count=1", "--kv_cache_mem_mb=128",
+                             "--max_seq_len=512", "--host=127.0.0.1"], env=dict(os.environ, API_KEY="s3cret"))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(1)
+        body = {"prompt": "hi", "generate_config": {"max_new_tokens": 2}}
+        status, text = _post(base + "/", body)
+        assert status == 401 and "API key" in json.loads(text)["message"]
+        req = urllib.request.Request(base + "/", data=json.dumps(body).encode(),
+                                     headers={"Authorization": "Bearer s3cret"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert json.loads(r.read())["finished"] is True
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)

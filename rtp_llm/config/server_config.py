@@ -23,6 +23,8 @@ class ServerConfig:
     reuse_cache: bool = True
     act_type: str = "bf16"
     device: str = "cpu"
+    host: str = "0.0.0.0"                  # HTTP bind address (the gRPC port is always loopback)
+    api_key: Optional[str] = None          # if set, every route but /health and /status needs it
 
     def validate(self) -> None:
         if not self.checkpoint_path:
@@ -40,10 +42,12 @@ class ServerConfig:
         return f"127.0.0.1:{self.start_port + 1}"
 
     def to_args(self) -> List[str]:
+        """Flags for a child process; the API key goes through the environment instead (argv
+        is visible to every user of the machine)."""
         out = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is not None:
+            if value is not None and f.name != "api_key":
                 out.append(f"--{f.name}={int(value) if isinstance(value, bool) else value}")
         return out
 
@@ -64,6 +68,8 @@ def parse_server_config(argv=None, description: str = "") -> ServerConfig:
         kind = {bool: _parse_bool, int: int}.get(type(default), str)
         if f.name in ("max_seq_len", "kv_cache_mem_mb"):
             kind = int
+        if f.name in ("model_type", "tokenizer_path", "api_key"):
+            kind = str
         env = os.environ.get(f.name.upper())
         p.add_argument(f"--{f.name}", type=kind, default=kind(env) if env is not None else default,
                        help=f"env {f.name.upper()}; default {default}")

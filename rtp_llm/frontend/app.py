@@ -2,6 +2,7 @@
 gRPC RpcService. Thin: parse and validate, tokenize, stream, format."""
 
 import asyncio
+import hmac
 import itertools
 import json
 import logging
@@ -43,8 +44,10 @@ def _split(config: Dict[str, Any]):
 
 
 class Frontend:
-    def __init__(self, tokenizer, client: BackendClient, model_name: str, concurrency_limit: int):
+    def __init__(self, tokenizer, client: BackendClient, model_name: str, concurrency_limit: int,
+                 api_key: Optional[str] = None):
         self.tokenizer = tokenizer
+        self.api_key = api_key
         self.client = client
         self.model_name = model_name
         self.limit = concurrency_limit
@@ -56,7 +59,7 @@ class Frontend:
 
     # ---- plumbing ---------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=8 << 20, middlewares=[self._errors])
+        app = web.Application(client_max_size=8 << 20, middlewares=[self._errors, self._auth])
         app.add_routes([
             web.get("/health", self.health), web.get("/status", self.health), web.post("/health", self.health),
             web.post("/", self.native), web.post("/tokenize", self.tokenize),
@@ -87,6 +90,15 @@ class Frontend:
         route = request.match_info.route.resource
         self.stats.count(request.method, route.canonical if route else "unknown", resp.status)
         return resp
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        if self.api_key and request.path not in ("/health", "/status"):
+            header = request.headers.get("Authorization", "")
+            given = header[7:] if header.startswith("Bearer ") else request.headers.get("X-API-Key", "")
+            if not hmac.compare_digest(given.encode(), self.api_key.encode()):
+                raise RequestError("Authorization", "missing or wrong API key (Authorization: Bearer <key>)", 401)
+        return await handler(request)
 
     async def _json(self, request: web.Request) -> Dict[str, Any]:
         try:
