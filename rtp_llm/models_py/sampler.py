@@ -5,7 +5,7 @@ A seeded row draws from its own generator seeded by (seed, tokens generated so f
 samples do not depend on which other requests share the batch."""
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Sequence, Tuple
 
 import numpy as np
 import torch
