@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 from rtp_llm.async_decoder_engine.engine import Engine, EngineArgs
 from rtp_llm.config.generate_config import GenerateConfig
 from rtp_llm.model_loader import load_model, parse_dtype
-from rtp_llm.ops.engine_core import EngineError
+from rtp_llm.ops.engine_core import EngineError, decode_output
 
 log = logging.getLogger(__name__)
 
@@ -73,22 +73,14 @@ class LLM:
             results = [GenerationOutput(p if isinstance(p, str) else None, ids, []) for p, ids in zip(prompts, encoded)]
             for i, j, sid in pending:
                 out, code = core.poll(sid)
-                flat = out.flatten_output
-                ids = list(memoryview(flat.output_ids.int32_data).cast("i")) if flat.output_ids.int32_data else []
-                reason = "stop" if code == 0 else f"error: {out.error_info.error_message} ({code})"
-                seq = SequenceOutput(ids, self._decode(ids), reason)
-                if parsed[i].return_logprobs and flat.aux_info[0].softmax_probs.fp32_data:
-                    import math
-
-                    probs = memoryview(flat.aux_info[0].softmax_probs.fp32_data).cast("f")
-                    seq.logprobs = [math.log(p) if p > 0 else float("-inf") for p in probs]
-                aux = flat.aux_info[0]
-                if code == 0:
-                    seq.finish_reason = "length" if len(ids) >= parsed[i].max_new_tokens else "stop"
-                results[i].outputs.append(seq)
-                results[i].aux_info = {"input_len": aux.input_len, "output_len": aux.output_len,
-                                       "reuse_len": aux.total_reuse_len, "iter_count": aux.iter_count,
-                                       "cost_time_ms": aux.cost_time_us / 1000.0}
+                d = decode_output(out)
+                if code != 0:
+                    reason = f"error: {out.error_info.error_message} ({code})"
+                else:
+                    reason = "length" if len(d.token_ids) >= parsed[i].max_new_tokens else "stop"
+                logprobs = d.logprobs if parsed[i].return_logprobs else None
+                results[i].outputs.append(SequenceOutput(d.token_ids, self._decode(d.token_ids), reason, logprobs))
+                results[i].aux_info = d.aux
             return results
         finally:
             for _, _, sid in pending:

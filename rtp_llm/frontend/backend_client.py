@@ -1,6 +1,5 @@
 """The frontend's view of the engine: one gRPC GenerateStreamCall per sequence."""
 
-import math
 from dataclasses import dataclass, field
 from typing import AsyncIterator, List, Optional
 
@@ -8,6 +7,7 @@ import grpc
 
 from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2 as pb
 from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2_grpc as pb_grpc
+from rtp_llm.ops.engine_core import decode_output
 
 
 @dataclass
@@ -36,14 +36,6 @@ _HTTP = {
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.CANCELLED: 499,
 }
-
-
-def _aux(a: pb.AuxInfoPB) -> dict:
-    return {
-        "cost_time": a.cost_time_us / 1000.0, "first_token_cost_time": a.first_token_cost_time_us / 1000.0,
-        "wait_time": a.wait_time_us / 1000.0, "iter_count": a.iter_count, "input_len": a.input_len,
-        "prefix_len": a.prefix_len, "reuse_len": a.total_reuse_len, "output_len": a.output_len,
-    }
 
 
 class BackendClient:
@@ -79,14 +71,8 @@ class BackendClient:
         call = self.stub.GenerateStreamCall(request, wait_for_ready=True)
         try:
             async for out in call:
-                flat = out.flatten_output
-                ids = list(memoryview(flat.output_ids.int32_data).cast("i")) if flat.output_ids.int32_data else []
-                aux = flat.aux_info[0]
-                logprobs = None
-                if aux.softmax_probs.fp32_data:
-                    logprobs = [math.log(p) if p > 0 else -math.inf
-                                for p in memoryview(aux.softmax_probs.fp32_data).cast("f")]
-                yield Chunk(ids, bool(flat.finished and flat.finished[0]), _aux(aux), logprobs)
+                d = decode_output(out)
+                yield Chunk(d.token_ids, d.finished, d.aux, d.logprobs)
         except grpc.aio.AioRpcError as e:
             code, message = e.code(), e.details() or str(e.code())
             error_code = 514  # UNKNOWN_ERROR

@@ -5,8 +5,9 @@ preallocated buffers (zero copy): valid until the next schedule(); copy what mus
 """
 
 import ctypes
+import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -108,6 +109,31 @@ class StepBatch:
     random_seed: np.ndarray
     num_generated: np.ndarray
     return_logprobs: np.ndarray
+
+
+@dataclass
+class DecodedOutput:
+    """A GenerateOutputsPB (from poll() or the gRPC stream) as Python values."""
+
+    token_ids: List[int]
+    finished: bool
+    logprobs: Optional[List[float]]  # of token_ids, when the request asked for them
+    aux: dict                        # upstream's aux_info names; times in milliseconds
+
+
+def decode_output(out: pb.GenerateOutputsPB) -> DecodedOutput:
+    flat = out.flatten_output
+    ids = list(memoryview(flat.output_ids.int32_data).cast("i")) if flat.output_ids.int32_data else []
+    a = flat.aux_info[0]
+    logprobs = None
+    if a.softmax_probs.fp32_data:  # the engine sends probabilities of the chosen tokens
+        logprobs = [math.log(p) if p > 0 else -math.inf for p in memoryview(a.softmax_probs.fp32_data).cast("f")]
+    aux = {
+        "cost_time": a.cost_time_us / 1000.0, "first_token_cost_time": a.first_token_cost_time_us / 1000.0,
+        "wait_time": a.wait_time_us / 1000.0, "iter_count": a.iter_count, "input_len": a.input_len,
+        "prefix_len": a.prefix_len, "reuse_len": a.total_reuse_len, "output_len": a.output_len,
+    }
+    return DecodedOutput(ids, bool(flat.finished and flat.finished[0]), logprobs, aux)
 
 
 def _bind(lib):
