@@ -113,7 +113,9 @@ class Frontend:
         if self.draining:
             raise RequestError("", "the server is shutting down", 503, UNKNOWN_ERROR)
         if not self.ready:
-            self.ready = await self.client.health(timeout=1.0)
+            # This frontend's channel may still be connecting while another frontend already
+            # answered /health: give it a moment rather than refusing the request.
+            self.ready = await self.client.health(timeout=5.0, wait_for_ready=True)
             if not self.ready:
                 raise RequestError("", "the engine is still starting", 503, UNKNOWN_ERROR)
         if self.in_flight >= self.limit:

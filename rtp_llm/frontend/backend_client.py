@@ -47,9 +47,11 @@ class BackendClient:
             ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.max_receive_message_length", 64 << 20)])
         self.stub = pb_grpc.RpcServiceStub(self.channel)
 
-    async def health(self, timeout: float = 2.0) -> bool:
+    async def health(self, timeout: float = 2.0, wait_for_ready: bool = False) -> bool:
+        """wait_for_ready: wait (up to timeout) for a channel that is still connecting instead of
+        failing at once."""
         try:
-            r = await self.stub.CheckHealth(pb.EmptyPB(), timeout=timeout)
+            r = await self.stub.CheckHealth(pb.EmptyPB(), timeout=timeout, wait_for_ready=wait_for_ready)
             return r.health == "ok"
         except grpc.aio.AioRpcError:
             return False
