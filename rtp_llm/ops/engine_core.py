@@ -252,14 +252,15 @@ class EngineCore:
     def poll(self, stream_id: int, start: int = 0):
         """(GenerateOutputsPB with tokens generated from `start` on, upstream error code or 0)."""
         code = ctypes.c_int32()
-        n = self._lib.rtp_llm_engine_poll(self._handle, stream_id, start, self._poll_buf, len(self._poll_buf),
-                                          ctypes.byref(code))
-        if n < 0:
-            raise KeyError(f"unknown stream {stream_id}")
-        if n > len(self._poll_buf):
-            self._poll_buf = ctypes.create_string_buffer(n * 2)
+        while True:
             n = self._lib.rtp_llm_engine_poll(self._handle, stream_id, start, self._poll_buf, len(self._poll_buf),
                                               ctypes.byref(code))
+            if n < 0:
+                raise KeyError(f"unknown stream {stream_id}")
+            if n <= len(self._poll_buf):
+                break
+            # Too small: n is the size needed now; the stream may grow again before the retry.
+            self._poll_buf = ctypes.create_string_buffer(n * 2)
         return pb.GenerateOutputsPB.FromString(self._poll_buf.raw[:n]), code.value
 
     def stream_tokens(self, stream_id: int):

@@ -92,7 +92,8 @@ int32_t rtp_llm_engine_abort(RtpEngine* engine, int64_t stream_id);
 // Serializes a GenerateOutputsPB with the tokens generated from index `from` on into `out`,
 // and the stream's error code (upstream's numbering, 0 if none) into `*error_code` (may be
 // NULL). Returns the message size; -1 for an unknown stream; if the size exceeds `cap`,
-// nothing is written and the needed size is returned (call again with a larger buffer).
+// nothing is written and the needed size is returned (call again with a larger buffer; a
+// running stream may have grown by then, so loop until the size fits).
 int32_t rtp_llm_engine_poll(RtpEngine* engine, int64_t stream_id, int32_t from, void* out, int32_t cap,
                             int32_t* error_code);
 // Copies a stream's tokens (prompt, then generated) into `out` (up to `cap`) and its prompt

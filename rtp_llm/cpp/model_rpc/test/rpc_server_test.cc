@@ -260,7 +260,8 @@ TEST_F(RpcServerTest, PollThroughTheCApi) {
     int32_t n = rtp_llm_engine_poll(engine_, id, 0, buf.data(), static_cast<int32_t>(buf.size()), &code);
     ASSERT_GE(n, 0);
     EXPECT_EQ(code, 0);
-    if (n > static_cast<int32_t>(buf.size())) {  // too small: says how much is needed
+    // Too small: n says how much is needed now; the stream may have grown again by the retry.
+    while (n > static_cast<int32_t>(buf.size())) {
       buf.resize(n);
       n = rtp_llm_engine_poll(engine_, id, 0, buf.data(), static_cast<int32_t>(buf.size()), &code);
     }
