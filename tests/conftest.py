@@ -11,6 +11,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped where torch sees none")
+
+
 @pytest.fixture(scope="session")
 def model_cache() -> str:
     out = subprocess.run([os.path.join(ROOT, "scripts", "fetch_models.sh")], check=True, capture_output=True,

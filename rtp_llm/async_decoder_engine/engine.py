@@ -26,10 +26,11 @@ class EngineArgs:
     max_batch_size: int = 64
     max_num_batched_tokens: int = 2048
     seq_size_per_block: int = 16
-    kv_cache_mem_mb: Optional[int] = None   # default: a quarter of free memory, at most 4 GiB
+    kv_cache_mem_mb: Optional[int] = None   # default: the backend's (CPU: 1/4 of free memory, <= 4 GiB)
     num_kv_blocks: Optional[int] = None     # exact block count instead of a memory budget (tests, tuning)
     reuse_cache: bool = True
     warm_up: bool = True
+    cuda_graph: bool = True                 # decode steps replay captured graphs (devices that have them)
 
     def validate(self) -> None:
         for name in ("max_batch_size", "max_num_batched_tokens", "seq_size_per_block"):
@@ -58,8 +59,12 @@ class Engine:
                              f"(supported: {self.backend.block_sizes})")
         self.max_seq_len = args.max_seq_len or min(c.max_position_embeddings, 8192)
         block = args.seq_size_per_block
-        budget = (args.kv_cache_mem_mb << 20) if args.kv_cache_mem_mb else min(
-            self.backend.available_memory_bytes() // 4, 4 << 30)
+        # Weights first: on a GPU the KV cache takes what they leave free.
+        model = DecoderModel(c, loaded.weights, self.backend, self.max_seq_len)
+        # The model holds its own (fused, transposed) copies: drop the loaded tensors rather
+        # than keep the weights in memory twice.
+        loaded.weights.clear()
+        budget = (args.kv_cache_mem_mb << 20) if args.kv_cache_mem_mb else self.backend.default_kv_cache_bytes()
         num_blocks = args.num_kv_blocks or budget // kv_block_bytes(loaded, block)
         min_blocks = -(-self.max_seq_len // block)
         if num_blocks < min_blocks:
@@ -73,11 +78,8 @@ class Engine:
                                self.max_seq_len, args.reuse_cache, c.eos_token_ids)
         kv = self.backend.allocate_kv_cache(c.num_layers, self.num_blocks, block, c.num_kv_heads, c.head_dim,
                                             loaded.dtype)
-        model = DecoderModel(c, loaded.weights, self.backend, self.max_seq_len)
-        # The model holds its own (fused, transposed) copies: drop the loaded tensors rather
-        # than keep the weights in memory twice.
-        loaded.weights.clear()
-        self.runner = ModelRunner(model, self.backend, kv, block)
+        self.runner = ModelRunner(model, self.backend, kv, block, args.max_batch_size, self.max_seq_len,
+                                  use_graphs=args.cuda_graph)
         self._thread: Optional[threading.Thread] = None
         self._running = False
         if args.warm_up:
@@ -90,6 +92,14 @@ class Engine:
             return False
         try:
             self.runner.step(self.core, b)
+        except (torch.OutOfMemoryError, MemoryError) as e:
+            # Reported, not a crash: the step's requests fail, the memory they held is released
+            # with them and the engine serves on.
+            log.error("out of memory in a model step of %d streams (%d tokens): %s", b.num_streams,
+                      len(b.token_ids), e)
+            self.core.fail_batch(f"model execution failed: out of memory in a step of {b.num_streams} requests "
+                                 f"({type(e).__name__}: {e}); retry, or lower --max_num_batched_tokens / "
+                                 f"--max_batch_size")
         except Exception as e:  # the step's requests fail; the engine serves on
             log.exception("model step failed; failing its %d streams", b.num_streams)
             self.core.fail_batch(f"model execution failed: {type(e).__name__}: {e}")

@@ -1,8 +1,8 @@
 """Turns the core's step batch into device tensors, runs the model and samples."""
 
 import os
+import threading
 
-import numpy as np
 import torch
 
 from rtp_llm.device.base import DeviceBackend
@@ -11,27 +11,45 @@ from rtp_llm.models_py.sampler import Sampler, SamplingRows
 from rtp_llm.ops.engine_core import EngineCore, StepBatch
 
 
+def _inject(kind: str, token: int):
+    what = f"injected fault (RTP_LLM_TEST_FAIL_ON_TOKEN={token}:{kind})"
+    if kind == "oom":
+        raise torch.OutOfMemoryError(what)
+    if kind == "memory":
+        raise MemoryError(what)
+    if kind == "hang":
+        threading.Event().wait()
+    raise RuntimeError(what)
+
+
 class ModelRunner:
-    def __init__(self, model: DecoderModel, backend: DeviceBackend, kv_cache: torch.Tensor, block_size: int):
-        # Test-only fault injection: a step whose batch holds this token id raises.
-        poison = os.environ.get("RTP_LLM_TEST_FAIL_ON_TOKEN")
-        self.poison_token = int(poison) if poison else None
+    def __init__(self, model: DecoderModel, backend: DeviceBackend, kv_cache: torch.Tensor, block_size: int,
+                 max_batch_size: int, max_seq_len: int, use_graphs: bool = True):
+        # Test-only fault injection: a step whose batch holds one of these token ids fails.
+        # "499" raises a RuntimeError; "499:oom,498:hang" picks the fault per token: out of
+        # memory (torch.OutOfMemoryError), MemoryError ("memory") or a step that never ends.
+        poison = os.environ.get("RTP_LLM_TEST_FAIL_ON_TOKEN") or ""
+        self.faults = {int(t): kind or "error" for t, _, kind in (p.partition(":") for p in poison.split(",") if p)}
         self.model = model
         self.backend = backend
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.sampler = Sampler(backend.device)
+        c = model.config
+        backend.bind_model(c.num_heads, c.num_kv_heads, c.head_dim, max_batch_size, max_seq_len)
+        # Decode steps replay captured graphs where the device has them (CUDA).
+        self.graphs = backend.make_graph_runner(model, kv_cache, block_size, max_batch_size,
+                                                max_seq_len) if use_graphs else None
 
     def logits(self, b: StepBatch) -> torch.Tensor:
         """[num_sampled, vocab] fp32 logits of the streams whose next token this step yields."""
-        if self.poison_token is not None and (b.token_ids == self.poison_token).any():
-            raise RuntimeError(f"injected fault (RTP_LLM_TEST_FAIL_ON_TOKEN={self.poison_token})")
-        dev = self.backend.device
-        token_ids = torch.from_numpy(b.token_ids.astype(np.int64)).to(dev)
-        positions = torch.from_numpy(b.positions.astype(np.int64)).to(dev)
-        rows = (b.query_starts[1:] - 1)[b.do_sample == 1]
-        meta = self.backend.prepare_attention(b, self.block_size)
-        return self.model.forward(token_ids, positions, meta, self.kv_cache, torch.from_numpy(rows.astype(np.int64)))
+        for token, kind in self.faults.items():
+            if (b.token_ids == token).any():
+                _inject(kind, token)
+        if self.graphs is not None and self.graphs.can_run(b):
+            return self.graphs.run(b)
+        x = self.backend.prepare_inputs(b, self.block_size)
+        return self.model.forward(x.token_ids, x.positions, x.meta, self.kv_cache, x.sample_rows)
 
     def step(self, core: EngineCore, b: StepBatch):
         """Runs `b` and commits the sampled tokens to `core`."""

@@ -4,6 +4,7 @@ from rtp_llm.device.base import AttentionMetadata, DeviceBackend  # noqa: F401
 
 _BACKENDS = {
     "cpu": "rtp_llm.device.cpu.backend:CpuBackend",
+    "cuda": "rtp_llm.device.cuda.backend:CudaBackend",
 }
 
 

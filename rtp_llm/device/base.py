@@ -7,13 +7,25 @@ offset p % block_size, i.e. at flat slot slot_mapping = block * block_size + off
 """
 
 from abc import ABC, abstractmethod
-from typing import Any, Tuple
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
 
+import numpy as np
 import torch
 
 
 class AttentionMetadata:
     """Backend-specific, built by prepare_attention() and shared by all layers of a step."""
+
+
+@dataclass
+class StepInputs:
+    """A step's model inputs on the device."""
+
+    token_ids: torch.Tensor              # [T]
+    positions: torch.Tensor              # [T]
+    meta: AttentionMetadata
+    sample_rows: Optional[torch.Tensor]  # [N] rows whose next token is wanted; None: all T rows
 
 
 class DeviceBackend(ABC):
@@ -30,9 +42,32 @@ class DeviceBackend(ABC):
     def available_memory_bytes(self) -> int:
         """Memory the KV cache may use when no budget is configured."""
 
+    def default_kv_cache_bytes(self) -> int:
+        """The KV cache budget when --kv_cache_mem_mb is not given (asked after the weights
+        are in place): a quarter of what is free, at most 4 GiB."""
+        return min(self.available_memory_bytes() // 4, 4 << 30)
+
+    def bind_model(self, num_heads: int, num_kv_heads: int, head_dim: int, max_streams: int,
+                   max_seq_len: int) -> None:
+        """Told once, before the first step, the shapes it will run (to size workspaces)."""
+
     @abstractmethod
     def prepare_attention(self, batch: Any, block_size: int) -> AttentionMetadata:
         """From a core StepBatch (numpy views, valid only for this step)."""
+
+    def prepare_inputs(self, batch: Any, block_size: int) -> StepInputs:
+        """Token ids, positions, attention metadata and sampled rows of a StepBatch, on the device."""
+        rows = (batch.query_starts[1:] - 1)[batch.do_sample == 1]
+        return StepInputs(torch.from_numpy(batch.token_ids.astype(np.int64)).to(self.device),
+                          torch.from_numpy(batch.positions.astype(np.int64)).to(self.device),
+                          self.prepare_attention(batch, block_size),
+                          torch.from_numpy(rows.astype(np.int64)).to(self.device))
+
+    def make_graph_runner(self, model: Any, kv_cache: torch.Tensor, block_size: int, max_batch_size: int,
+                          max_seq_len: int) -> Any:
+        """Something with can_run(batch) and run(batch) -> logits that replays captured decode
+        steps, or None where the device has no graphs."""
+        return None
 
     @abstractmethod
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata) -> None:

@@ -69,9 +69,9 @@ class DecoderModel:
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_cache: torch.Tensor, sample_rows: torch.Tensor) -> torch.Tensor:
+                kv_cache: torch.Tensor, sample_rows: Optional[torch.Tensor]) -> torch.Tensor:
         """token_ids, positions: [T]; kv_cache: [L, 2, ...]; sample_rows: [N] rows whose next
-        token is wanted. Returns logits [N, vocab] in fp32."""
+        token is wanted (None: all T). Returns logits [N, vocab] in fp32."""
         c, be = self.config, self.backend
         T = token_ids.shape[0]
         residual = self.embed[token_ids]  # [T, hidden]; every layer adds into it in place
@@ -95,5 +95,6 @@ class DecoderModel:
                 x = be.add_rms_norm(mlp, residual, self.layers[i + 1].input_norm, c.rms_norm_eps)
             else:
                 residual += mlp
-        h = be.rms_norm(residual[sample_rows], self.final_norm, c.rms_norm_eps)
+        h = be.rms_norm(residual if sample_rows is None else residual[sample_rows], self.final_norm,
+                        c.rms_norm_eps)
         return F.linear(h, self.lm_head).float()

@@ -2,11 +2,13 @@
 that prints numbers, not a test).
 
     python -m rtp_llm.tools.bench_offline --checkpoint PATH [--batch 1,16] [--prompt_len 128]
-        [--gen_len 128] [--act_type bf16] [--threads N]
+        [--gen_len 128] [--act_type bf16] [--threads N] [--device cpu|cuda] [--latency]
 
 Both sides get the same random prompts, greedy decoding and exactly gen_len new tokens
-(EOS ignored). Reported: output tokens/s (batch * gen_len / wall time, prefill included)
-and the ratio ours / HF."""
+(EOS ignored). Reported: output and total tokens/s (batch * gen_len, resp. batch *
+(prompt_len + gen_len), over the wall time, prefill included) and the ratio ours / HF.
+--latency adds batch-1 TTFT (a 1-token generation) and TPOT ((time of gen_len tokens - TTFT)
+/ (gen_len - 1)), medians of --repeats runs."""
 
 import argparse
 import os
@@ -16,7 +18,7 @@ import time
 import torch
 
 
-def load_hf(path: str, dtype: torch.dtype):
+def load_hf(path: str, dtype: torch.dtype, device: str):
     from transformers import AutoModelForCausalLM
 
     if path.endswith(".gguf"):
@@ -26,14 +28,17 @@ def load_hf(path: str, dtype: torch.dtype):
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model.generation_config.eos_token_id = None
-    return model.eval()
+    return model.to(device).eval()
 
 
 def hf_run(model, prompts, gen_len):
-    ids = torch.tensor(prompts)
+    ids = torch.tensor(prompts, device=model.device)
     with torch.inference_mode():
         t = time.perf_counter()
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen_len, do_sample=False)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen_len, min_new_tokens=gen_len,
+                             do_sample=False)
+        if ids.is_cuda:
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - t
     assert out.shape[1] - ids.shape[1] == gen_len
     return elapsed
@@ -57,6 +62,9 @@ def main():
     p.add_argument("--repeats", type=int, default=1, help="timed runs per side (median reported)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--skip_hf", action="store_true")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--latency", action="store_true", help="also batch-1 TTFT and TPOT")
+    p.add_argument("--kv_cache_mem_mb", type=int, help="default: 1024 on the CPU, the backend's default on a GPU")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -66,27 +74,40 @@ def main():
     dtype = parse_dtype(args.act_type)
     batches = [int(b) for b in args.batch.split(",")]
     max_batch = max(batches)
-    llm = LLM(args.checkpoint, act_type=args.act_type, progress=False,
+    kv_mb = args.kv_cache_mem_mb or (1024 if args.device == "cpu" else None)
+    llm = LLM(args.checkpoint, act_type=args.act_type, progress=False, device=args.device,
               max_seq_len=args.prompt_len + args.gen_len + 16, max_batch_size=max(max_batch, 1),
-              max_num_batched_tokens=max(2048, args.prompt_len), kv_cache_mem_mb=1024)
-    hf = None if args.skip_hf else load_hf(args.checkpoint, dtype)
+              max_num_batched_tokens=max(2048, args.prompt_len), kv_cache_mem_mb=kv_mb)
+    hf = None if args.skip_hf else load_hf(args.checkpoint, dtype, args.device)
     vocab = llm.loaded.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    print(f"model {os.path.basename(args.checkpoint)}  dtype {args.act_type}  prompt {args.prompt_len}  "
-          f"gen {args.gen_len}  torch threads {torch.get_num_threads()}")
-    print(f"{'batch':>5} {'rtp_llm tok/s':>14} {'HF tok/s':>10} {'ratio':>7}")
+    print(f"model {os.path.basename(args.checkpoint.rstrip('/'))}  device {args.device}  dtype {args.act_type}  "
+          f"prompt {args.prompt_len}  gen {args.gen_len}  torch threads {torch.get_num_threads()}")
+    if args.latency:
+        prompt = torch.randint(100, vocab - 100, (1, args.prompt_len), generator=g).tolist()
+        sides = [("rtp_llm", lambda n: ours_run(llm, prompt, n))]
+        if hf is not None:
+            sides.append(("HF", lambda n: hf_run(hf, prompt, n)))
+        for name, run in sides:
+            run(4)  # warm-up
+            ttft = statistics.median(run(1) for _ in range(args.repeats))
+            full = statistics.median(run(args.gen_len) for _ in range(args.repeats))
+            print(f"latency {name:>8}: TTFT {ttft * 1e3:8.2f} ms  TPOT {(full - ttft) / (args.gen_len - 1) * 1e3:7.3f} ms",
+                  flush=True)
+    print(f"{'batch':>5} {'rtp_llm out tok/s':>18} {'total tok/s':>12} {'HF out tok/s':>13} {'ratio':>7}")
     for batch in batches:
         prompts = torch.randint(100, vocab - 100, (batch, args.prompt_len), generator=g).tolist()
         ours_run(llm, [q[:8] for q in prompts], 4)  # warm-up
         ours = statistics.median(ours_run(llm, prompts, args.gen_len) for _ in range(args.repeats))
         ours_tps = batch * args.gen_len / ours
+        total_tps = batch * (args.prompt_len + args.gen_len) / ours
         if hf is None:
-            print(f"{batch:>5} {ours_tps:>14.1f} {'-':>10} {'-':>7}")
+            print(f"{batch:>5} {ours_tps:>18.1f} {total_tps:>12.1f} {'-':>13} {'-':>7}", flush=True)
             continue
         hf_run(hf, [q[:8] for q in prompts], 4)
         ref = statistics.median(hf_run(hf, prompts, args.gen_len) for _ in range(args.repeats))
         hf_tps = batch * args.gen_len / ref
-        print(f"{batch:>5} {ours_tps:>14.1f} {hf_tps:>10.1f} {ours_tps / hf_tps:>6.2f}x", flush=True)
+        print(f"{batch:>5} {ours_tps:>18.1f} {total_tps:>12.1f} {hf_tps:>13.1f} {ours_tps / hf_tps:>6.2f}x", flush=True)
     llm.close()
 
 

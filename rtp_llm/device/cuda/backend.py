@@ -1,0 +1,136 @@
+"""CUDA backend: Triton kernels (rtp_llm.device.cuda.kernels) for attention over the paged KV
+cache, the cache write, rotary, RMSNorm with fused residual add and SiLU-and-mul; cuBLAS (torch)
+for the GEMMs. A step's integer inputs reach the GPU in one copy from a pinned buffer."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from rtp_llm.device.base import AttentionMetadata, DeviceBackend, StepInputs
+from rtp_llm.device.cuda import kernels as K
+
+
+@dataclass
+class CudaAttentionMetadata(AttentionMetadata):
+    # All int32 on the GPU. S streams, T tokens.
+    slot_mapping: torch.Tensor   # [T]; < 0: padding row, not written
+    block_tables: torch.Tensor   # [S, max_blocks]
+    query_starts: torch.Tensor   # [S + 1]
+    context_lens: torch.Tensor   # [S]; 0: padding stream
+    max_query_len: int
+    # > 0 when every stream has one query token: the split-context decode kernel with this
+    # many splits; 0: the extend kernel (prefill, chunks, mixed batches).
+    decode_splits: int
+
+
+class CudaBackend(DeviceBackend):
+    name = "cuda"
+    block_sizes = (16, 32, 64)
+
+    def __init__(self, device_index: Optional[int] = None):
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device=cuda: torch sees no CUDA GPU (torch.cuda.is_available() is False)")
+        self.device = torch.device("cuda", torch.cuda.current_device() if device_index is None else device_index)
+        torch.cuda.set_device(self.device)
+        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self._pinned = torch.empty(1 << 16, dtype=torch.int32, pin_memory=True)
+        self._ws: Optional[K.DecodeWorkspace] = None
+        self._ws_shape = (0, 0, 0, 0)
+
+    def allocate_kv_cache(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype):
+        return torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype,
+                           device=self.device)
+
+    def available_memory_bytes(self) -> int:
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return int(free)
+
+    def default_kv_cache_bytes(self) -> int:
+        # What is free once the weights are in place, less headroom for activations, logits
+        # and captured graphs (vLLM's gpu_memory_utilization plays the same role).
+        free = self.available_memory_bytes()
+        return max(0, int(free * 0.85) - (1 << 30))
+
+    def reserve_decode_workspace(self, max_streams: int, num_heads: int, head_dim: int, max_splits: int):
+        want = (max_streams, num_heads, head_dim, max_splits)
+        if self._ws is None or any(w > h for w, h in zip(want, self._ws_shape)):
+            self._ws_shape = tuple(max(w, h) for w, h in zip(want, self._ws_shape))
+            self._ws = K.DecodeWorkspace(*self._ws_shape, self.device)
+
+    # ------------------------------------------------------------------ step inputs
+
+    def prepare_inputs(self, batch, block_size: int) -> StepInputs:
+        t, s = len(batch.token_ids), int(batch.num_streams)
+        decode = bool((batch.query_lens == 1).all())
+        rows = (batch.query_starts[1:] - 1)[batch.do_sample == 1]
+        sample_all = len(rows) == t
+        parts = [batch.token_ids, batch.positions, batch.slot_mapping, batch.query_starts, batch.context_lens,
+                 batch.block_tables.reshape(-1)] + ([] if sample_all else [rows])
+        total = sum(len(p) for p in parts)
+        if total > len(self._pinned):
+            self._pinned = torch.empty(2 * total, dtype=torch.int32, pin_memory=True)
+        host = self._pinned.numpy()
+        off = 0
+        for p in parts:
+            host[off: off + len(p)] = p
+            off += len(p)
+        # The previous step ended with a sync on its sampled tokens, so this buffer is free.
+        dev = self._pinned[:total].to(self.device, non_blocking=True)
+        views, off = [], 0
+        for p in parts:
+            views.append(dev[off: off + len(p)])
+            off += len(p)
+        max_ctx = int(batch.context_lens.max()) if s else 0
+        meta = CudaAttentionMetadata(
+            slot_mapping=views[2], block_tables=views[5].view(s, -1), query_starts=views[3], context_lens=views[4],
+            max_query_len=int(batch.query_lens.max()) if s else 0,
+            decode_splits=K.decode_splits(s, self._kv_heads, max_ctx, self.num_sms) if decode else 0)
+        return StepInputs(views[0], views[1], meta, None if sample_all else views[6])
+
+    def prepare_attention(self, batch, block_size: int) -> CudaAttentionMetadata:
+        return self.prepare_inputs(batch, block_size).meta
+
+    # ------------------------------------------------------------------ ops
+
+    def bind_model(self, num_heads: int, num_kv_heads: int, head_dim: int, max_streams: int, max_seq_len: int):
+        self._kv_heads = num_kv_heads
+        splits = K.decode_splits(1, num_kv_heads, max_seq_len, self.num_sms)
+        self.reserve_decode_workspace(max_streams, num_heads, head_dim, splits)
+
+    def write_kv(self, k, v, kv, meta):
+        K.store_kv(k, v, kv, meta.slot_mapping)
+
+    def attention(self, q, k, v, kv, meta, scale):
+        out = torch.empty_like(q)
+        if meta.decode_splits:
+            s = meta.context_lens.shape[0]
+            self.reserve_decode_workspace(s, q.shape[1], q.shape[2], meta.decode_splits)
+            K.decode_attention(q, kv, meta.block_tables, meta.query_starts, meta.context_lens, scale,
+                               meta.decode_splits, self._ws, out)
+        else:
+            K.extend_attention(q, kv, meta.block_tables, meta.query_starts, meta.context_lens, meta.max_query_len,
+                               scale, out)
+        return out
+
+    def rms_norm(self, x, weight, eps):
+        return K.rms_norm(x, weight, eps)
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        return K.rms_norm(x, weight, eps, residual=residual)
+
+    def rotary(self, q, k, positions, cos, sin):
+        K.rotary(q, k, positions, cos, sin)
+        return q, k
+
+    def silu_and_mul(self, x):
+        return K.silu_and_mul(x)
+
+    def make_graph_runner(self, model, kv_cache, block_size: int, max_batch_size: int, max_seq_len: int):
+        from rtp_llm.device.cuda.graph_runner import CudaGraphRunner
+
+        return CudaGraphRunner(model, self, kv_cache, block_size, max_batch_size, max_seq_len)
+
+    def synchronize(self):
+        torch.cuda.synchronize(self.device)

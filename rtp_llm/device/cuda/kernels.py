@@ -1,0 +1,347 @@
+"""Triton kernels of the CUDA backend. Shapes: T tokens in the step, S streams, H query heads,
+Hkv KV heads (G = H / Hkv per group), D head_dim. KV cache of one layer: K and V each
+[num_blocks, page, Hkv, D] contiguous, so token slot s of head h starts at (s * Hkv + h) * D.
+
+Rounding follows HF transformers in the model dtype (e.g. RMSNorm normalizes in fp32, casts,
+then scales; rotary rounds each product) so that greedy tokens match HF's, not just nearly."""
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+def _pow2(n: int, floor: int = 16) -> int:
+    return max(floor, triton.next_power_of_2(int(n)))
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 runs are the parity reference: no TF32 (torch's matmul default on CUDA is also off).
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+# ---------------------------------------------------------------- RMSNorm, residual add
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, D, stride_x, stride_res, stride_out, eps,
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < D
+    x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
+    if HAS_RES:  # residual += x, rounded to the dtype as torch's add does
+        r = tl.load(res_ptr + row * stride_res + cols, mask=m, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(r.dtype)
+        tl.store(res_ptr + row * stride_res + cols, x, mask=m)
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=0) / D
+    y = (xf * tl.rsqrt(var + eps)).to(x.dtype).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, (w * y).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor = None) -> torch.Tensor:
+    """x: [N, D] (rows may be strided) -> [N, D]. With residual [N, D]: residual += x first and
+    the norm is of the sum."""
+    n, d = x.shape
+    assert x.stride(1) == 1
+    out = torch.empty((n, d), dtype=x.dtype, device=x.device)
+    if n == 0:
+        return out
+    res = residual if residual is not None else x
+    _rms_norm_kernel[(n,)](x, res, weight, out, d, x.stride(0), res.stride(0), out.stride(0), eps,
+                           HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(d),
+                           num_warps=4 if d <= 4096 else 8)
+    return out
+
+
+# ---------------------------------------------------------------- rotary (rotate_half layout)
+
+
+@triton.jit
+def _rotate_heads(ptr, stride_h, nh, c, s, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    hs = tl.arange(0, BLOCK_H)
+    ds = tl.arange(0, BLOCK_HALF)
+    m = (hs[:, None] < nh) & (ds[None, :] < HALF)
+    p1 = ptr + hs[:, None] * stride_h + ds[None, :]
+    x1 = tl.load(p1, mask=m, other=0.0)
+    x2 = tl.load(p1 + HALF, mask=m, other=0.0)
+    dt = x1.dtype
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    # HF: q * cos + rotate_half(q) * sin, each product and the sum rounded to the dtype.
+    o1 = (f1 * c).to(dt).to(tl.float32) + (-(f2 * s)).to(dt).to(tl.float32)
+    o2 = (f2 * c).to(dt).to(tl.float32) + (f1 * s).to(dt).to(tl.float32)
+    tl.store(p1, o1.to(dt), mask=m)
+    tl.store(p1 + HALF, o2.to(dt), mask=m)
+
+
+@triton.jit
+def _rotary_kernel(q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_kt, stride_kh, H, HKV,
+                   HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    ds = tl.arange(0, BLOCK_HALF)
+    dm = ds < HALF
+    # cos/sin are cast to the dtype first, as HF does.
+    c = tl.load(cos_ptr + pos * HALF + ds, mask=dm, other=0.0).to(q_ptr.dtype.element_ty).to(tl.float32)[None, :]
+    s = tl.load(sin_ptr + pos * HALF + ds, mask=dm, other=0.0).to(q_ptr.dtype.element_ty).to(tl.float32)[None, :]
+    _rotate_heads(q_ptr + t * stride_qt, stride_qh, H, c, s, HALF, BLOCK_HQ, BLOCK_HALF)
+    _rotate_heads(k_ptr + t * stride_kt, stride_kh, HKV, c, s, HALF, BLOCK_HK, BLOCK_HALF)
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """In place. q: [T, H, D], k: [T, Hkv, D] (last dim contiguous); positions [T];
+    cos/sin: [max_positions, D / 2] fp32."""
+    t, h, d = q.shape
+    if t == 0:
+        return
+    assert q.stride(2) == 1 and k.stride(2) == 1 and cos.is_contiguous() and sin.is_contiguous()
+    half = d // 2
+    _rotary_kernel[(t,)](q, k, positions, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), h,
+                         k.shape[1], HALF=half, BLOCK_HQ=triton.next_power_of_2(h),
+                         BLOCK_HK=triton.next_power_of_2(k.shape[1]), BLOCK_HALF=triton.next_power_of_2(half))
+
+
+# ---------------------------------------------------------------- SiLU-and-mul
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, I, stride_x, stride_out, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < I
+    g = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
+    u = tl.load(x_ptr + row * stride_x + I + cols, mask=m, other=0.0)
+    gf = g.to(tl.float32)
+    a = (gf * tl.sigmoid(gf)).to(g.dtype).to(tl.float32)  # HF: act(gate) in the dtype, then * up
+    tl.store(out_ptr + row * stride_out + cols, (a * u.to(tl.float32)).to(g.dtype), mask=m)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x: [T, 2 * I] (gate then up) -> [T, I]."""
+    t, two_i = x.shape
+    i = two_i // 2
+    out = torch.empty((t, i), dtype=x.dtype, device=x.device)
+    if t == 0:
+        return out
+    block = min(1024, triton.next_power_of_2(i))
+    _silu_and_mul_kernel[(t, triton.cdiv(i, block))](x, out, i, x.stride(0), out.stride(0), BLOCK=block)
+    return out
+
+
+# ---------------------------------------------------------------- KV cache write
+
+
+@triton.jit
+def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_kh, stride_vt, stride_vh, HKV,
+                     D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot < 0:  # padding rows of a captured graph
+        return
+    hs = tl.arange(0, BLOCK_H)
+    ds = tl.arange(0, BLOCK_D)
+    m = (hs[:, None] < HKV) & (ds[None, :] < D)
+    dst = (slot * HKV + hs[:, None]) * D + ds[None, :]
+    k = tl.load(k_ptr + t * stride_kt + hs[:, None] * stride_kh + ds[None, :], mask=m)
+    v = tl.load(v_ptr + t * stride_vt + hs[:, None] * stride_vh + ds[None, :], mask=m)
+    tl.store(kc_ptr + dst, k, mask=m)
+    tl.store(vc_ptr + dst, v, mask=m)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, kv: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """k, v: [T, Hkv, D] -> kv: [2, blocks, page, Hkv, D] at slot_mapping [T] (< 0: skipped)."""
+    t, hkv, d = k.shape
+    if t == 0:
+        return
+    _store_kv_kernel[(t,)](k, v, kv[0], kv[1], slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1), hkv,
+                           D=d, BLOCK_H=triton.next_power_of_2(hkv), BLOCK_D=triton.next_power_of_2(d))
+
+
+# ---------------------------------------------------------------- attention over the paged cache
+
+
+@triton.jit
+def _load_kv_tile(cache_ptr, block_tables_ptr, offs_n, nmask, kvh, HKV, D: tl.constexpr, PAGE: tl.constexpr,
+                  offs_d, dmask):
+    page = tl.load(block_tables_ptr + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
+    slot = page * PAGE + offs_n % PAGE
+    return tl.load(cache_ptr + (slot[:, None] * HKV + kvh) * D + offs_d[None, :],
+                   mask=nmask[:, None] & dmask[None, :], other=0.0)
+
+
+@triton.jit
+def _extend_attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, block_tables_ptr, query_starts_ptr, context_lens_ptr,
+                             scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, HKV,
+                             GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_D: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    """One (stream, tile of BLOCK_M query rows, head). Query row i of a stream with qlen rows
+    and ctx context tokens sits at position ctx - qlen + i and sees keys 0..position; all of
+    them, this step's included, are already in the cache."""
+    s = tl.program_id(0)
+    mt = tl.program_id(1)
+    h = tl.program_id(2)
+    q0 = tl.load(query_starts_ptr + s)
+    qlen = tl.load(query_starts_ptr + s + 1) - q0
+    if mt * BLOCK_M >= qlen:
+        return
+    ctx = tl.load(context_lens_ptr + s)
+    kvh = h // GROUP
+    bt = block_tables_ptr + s.to(tl.int64) * stride_bt
+    offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mmask = offs_m < qlen
+    dmask = offs_d < D
+    rows = (q0 + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                mask=mmask[:, None] & dmask[None, :], other=0.0)
+    pos = ctx - qlen + offs_m
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    end = tl.minimum(ctx, ctx - qlen + (mt + 1) * BLOCK_M)
+    # Key 0 is in the first tile and visible to every row, so m_i is finite after it.
+    for n0 in range(0, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < end
+        k = _load_kv_tile(kc_ptr, bt, offs_n, nmask, kvh, HKV, D, PAGE, offs_d, dmask)
+        qk = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
+        qk = tl.where((offs_n[None, :] <= pos[:, None]) & nmask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_kv_tile(vc_ptr, bt, offs_n, nmask, kvh, HKV, D, PAGE, offs_d, dmask)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=mmask[:, None] & dmask[None, :])
+
+
+@triton.jit
+def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_part_ptr, lse_part_ptr, block_tables_ptr, query_starts_ptr,
+                         context_lens_ptr, scale_log2, stride_qt, stride_qh, stride_bt, HKV,
+                         GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                         PREC: tl.constexpr):
+    """One (stream, KV head, split): the group's G query heads (one token) against an equal
+    share of the context. Writes each head's partial output and base-2 log-sum-exp; an empty
+    split writes lse = -inf."""
+    s = tl.program_id(0)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    ctx = tl.load(context_lens_ptr + s)
+    chunk = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = sp * chunk
+    end = tl.minimum(ctx, start + chunk)
+    row = tl.load(query_starts_ptr + s).to(tl.int64)
+    bt = block_tables_ptr + s.to(tl.int64) * stride_bt
+    offs_g = tl.arange(0, BLOCK_G)
+    gmask = offs_g < GROUP
+    heads = kvh * GROUP + offs_g
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < D
+    q = tl.load(q_ptr + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < end
+        k = _load_kv_tile(kc_ptr, bt, offs_n, nmask, kvh, HKV, D, PAGE, offs_d, dmask)
+        qk = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
+        qk = tl.where(nmask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_kv_tile(vc_ptr, bt, offs_n, nmask, kvh, HKV, D, PAGE, offs_d, dmask)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+    nonempty = l_i > 0
+    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+    base = (s.to(tl.int64) * HKV * GROUP + heads) * NUM_SPLITS + sp  # o_part: [S, H, NUM_SPLITS, D]
+    tl.store(o_part_ptr + base[:, None] * D + offs_d[None, :], out, mask=gmask[:, None] & dmask[None, :])
+    tl.store(lse_part_ptr + base, lse, mask=gmask)
+
+
+@triton.jit
+def _decode_reduce_kernel(o_part_ptr, lse_part_ptr, out_ptr, query_starts_ptr, stride_ot, stride_oh, H,
+                          D: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+    s = tl.program_id(0)
+    h = tl.program_id(1)
+    base = (s.to(tl.int64) * H + h) * NUM_SPLITS
+    sps = tl.arange(0, BLOCK_S)
+    smask = sps < NUM_SPLITS
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < D
+    lse = tl.load(lse_part_ptr + base + sps, mask=smask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.where(lse > float("-inf"), tl.exp2(lse - m), 0.0)  # all -inf (an empty padding row): zeros
+    o = tl.load(o_part_ptr + (base + sps)[:, None] * D + offs_d[None, :], mask=smask[:, None] & dmask[None, :],
+                other=0.0)
+    out = tl.sum(o * w[:, None], 0) / tl.maximum(tl.sum(w, 0), 1e-30)
+    row = tl.load(query_starts_ptr + s).to(tl.int64)
+    tl.store(out_ptr + row * stride_ot + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+
+
+def extend_attention(q: torch.Tensor, kv: torch.Tensor, block_tables: torch.Tensor, query_starts: torch.Tensor,
+                     context_lens: torch.Tensor, max_query_len: int, scale: float, out: torch.Tensor) -> None:
+    """Prefill, prompt chunks after a cached prefix, and decode rows, in one launch.
+    q, out: [T, H, D]; kv: [2, blocks, page, Hkv, D]; block_tables [S, max_blocks] int32;
+    query_starts [S + 1], context_lens [S] int32."""
+    t, h, d = q.shape
+    hkv, page = kv.shape[3], kv.shape[2]
+    n_streams = context_lens.shape[0]
+    if t == 0 or n_streams == 0:
+        return
+    block_m = 64 if max_query_len > 32 else 16
+    grid = (n_streams, triton.cdiv(max_query_len, block_m), h)
+    _extend_attention_kernel[grid](q, kv[0], kv[1], out, block_tables, query_starts, context_lens, scale * _LOG2E,
+                                   q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), hkv,
+                                   GROUP=h // hkv, D=d, PAGE=page, BLOCK_D=_pow2(d), BLOCK_M=block_m, BLOCK_N=64,
+                                   PREC=_dot_precision(q.dtype), num_warps=4, num_stages=2)
+
+
+def decode_splits(num_streams: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int = 64) -> int:
+    """Splits of the context so that the decode grid fills the GPU about twice over, no more
+    than there are key tiles."""
+    want = triton.cdiv(2 * num_sms, max(1, num_streams * num_kv_heads))
+    tiles = triton.cdiv(max(1, max_context), block_n)
+    return max(1, min(triton.next_power_of_2(want), triton.next_power_of_2(tiles), 64))
+
+
+class DecodeWorkspace:
+    """Partial outputs of split decode, preallocated for up to max_streams (graph-safe)."""
+
+    def __init__(self, max_streams: int, num_heads: int, head_dim: int, max_splits: int, device):
+        self.o_part = torch.empty(max_streams * num_heads * max_splits * head_dim, dtype=torch.float32, device=device)
+        self.lse = torch.empty(max_streams * num_heads * max_splits, dtype=torch.float32, device=device)
+
+
+def decode_attention(q: torch.Tensor, kv: torch.Tensor, block_tables: torch.Tensor, query_starts: torch.Tensor,
+                     context_lens: torch.Tensor, scale: float, num_splits: int, ws: DecodeWorkspace,
+                     out: torch.Tensor) -> None:
+    """One query token per stream (row query_starts[s]); context_lens [S] may hold 0 for
+    padding streams (their output is zeros). q, out: [T, H, D]."""
+    t, h, d = q.shape
+    hkv, page = kv.shape[3], kv.shape[2]
+    n_streams = context_lens.shape[0]
+    if n_streams == 0:
+        return
+    group = h // hkv
+    o_part = ws.o_part[: n_streams * h * num_splits * d]
+    lse = ws.lse[: n_streams * h * num_splits]
+    _decode_split_kernel[(n_streams, hkv, num_splits)](
+        q, kv[0], kv[1], o_part, lse, block_tables, query_starts, context_lens, scale * _LOG2E, q.stride(0),
+        q.stride(1), block_tables.stride(0), hkv, GROUP=group, D=d, PAGE=page, BLOCK_D=_pow2(d),
+        BLOCK_G=_pow2(group), BLOCK_N=64, NUM_SPLITS=num_splits, PREC=_dot_precision(q.dtype), num_warps=4,
+        num_stages=2)
+    _decode_reduce_kernel[(n_streams, h)](o_part, lse, out, query_starts, out.stride(0), out.stride(1), h, D=d,
+                                          BLOCK_D=triton.next_power_of_2(d), NUM_SPLITS=num_splits,
+                                          BLOCK_S=triton.next_power_of_2(num_splits))
