@@ -46,7 +46,7 @@ int64_t Engine::now_us() {
       .count();
 }
 
-ErrorInfo Engine::enqueue(std::vector<int32_t> prompt, GenerateConfig config, int64_t* id) {
+ErrorInfo Engine::enqueue(std::vector<int32_t> prompt, GenerateConfig config, int64_t* id, int max_waiting) {
   const int len = static_cast<int>(prompt.size());
   if (len == 0) return invalid("token_ids must not be empty");
   ErrorInfo bad = config.validate();
@@ -65,6 +65,10 @@ ErrorInfo Engine::enqueue(std::vector<int32_t> prompt, GenerateConfig config, in
   const int max_seq_len = std::min(config_.max_seq_len, capacity);
 
   std::lock_guard<std::mutex> lock(mu_);
+  if (max_waiting > 0 && scheduler_.num_waiting() >= max_waiting) {
+    return {ErrorCode::CONCURRENCY_LIMIT_ERROR,
+            "the waiting queue is full (" + std::to_string(max_waiting) + " requests): try again later"};
+  }
   const int64_t sid = next_id_++;
   auto stream = std::make_unique<GenerateStream>(sid, std::move(prompt), std::move(config), max_seq_len, sid, now_us());
   scheduler_.add(stream.get());

@@ -65,7 +65,10 @@ class Engine {
   const EngineConfig& config() const { return config_; }
 
   // Admits a request or says why it can never run (empty or too long prompt, bad params).
-  ErrorInfo enqueue(std::vector<int32_t> prompt, GenerateConfig config, int64_t* id);
+  // max_waiting > 0: refuses it (CONCURRENCY_LIMIT_ERROR) when that many streams already wait,
+  // so a caller can bound the queue; checked under the lock, so concurrent callers cannot
+  // overshoot it.
+  ErrorInfo enqueue(std::vector<int32_t> prompt, GenerateConfig config, int64_t* id, int max_waiting = 0);
   // The next step. Empty (num_streams == 0) when there is nothing to run. The batch is
   // valid until the next schedule(); commit() must come before the next schedule().
   const StepBatch& schedule();

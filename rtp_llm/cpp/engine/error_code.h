@@ -9,6 +9,7 @@ namespace rtp_llm {
 enum class ErrorCode : int {
   NONE_ERROR = 0,
   LONG_PROMPT_ERROR = 511,
+  CONCURRENCY_LIMIT_ERROR = 513,  // the waiting queue is full: try again later
   UNKNOWN_ERROR = 514,
   MALLOC_FAILED = 602,
   GENERATE_TIMEOUT = 603,

@@ -75,6 +75,7 @@ grpc::Status to_status(const ErrorInfo& error) {
     case ErrorCode::NONE_ERROR: return grpc::Status::OK;
     case ErrorCode::CANCELLED: code = grpc::StatusCode::CANCELLED; break;
     case ErrorCode::MALLOC_FAILED: code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
+    case ErrorCode::CONCURRENCY_LIMIT_ERROR: code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
     case ErrorCode::GENERATE_TIMEOUT: code = grpc::StatusCode::DEADLINE_EXCEEDED; break;
     case ErrorCode::LONG_PROMPT_ERROR:
     case ErrorCode::EXCEEDS_KV_CACHE_MAX_LEN: code = grpc::StatusCode::OUT_OF_RANGE; break;

@@ -1,6 +1,8 @@
 #include "rtp_llm/cpp/model_rpc/rpc_server.h"
 
+#include <algorithm>
 #include <chrono>
+#include <exception>
 #include <mutex>
 #include <utility>
 
@@ -18,13 +20,14 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateOutputsPB>,
  public:
   explicit GenerateCall(Engine& engine) : engine_(engine) {}
 
-  void start(const GenerateInputPB& input) {
+  // max_waiting: the caller's cap on the engine's waiting queue (0: none).
+  void start(const GenerateInputPB& input, int max_waiting) {
     self_ = shared_from_this();
     request_id_ = input.request_id();
     streaming_ = input.generate_config().is_streaming();
     std::vector<int32_t> prompt(input.token_ids().begin(), input.token_ids().end());
     GenerateConfig config = from_proto(input.generate_config(), engine_.config().max_seq_len);
-    ErrorInfo error = engine_.enqueue(std::move(prompt), std::move(config), &stream_id_);
+    ErrorInfo error = engine_.enqueue(std::move(prompt), std::move(config), &stream_id_, max_waiting);
     std::lock_guard<std::recursive_mutex> lock(mu_);
     if (!error.ok()) {
       finishing_ = true;
@@ -116,12 +119,25 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context) {
   return reactor;
 }
 
+// The frontend's --max_queue_size rides along as call metadata, so the cap is checked where
+// the queue is (atomically with the admission) without a backend flag of its own.
+int MaxWaiting(const grpc::CallbackServerContext* context) {
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find(kMaxWaitingKey);
+  if (it == metadata.end()) return 0;
+  try {
+    return std::max(0, std::stoi(std::string(it->second.data(), it->second.size())));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
 }  // namespace
 
-grpc::ServerWriteReactor<GenerateOutputsPB>* ModelRpcService::GenerateStreamCall(grpc::CallbackServerContext*,
+grpc::ServerWriteReactor<GenerateOutputsPB>* ModelRpcService::GenerateStreamCall(grpc::CallbackServerContext* context,
                                                                                  const GenerateInputPB* request) {
   auto call = std::make_shared<GenerateCall>(engine_);
-  call->start(*request);
+  call->start(*request, MaxWaiting(context));
   return call.get();  // kept alive by its own self_ until OnDone
 }
 

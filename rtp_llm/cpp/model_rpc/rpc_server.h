@@ -17,6 +17,10 @@
 
 namespace rtp_llm {
 
+// GenerateStreamCall metadata: refuse the call (RESOURCE_EXHAUSTED) when this many streams
+// already wait in the engine's queue.
+inline constexpr char kMaxWaitingKey[] = "rtp-max-waiting";
+
 class ModelRpcService final : public RpcService::CallbackService {
  public:
   explicit ModelRpcService(Engine& engine) : engine_(engine) {}

@@ -104,6 +104,24 @@ TEST(Engine, AdmissionRejectsWhatCanNeverRun) {
   EXPECT_NE(e.message.find("max_seq_len"), std::string::npos);
 }
 
+TEST(Engine, AWaitingQueueCapRefusesTheExcessUntilTheQueueMoves) {
+  Engine engine(SmallConfig());
+  FakeModel model(24, 4);
+  int64_t a, b, c;
+  ASSERT_TRUE(engine.enqueue({1, 2}, MaxNew(2), &a, 2).ok());
+  ASSERT_TRUE(engine.enqueue({3, 4}, MaxNew(2), &b, 2).ok());
+  ErrorInfo e = engine.enqueue({5, 6}, MaxNew(2), &c, 2);
+  EXPECT_EQ(e.code, ErrorCode::CONCURRENCY_LIMIT_ERROR);
+  EXPECT_NE(e.message.find("waiting queue"), std::string::npos) << e.message;
+  EXPECT_EQ(engine.stats().waiting, 2);                   // the refused one left no trace
+  ASSERT_TRUE(engine.enqueue({5, 6}, MaxNew(2), &c).ok());  // no cap: admitted
+  ASSERT_TRUE(Step(engine, model));                         // the queue moves into the batch
+  EXPECT_TRUE(engine.enqueue({7, 8}, MaxNew(2), &c, 2).ok());
+  while (Step(engine, model)) {
+  }
+  ExpectAllBlocksBack(engine);
+}
+
 TEST(Engine, GenerationStopsAtTheCacheCapacityInsteadOfWaitingForever) {
   EngineConfig c = SmallConfig();
   c.max_seq_len = 1000;

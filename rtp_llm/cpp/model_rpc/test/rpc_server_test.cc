@@ -17,6 +17,7 @@
 #include "rtp_llm/cpp/api/engine_api.h"
 #include "rtp_llm/cpp/engine/test/fake_model.h"
 #include "rtp_llm/cpp/model_rpc/proto/model_rpc_service.grpc.pb.h"
+#include "rtp_llm/cpp/model_rpc/rpc_server.h"  // kMaxWaitingKey
 
 namespace rtp_llm {
 namespace {
@@ -36,7 +37,8 @@ std::vector<int32_t> Ids(const GenerateOutputsPB& msg) {
 // Reads one GenerateStreamCall with the callback API (no thread per call).
 class Call : public grpc::ClientReadReactor<GenerateOutputsPB> {
  public:
-  Call(RpcService::Stub* stub, GenerateInputPB request) : request_(std::move(request)) {
+  Call(RpcService::Stub* stub, GenerateInputPB request, int max_waiting = 0) : request_(std::move(request)) {
+    if (max_waiting > 0) context_.AddMetadata(kMaxWaitingKey, std::to_string(max_waiting));
     stub->async()->GenerateStreamCall(&context_, &request_, this);
     StartRead(&message_);
     StartCall();
@@ -96,7 +98,10 @@ class RpcServerTest : public ::testing::Test {
       FakeModel model(kBlocks, kBlockSize);
       char error[256];
       while (!stop_) {
-        if (!rtp_llm_engine_wait_for_work(engine_, 10)) continue;
+        if (paused_ || !rtp_llm_engine_wait_for_work(engine_, 10)) {
+          if (paused_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          continue;
+        }
         const RtpStepBatch* b = rtp_llm_engine_schedule(engine_);
         if (b->num_streams == 0) continue;
         auto tokens = model.run(*b);
@@ -147,6 +152,7 @@ class RpcServerTest : public ::testing::Test {
   std::unique_ptr<RpcService::Stub> stub_;
   std::thread loop_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> paused_{false};     // no steps: requests stay in the waiting queue
   std::atomic<int> step_delay_us_{0};  // a slower "model", so that clients can act mid-stream
 };
 
@@ -227,6 +233,24 @@ TEST_F(RpcServerTest, ErrorsMapToGrpcCodesWithErrorDetails) {
   slow.mutable_generate_config()->set_ignore_eos(true);
   auto timeout = std::make_unique<Call>(stub_.get(), slow);
   EXPECT_EQ(timeout->Await().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ExpectDrained();
+}
+
+TEST_F(RpcServerTest, TheCallersQueueCapRefusesTheExcessWithResourceExhausted) {
+  paused_ = true;
+  auto first = std::make_unique<Call>(stub_.get(), Request({1, 2}, 4, false), 2);
+  auto second = std::make_unique<Call>(stub_.get(), Request({3, 4}, 4, false), 2);
+  for (int i = 0; i < 500 && Stats().waiting < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_EQ(Stats().waiting, 2);
+  auto third = std::make_unique<Call>(stub_.get(), Request({5, 6}, 4, false), 2);
+  grpc::Status status = third->Await();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ErrorDetailsPB details;
+  ASSERT_TRUE(details.ParseFromString(status.error_details()));
+  EXPECT_EQ(details.error_code(), 513);  // CONCURRENCY_LIMIT_ERROR
+  paused_ = false;
+  EXPECT_TRUE(first->Await().ok());
+  EXPECT_TRUE(second->Await().ok());
   ExpectDrained();
 }
 
