@@ -22,12 +22,15 @@ async def _serve(config: ServerConfig) -> None:
     tokenizer = load_tokenizer(config.checkpoint_path, config.tokenizer_path)
     if tokenizer is None:
         raise ValueError(f"{config.checkpoint_path} has no tokenizer: pass --tokenizer_path")
-    client = BackendClient(config.rpc_address)
+    client = BackendClient(config.rpc_address, config.max_queue_size)
     name = os.path.basename(os.path.normpath(config.checkpoint_path))
     # Per frontend process (SO_REUSEPORT spreads connections unevenly, so a share of a global
     # limit would refuse requests while another frontend idles).
-    frontend = Frontend(tokenizer, client, name, config.concurrency_limit, config.api_key)
-    runner = web.AppRunner(frontend.app(), access_log=None)
+    frontend = Frontend(tokenizer, client, name, config.concurrency_limit, config.api_key, config.max_body_size,
+                        config.default_timeout_ms, config.engine_stall_timeout_s)
+    # handler_cancellation: a client that goes away cancels its handler, which cancels the
+    # gRPC calls, so the engine stops generating for it (streaming or not).
+    runner = web.AppRunner(frontend.app(), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.start_port, reuse_port=True)
     await site.start()

@@ -32,12 +32,13 @@ def _post(url, body, timeout=120):
         return e.code, e.read().decode()
 
 
-def _start_server(model, frontends=2):
-    """(process, base URL) of a server that answers /health."""
+def start_server(model, *flags, frontends=2, env=None):
+    """(process, base URL) of a server that answers /health; `flags` add to or override the
+    defaults (argparse keeps the last)."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={model}",
                              f"--start_port={port}", f"--frontend_server_count={frontends}", "--kv_cache_mem_mb=256",
-                             "--max_seq_len=2048", "--act_type=fp32"])
+                             "--max_seq_len=2048", "--act_type=fp32", *flags], env=env)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -57,7 +58,7 @@ def _start_server(model, frontends=2):
 
 @pytest.fixture(scope="module")
 def server(smollm2):
-    proc, base = _start_server(smollm2)
+    proc, base = start_server(smollm2)
     yield base
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
@@ -204,7 +205,7 @@ def test_logprobs_of_chosen_tokens(client):
 def test_sigterm_drains_requests_in_flight(smollm2):
     import threading
 
-    proc, base = _start_server(smollm2, frontends=1)
+    proc, base = start_server(smollm2, frontends=1)
     result = {}
 
     def request():

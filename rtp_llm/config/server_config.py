@@ -23,8 +23,13 @@ class ServerConfig:
     reuse_cache: bool = True
     act_type: str = "bf16"
     device: str = "cpu"
+    cuda_graph: bool = True                # decode and prefill steps replay captured CUDA graphs
     host: str = "0.0.0.0"                  # HTTP bind address (the gRPC port is always loopback)
     api_key: Optional[str] = None          # if set, every route but /health and /status needs it
+    max_queue_size: int = 0                # streams waiting in the engine's queue; more get 429 (0: no cap)
+    max_body_size: int = 8 << 20           # request body bytes; larger gets 413
+    default_timeout_ms: int = 0            # for requests without timeout_ms (0: none); expired -> 504
+    engine_stall_timeout_s: int = 60       # /health fails after this long without a step while work waits (0: never)
 
     def validate(self) -> None:
         if not self.checkpoint_path:
@@ -33,9 +38,12 @@ class ServerConfig:
             raise ValueError(f"--checkpoint_path {self.checkpoint_path} does not exist")
         if not 1 <= self.start_port <= 65534:
             raise ValueError(f"--start_port must be in [1, 65534], got {self.start_port}")
-        for name in ("frontend_server_count", "concurrency_limit"):
+        for name in ("frontend_server_count", "concurrency_limit", "max_body_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_queue_size", "default_timeout_ms", "engine_stall_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
 
     @property
     def rpc_address(self) -> str:

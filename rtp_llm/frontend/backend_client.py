@@ -31,7 +31,7 @@ class BackendError(Exception):
 _HTTP = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.OUT_OF_RANGE: 400,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 503,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,  # the waiting queue is full (--max_queue_size)
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.CANCELLED: 499,
@@ -39,7 +39,9 @@ _HTTP = {
 
 
 class BackendClient:
-    def __init__(self, address: str):
+    def __init__(self, address: str, max_queue_size: int = 0):
+        # Sent with every call: the engine refuses a stream when this many already wait.
+        self.metadata = (("rtp-max-waiting", str(max_queue_size)),) if max_queue_size > 0 else None
         # The backend may come up after this frontend: reconnect quickly rather than with
         # gRPC's default backoff (up to two minutes).
         self.channel = grpc.aio.insecure_channel(address, options=[
@@ -56,8 +58,8 @@ class BackendClient:
         except grpc.aio.AioRpcError:
             return False
 
-    async def worker_status(self) -> pb.WorkerStatusPB:
-        return await self.stub.GetWorkerStatus(pb.StatusVersionPB(), timeout=5)
+    async def worker_status(self, timeout: float = 5.0) -> pb.WorkerStatusPB:
+        return await self.stub.GetWorkerStatus(pb.StatusVersionPB(), timeout=timeout)
 
     async def cache_status(self) -> pb.CacheStatusPB:
         return await self.stub.GetCacheStatus(pb.CacheVersionPB(), timeout=5)
@@ -70,7 +72,7 @@ class BackendClient:
         request.generate_config.CopyFrom(config)
         request.generate_config.is_streaming = True
         # wait_for_ready: a request during a reconnect waits for the channel instead of failing.
-        call = self.stub.GenerateStreamCall(request, wait_for_ready=True)
+        call = self.stub.GenerateStreamCall(request, wait_for_ready=True, metadata=self.metadata)
         try:
             async for out in call:
                 d = decode_output(out)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, List, Optional, Sequence
 
 from rtp_llm.config.generate_config import GenerateConfig
-from rtp_llm.frontend.backend_client import BackendClient, BackendError
+from rtp_llm.frontend.backend_client import BackendClient
 from rtp_llm.frontend.detokenizer import IncrementalDetokenizer
 
 
@@ -53,7 +53,7 @@ async def generate_sequences(client: BackendClient, tokenizer, prompt_ids: List[
             else:
                 delta = detok.finish()
             await queue.put(SequenceEvent(index, delta, True, reason, aux, len(detok.ids), pending))
-        except BackendError as e:
+        except Exception as e:  # BackendError, or a bug: the consumer raises it instead of waiting forever
             await queue.put(e)
         finally:
             await stream.aclose()
@@ -63,7 +63,7 @@ async def generate_sequences(client: BackendClient, tokenizer, prompt_ids: List[
     try:
         while remaining:
             item = await queue.get()
-            if isinstance(item, BackendError):
+            if isinstance(item, Exception):
                 raise item
             if item.finished:
                 remaining -= 1
