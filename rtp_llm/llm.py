@@ -92,7 +92,7 @@ class LLM:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def close(self):
-        self.engine.core.close()
+        self.engine.close()
 
 
 __all__ = ["LLM", "GenerationOutput", "SequenceOutput", "EngineError"]

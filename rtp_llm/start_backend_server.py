@@ -21,7 +21,8 @@ def serve(config: ServerConfig) -> int:
                                        max_batch_size=config.max_batch_size,
                                        max_num_batched_tokens=config.max_num_batched_tokens,
                                        seq_size_per_block=config.seq_size_per_block,
-                                       kv_cache_mem_mb=config.kv_cache_mem_mb, reuse_cache=config.reuse_cache))
+                                       kv_cache_mem_mb=config.kv_cache_mem_mb, reuse_cache=config.reuse_cache,
+                                       cuda_graph=config.cuda_graph))
     port = engine.core.start_rpc_server(config.rpc_address)
     engine.start()
     log.info("backend serving RpcService on 127.0.0.1:%d", port)

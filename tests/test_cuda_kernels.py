@@ -142,9 +142,14 @@ def test_extend_attention_prefill_chunk_after_prefix_and_decode_rows(dtype):
     # 2: one decode token at position 70; 3: a prompt of 1 token.
     _skip_interpreted_bf16_dot(dtype)
     ctx, qn = [40, 70, 71, 1], [40, 20, 1, 1]
+    assert K.EXTEND_BLOCK_M >= 40
     kv, tables, starts, ctx_t, q, ks, vs = _paged_case(dtype, ctx, qn)
     out = torch.zeros_like(q).to(DEV)
-    K.extend_attention(q.to(DEV), kv.to(DEV), tables.to(DEV), starts.to(DEV), ctx_t.to(DEV), max(qn), 0.2, out)
+    tiles = torch.from_numpy(K.extend_tiles(torch.tensor(qn).numpy())).to(DEV)
+    assert tiles.shape[1] == 4  # one per stream: no query run is longer than a tile here
+    # a padding tile (stream -1), as captured graphs have, must be a no-op
+    tiles = torch.cat([tiles, torch.tensor([[-1], [0]], dtype=torch.int32, device=DEV)], dim=1)
+    K.extend_attention(q.to(DEV), kv.to(DEV), tables.to(DEV), starts.to(DEV), ctx_t.to(DEV), tiles, 0.2, out)
     want = _reference(q, ks, vs, starts, ctx_t, 0.2)
     torch.testing.assert_close(out.float().cpu(), want, **_tol(dtype))
 
@@ -182,3 +187,134 @@ def test_store_kv_writes_slots_and_skips_negative_ones(dtype):
         if s is not None:
             assert torch.equal(flat[0, s], k[i]) and torch.equal(flat[1, s], v[i])
     assert int((flat.abs().sum(dim=(2, 3)) > 0).sum()) == 6
+
+
+def test_extend_tiles_cover_every_query_row_once():
+    import numpy as np
+
+    m = K.EXTEND_BLOCK_M
+    q_lens = np.array([1, m, m + 1, 3 * m - 2, 2], dtype=np.int32)
+    out = np.full((2, 12), 99, dtype=np.int32)
+    K.extend_tiles(q_lens, out=out)
+    covered = {}
+    for s, start in zip(*out):
+        if s < 0:
+            continue
+        for r in range(start, min(start + m, q_lens[s])):
+            covered[(s, r)] = covered.get((s, r), 0) + 1
+    assert covered == {(s, r): 1 for s in range(len(q_lens)) for r in range(q_lens[s])}
+    assert (out[0, 8:] == -1).all()  # 1 + 1 + 2 + 3 + 1 tiles, the rest padding
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_fused_qkv_to_cache_equals_the_composed_ops(dtype, qk_norm):
+    from rtp_llm.device.base import DeviceBackend
+
+    t, h, hkv, d, page = 5, 4, 2, 32, 16
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(t, (h + 2 * hkv) * d, generator=g).to(dtype).to(DEV)
+    qw = (1 + 0.1 * torch.randn(d, generator=g)).to(dtype).to(DEV) if qk_norm else None
+    kw = (1 + 0.1 * torch.randn(d, generator=g)).to(dtype).to(DEV) if qk_norm else None
+    pos = torch.tensor([3, 0, 9, 4, 1], device=DEV)
+    ang = torch.outer(torch.arange(16).float(), 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d))
+    cos, sin = ang.cos().to(DEV), ang.sin().to(DEV)
+    slots = torch.tensor([5, 17, -1, 40, 2], device=DEV)
+
+    class Composed(DeviceBackend):  # the interface's default composition over the same kernels
+        allocate_kv_cache = available_memory_bytes = prepare_attention = attention = None
+
+        def rms_norm(self, x, w, eps):
+            return K.rms_norm(x, w, eps)
+
+        def silu_and_mul(self, x):
+            return K.silu_and_mul(x)
+
+        def write_kv(self, k, v, kv, meta):
+            K.store_kv(k, v, kv, slots)
+
+        def rotary(self, q, k, positions, cos, sin):
+            K.rotary(q, k, positions, cos, sin)
+            return q, k
+
+    want_kv = torch.zeros(2, 4, page, hkv, d, dtype=dtype, device=DEV)
+    ref = qkv.clone()
+    q_ref, k_ref, _ = Composed.qkv_to_cache(Composed.__new__(Composed), ref, h, hkv, d, qw, kw, 1e-6, pos, cos,
+                                            sin, want_kv, None)
+    kv = torch.zeros_like(want_kv)
+    K.qkv_to_cache(qkv, h, hkv, d, qw, kw, 1e-6, pos, cos, sin, kv, slots)
+    tol = _elementwise_tol(dtype) if qk_norm else dict(rtol=0, atol=1e-6 if dtype == torch.float32 else 2 ** -5)
+    torch.testing.assert_close(qkv[:, : h * d].view(t, h, d), q_ref, **tol)
+    torch.testing.assert_close(qkv[:, h * d:(h + hkv) * d].view(t, hkv, d), k_ref, **tol)
+    torch.testing.assert_close(kv, want_kv, **tol)
+
+
+class _InterpretedCudaBackend:
+    """The CUDA backend's whole step path (input packing, tile tables, fused kernels, and the
+    graph runner's padded persistent inputs, replayed by rerunning the step) on the CPU
+    through Triton's interpreter, without CUDA runtime calls."""
+
+    @staticmethod
+    def make(graphs: bool):
+        from rtp_llm.device.cuda.backend import CudaBackend
+        from rtp_llm.device.cuda.graph_runner import CudaGraphRunner
+
+        class Rerun(CudaGraphRunner):
+            def _capture(self, model, plan, dev):
+                for kind, size, args in plan:
+                    logits = model.forward(*args)
+
+                    @torch.inference_mode()
+                    def replay(a=args, out=logits):
+                        out.copy_(model.forward(*a))
+
+                    self.graphs[(kind, size)] = (replay, logits)
+
+        class Backend(CudaBackend):
+            def __init__(self):
+                self.device = torch.device(DEV)
+                self.num_sms = 8
+                self._pinned = torch.empty(1 << 12, dtype=torch.int32)
+                self._copied = None
+                self._ws, self._ws_shape = None, (0, 0, 0, 0)
+
+            def make_graph_runner(self, *args):
+                return Rerun(args[0], self, *args[1:]) if graphs else None
+
+            def available_memory_bytes(self):
+                return 1 << 30
+
+            def release_memory(self):
+                pass
+
+        return Backend()
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="on a GPU, tests/test_cuda.py runs the real backend")
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-inputs"])
+@pytest.mark.parametrize("name", ["llama_mha_untied", "qwen3_gqa_untied"])
+def test_cuda_backend_greedy_equals_hf_with_chunked_prefill(tmp_path, monkeypatch, name, graphs):
+    import importlib.util
+
+    import transformers
+
+    import rtp_llm.async_decoder_engine.engine as engine_mod
+    from rtp_llm.llm import LLM
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("tiny_models", os.path.join(root, "rtp_llm", "test", "tiny_models.py"))
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    path = tiny.make_tiny(name, str(tmp_path))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    monkeypatch.setattr(engine_mod, "get_backend", lambda _: _InterpretedCudaBackend.make(graphs))
+    llm = LLM(path, act_type="fp32", progress=False, max_seq_len=128, max_num_batched_tokens=16, num_kv_blocks=64,
+              max_batch_size=4, warm_up=False)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (50, 7)]
+    outs = llm.generate(prompts, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+    for prompt, out in zip(prompts, outs):
+        ids = torch.tensor([prompt])
+        want = hf.generate(ids, max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(ids))
+        assert out.outputs[0].token_ids == want[0, len(prompt):].tolist(), (name, len(prompt))
+    llm.close()

@@ -79,7 +79,7 @@ class Engine:
         kv = self.backend.allocate_kv_cache(c.num_layers, self.num_blocks, block, c.num_kv_heads, c.head_dim,
                                             loaded.dtype)
         self.runner = ModelRunner(model, self.backend, kv, block, args.max_batch_size, self.max_seq_len,
-                                  use_graphs=args.cuda_graph)
+                                  args.max_num_batched_tokens, use_graphs=args.cuda_graph)
         self._thread: Optional[threading.Thread] = None
         self._running = False
         if args.warm_up:
@@ -138,3 +138,11 @@ class Engine:
         if self._thread:
             self._thread.join()
             self._thread = None
+
+    def close(self):
+        """Stops and frees the core, the KV cache, the weights and any captured graphs (device
+        memory returns to the device, not just to this process's allocator)."""
+        self.stop()
+        self.core.close()
+        self.runner = None
+        self.backend.release_memory()

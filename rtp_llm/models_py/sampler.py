@@ -27,6 +27,7 @@ class SamplingRows:
     frequency_penalty: np.ndarray
     random_seed: np.ndarray
     num_generated: np.ndarray
+    return_logprobs: np.ndarray = None  # None: every row wants its log-prob
 
 
 def _seed(seed: int, step: int) -> int:
@@ -41,14 +42,18 @@ class Sampler:
     def sample(self, logits: torch.Tensor, rows: SamplingRows,
                history: Callable[[int], Tuple[Sequence[int], int]]) -> Tuple[np.ndarray, np.ndarray]:
         """logits: [N, V] fp32. history(stream_id) -> (all tokens, prompt length), asked only for
-        rows with penalties. Returns (tokens [N] int32, log-prob of each under the model [N])."""
+        rows with penalties. Returns (tokens [N] int32, log-prob of each under the model [N]; 0
+        where no row asked for log-probs)."""
         n = logits.shape[0]
-        logprobs = torch.log_softmax(logits, dim=-1)
+        want_logprobs = rows.return_logprobs is None or bool(rows.return_logprobs.any())
+        logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         logits = self._apply_penalties(logits, rows, history)
         greedy = (rows.temperature <= 0) | (rows.top_k == 1)
         tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
         g = np.nonzero(greedy)[0]
-        if len(g):
+        if len(g) == n:
+            tokens = logits.argmax(dim=-1)
+        elif len(g):
             gi = torch.from_numpy(g).to(logits.device)
             tokens[gi] = logits[gi].argmax(dim=-1)
         s = np.nonzero(~greedy)[0]
@@ -65,8 +70,11 @@ class Sampler:
                 gen = torch.Generator(device=logits.device).manual_seed(_seed(rows.random_seed[r], rows.num_generated[r]))
                 picked[j] = torch.multinomial(probs[j], 1, generator=gen)[0]
             tokens[si] = picked
+        if not want_logprobs:  # one device-to-host copy per step
+            return tokens.to(torch.int32).cpu().numpy(), np.zeros(n, dtype=np.float32)
         chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
-        return tokens.to(torch.int32).cpu().numpy(), chosen.cpu().numpy()
+        both = torch.stack([tokens.to(torch.float64), chosen.to(torch.float64)]).cpu().numpy()
+        return both[0].astype(np.int32), both[1].astype(np.float32)
 
     def _apply_penalties(self, logits, rows: SamplingRows, history) -> torch.Tensor:
         active = np.nonzero((rows.repetition_penalty != 1.0) | (rows.presence_penalty != 0.0)

@@ -1,11 +1,18 @@
-"""Decode steps as CUDA graphs. A decode step (every stream has one query token, all sampled)
-of S streams replays the graph captured for the smallest ladder size >= S; its inputs are
-copied into persistent buffers first (one host-to-device copy from a pinned staging buffer),
-and the padding streams have context length 0 and slot -1: they read and write nothing."""
+"""Steps as CUDA graphs, so that a step costs one launch instead of hundreds.
+
+- Decode steps (every stream has one query token, all sampled) of S streams replay the graph
+  captured for the smallest ladder size >= S, with the split-context decode kernel.
+- Any other step of T tokens (prefill, prompt chunks, mixed batches) replays the graph
+  captured for the smallest token bucket >= T, with the extend kernel over a tile table.
+
+Inputs are copied into persistent buffers first (one host-to-device copy from a pinned
+staging buffer). Padding tokens have slot -1 and belong to no stream, padding streams have
+no query rows and context length 0: they read and write nothing, and every op but attention
+is row-wise, so their garbage stays in their own rows."""
 
 import logging
 import time
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -16,78 +23,189 @@ from rtp_llm.device.cuda.backend import CudaAttentionMetadata
 log = logging.getLogger(__name__)
 
 
-def graph_batch_sizes(max_batch_size: int) -> List[int]:
+def decode_batch_sizes(max_batch_size: int) -> List[int]:
     """1, 2, 4, 8, then every 8 up to 64, then every 16: padding wastes < 25% of a step."""
     sizes = [1, 2, 4, 8] + list(range(16, 65, 8)) + list(range(80, max_batch_size + 16, 16))
-    out = sorted({min(s, max_batch_size) for s in sizes})
-    return out
+    return sorted({min(s, max_batch_size) for s in sizes})
+
+
+# Steps of more tokens are long enough that launching their kernels one by one costs little.
+MAX_GRAPH_TOKENS = 2048
+
+
+def extend_token_sizes(max_num_batched_tokens: int) -> List[int]:
+    """Powers of two up to 512, then every 256, up to MAX_GRAPH_TOKENS."""
+    top = min(max_num_batched_tokens, MAX_GRAPH_TOKENS)
+    sizes = [16, 32, 64, 128, 256, 512] + list(range(768, top + 256, 256))
+    return sorted({min(s, top) for s in sizes})
+
+
+class _Inputs:
+    """Persistent int32 inputs for graphs of up to `tokens` tokens and `streams` streams, packed
+    in one device buffer with a pinned twin; the block tables come last so that a step copies
+    only the rows it uses."""
+
+    def __init__(self, tokens: int, streams: int, tiles: int, max_blocks: int, device):
+        tiles = -(-tiles // 4) * 4
+        sizes = dict(token_ids=tokens, positions=tokens, slots=tokens, query_starts=streams + 1,
+                     context_lens=streams, sample_rows=streams, tiles=2 * tiles, block_tables=streams * max_blocks)
+        self.offsets, off = {}, 0
+        for name, n in sizes.items():
+            self.offsets[name] = (off, n)
+            off += -(-n // 4) * 4  # 16-byte aligned parts, as the kernels were compiled for
+        on_gpu = torch.device(device).type == "cuda"
+        self.host = torch.zeros(off, dtype=torch.int32, pin_memory=on_gpu)
+        self.buf = torch.zeros(off, dtype=torch.int32, device=device)
+        self.max_blocks, self.n_tiles = max_blocks, tiles
+        self.copied = torch.cuda.Event() if on_gpu else None
+
+    def writable(self) -> "_Inputs":
+        """Waits until the last upload has read the staging buffer. A step that samples nothing
+        (a prompt chunk) ends without a sync, so the next one may come before that copy ran."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self
+
+    def host_view(self, name: str) -> np.ndarray:
+        off, n = self.offsets[name]
+        return self.host.numpy()[off:off + n]
+
+    def dev(self, name: str) -> torch.Tensor:
+        off, n = self.offsets[name]
+        return self.buf[off:off + n]
+
+    def upload(self, streams: int):
+        end = self.offsets["block_tables"][0] + streams * self.max_blocks
+        self.buf[:end].copy_(self.host[:end], non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
 
 
 class CudaGraphRunner:
     def __init__(self, model, backend, kv_cache: torch.Tensor, block_size: int, max_batch_size: int,
-                 max_seq_len: int):
+                 max_seq_len: int, max_num_batched_tokens: int):
         c = model.config
-        self.model, self.kv_cache = model, kv_cache
-        self.sizes = graph_batch_sizes(max_batch_size)
-        n = self.max_streams = self.sizes[-1]
-        self.max_blocks = -(-max_seq_len // block_size)
         dev = backend.device
-        # Packed int32 inputs: token ids, positions, slots, context lengths (n each), then the
-        # block tables [n, max_blocks].
-        size = 4 * n + n * self.max_blocks
-        self.host = torch.zeros(size, dtype=torch.int32, pin_memory=True)
-        self.host_np = self.host.numpy()
-        self.buf = torch.zeros(size, dtype=torch.int32, device=dev)
-        self.token_ids, self.positions, self.slots, self.context_lens = (self.buf[i * n:(i + 1) * n] for i in range(4))
-        self.block_tables = self.buf[4 * n:].view(n, self.max_blocks)
-        self.query_starts = torch.arange(n + 1, dtype=torch.int32, device=dev)
-        self.graphs: Dict[int, Tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.host_np[2 * n:3 * n] = -1
-        self.buf.copy_(self.host)
-        backend.reserve_decode_workspace(n, c.num_heads, c.head_dim, K.decode_splits(1, c.num_kv_heads, max_seq_len,
-                                                                                      backend.num_sms))
+        self.max_blocks = -(-max_seq_len // block_size)
+        self.decode_sizes = decode_batch_sizes(max_batch_size)
+        self.extend_sizes = extend_token_sizes(max_num_batched_tokens)
+        n = self.decode_sizes[-1]
+        self.dec = _Inputs(n, n, 0, self.max_blocks, dev)
+        self.dec.host_view("slots")[:] = -1
+        self.dec.host_view("query_starts")[:] = np.arange(n + 1)
+        self.dec.upload(n)
+        t_max = self.extend_sizes[-1]
+        s_max = min(t_max, max_batch_size)
+        self.ext = _Inputs(t_max, s_max, t_max // K.EXTEND_BLOCK_M + s_max, self.max_blocks, dev)
+        self.ext.host_view("slots")[:] = -1
+        self.ext.host_view("tiles")[:self.ext.n_tiles] = -1  # row 0: no stream
+        self.ext.upload(s_max)
+        self.max_batch_size = max_batch_size
+        backend.reserve_decode_workspace(n, c.num_heads, c.head_dim,
+                                         K.decode_splits(1, c.num_kv_heads, max_seq_len, backend.num_sms))
+        # (kind, size) -> (replay, logits): replay() reruns the step on the current inputs and
+        # leaves its logits in `logits`.
+        self.graphs: Dict[Tuple[str, int], Tuple[Callable[[], None], torch.Tensor]] = {}
         t0 = time.perf_counter()
+        self._capture(model, self._capture_plan(c, backend, kv_cache, max_seq_len), dev)
+        log.info("captured %d decode graphs (batch %d..%d) and %d step graphs (tokens %d..%d) in %.1f s",
+                 len(self.decode_sizes), self.decode_sizes[0], self.decode_sizes[-1], len(self.extend_sizes),
+                 self.extend_sizes[0], self.extend_sizes[-1], time.perf_counter() - t0)
+
+    def _capture(self, model, plan, dev):
         pool = None
         stream = torch.cuda.Stream(dev)
+        # Capture runs on a side stream: it must see the buffers' initialization (and the
+        # weights and KV cache), which were queued on the current one.
+        stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.inference_mode(), torch.cuda.stream(stream):
-            for s in reversed(self.sizes):  # largest first: the smaller ones reuse its memory pool
-                meta = CudaAttentionMetadata(
-                    slot_mapping=self.slots[:s], block_tables=self.block_tables[:s], query_starts=self.query_starts[:s + 1],
-                    context_lens=self.context_lens[:s], max_query_len=1,
-                    decode_splits=K.decode_splits(s, c.num_kv_heads, max_seq_len, backend.num_sms))
-                args = (self.token_ids[:s], self.positions[:s], meta, kv_cache, None)
+            for kind, size, args in plan:
                 model.forward(*args)  # compiles the kernels and settles the allocator outside capture
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool, stream=stream):
                     logits = model.forward(*args)
                 pool = g.pool()
-                self.graphs[s] = (g, logits)
+                self.graphs[(kind, size)] = (g.replay, logits)
         torch.cuda.current_stream(dev).wait_stream(stream)
         torch.cuda.synchronize(dev)
-        log.info("captured %d decode graphs (batch sizes %s..%s) in %.1f s", len(self.sizes), self.sizes[0],
-                 self.sizes[-1], time.perf_counter() - t0)
 
-    def can_run(self, b) -> bool:
-        return (0 < b.num_streams <= self.max_streams and b.num_tokens == b.num_streams
-                and b.num_sampled == b.num_streams and b.block_tables.shape[1] <= self.max_blocks)
+    def _capture_plan(self, c, backend, kv_cache, max_seq_len):
+        """Largest first: the smaller graphs reuse its memory pool."""
+        for t in reversed(self.extend_sizes):
+            s = self._extend_streams(t)
+            tiles = self.ext.dev("tiles").view(2, -1)[:, :t // K.EXTEND_BLOCK_M + s]
+            meta = CudaAttentionMetadata(
+                slot_mapping=self.ext.dev("slots")[:t],
+                block_tables=self.ext.dev("block_tables").view(-1, self.max_blocks)[:s],
+                query_starts=self.ext.dev("query_starts")[:s + 1], context_lens=self.ext.dev("context_lens")[:s],
+                decode_splits=0, tiles=tiles)
+            yield "extend", t, (self.ext.dev("token_ids")[:t], self.ext.dev("positions")[:t], meta, kv_cache,
+                                self.ext.dev("sample_rows")[:s])
+        for s in reversed(self.decode_sizes):
+            meta = CudaAttentionMetadata(
+                slot_mapping=self.dec.dev("slots")[:s],
+                block_tables=self.dec.dev("block_tables").view(-1, self.max_blocks)[:s],
+                query_starts=self.dec.dev("query_starts")[:s + 1], context_lens=self.dec.dev("context_lens")[:s],
+                decode_splits=K.decode_splits(s, c.num_kv_heads, max_seq_len, backend.num_sms))
+            yield "decode", s, (self.dec.dev("token_ids")[:s], self.dec.dev("positions")[:s], meta, kv_cache, None)
 
-    def run(self, b) -> torch.Tensor:
-        """Logits [S, vocab] fp32 of a decode step (a view into the graph's output: valid until
-        the next run)."""
+    def _extend_streams(self, tokens: int) -> int:
+        return min(tokens, self.max_batch_size)
+
+    def run(self, b) -> Optional[torch.Tensor]:
+        """Logits [num_sampled, vocab] fp32 (a view into the graph's output, valid until the
+        next run), or None when no captured graph fits the step."""
+        s, t = b.num_streams, b.num_tokens
+        if s == 0 or b.block_tables.shape[1] > self.max_blocks:
+            return None
+        if t == s and b.num_sampled == s and s <= self.decode_sizes[-1]:
+            return self._run_decode(b)
+        if t <= self.extend_sizes[-1] and s <= self.max_batch_size:
+            return self._run_extend(b)
+        return None
+
+    def _run_decode(self, b) -> torch.Tensor:
         s = b.num_streams
-        size = self.sizes[np.searchsorted(self.sizes, s)]
-        n, h = self.max_streams, self.host_np
-        h[0:s] = b.token_ids
-        h[n:n + s] = b.positions
-        h[2 * n:2 * n + s] = b.slot_mapping
-        h[2 * n + s:2 * n + size] = -1
-        h[3 * n:3 * n + s] = b.context_lens
-        h[3 * n + s:3 * n + size] = 0
-        tables = h[4 * n:].reshape(n, self.max_blocks)
-        tables[:s, :b.block_tables.shape[1]] = b.block_tables
-        end = 4 * n + size * self.max_blocks
-        # The previous step synced on its sampled tokens, so the staging buffer is free again.
-        self.buf[:end].copy_(self.host[:end], non_blocking=True)
-        g, logits = self.graphs[size]
-        g.replay()
+        size = self.decode_sizes[np.searchsorted(self.decode_sizes, s)]
+        x = self.dec.writable()
+        x.host_view("token_ids")[:s] = b.token_ids
+        x.host_view("positions")[:s] = b.positions
+        slots = x.host_view("slots")
+        slots[:s] = b.slot_mapping
+        slots[s:size] = -1
+        ctx = x.host_view("context_lens")
+        ctx[:s] = b.context_lens
+        ctx[s:size] = 0
+        x.host_view("block_tables").reshape(-1, self.max_blocks)[:s, :b.block_tables.shape[1]] = b.block_tables
+        x.upload(size)
+        replay, logits = self.graphs[("decode", size)]
+        replay()
         return logits[:s]
+
+    def _run_extend(self, b) -> torch.Tensor:
+        s, t = b.num_streams, b.num_tokens
+        size = self.extend_sizes[np.searchsorted(self.extend_sizes, t)]
+        streams = self._extend_streams(size)
+        x = self.ext.writable()
+        x.host_view("token_ids")[:t] = b.token_ids
+        x.host_view("positions")[:t] = b.positions
+        slots = x.host_view("slots")
+        slots[:t] = b.slot_mapping
+        slots[t:size] = -1
+        qs = x.host_view("query_starts")
+        qs[:s + 1] = b.query_starts
+        qs[s + 1:streams + 1] = t
+        ctx = x.host_view("context_lens")
+        ctx[:s] = b.context_lens
+        ctx[s:streams] = 0
+        rows = (b.query_starts[1:] - 1)[b.do_sample == 1]
+        sample = x.host_view("sample_rows")
+        sample[:len(rows)] = rows
+        sample[len(rows):streams] = 0  # rows of an earlier, larger step would index out of bounds
+        n_tiles = size // K.EXTEND_BLOCK_M + streams
+        K.extend_tiles(b.query_lens, out=x.host_view("tiles").reshape(2, -1)[:, :n_tiles])
+        x.host_view("block_tables").reshape(-1, self.max_blocks)[:s, :b.block_tables.shape[1]] = b.block_tables
+        x.upload(s)
+        replay, logits = self.graphs[("extend", size)]
+        replay()
+        return logits[:len(rows)]

@@ -5,6 +5,7 @@ Hkv KV heads (G = H / Hkv per group), D head_dim. KV cache of one layer: K and V
 Rounding follows HF transformers in the model dtype (e.g. RMSNorm normalizes in fp32, casts,
 then scales; rotary rounds each product) so that greedy tokens match HF's, not just nearly."""
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -104,6 +105,81 @@ def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch
                          BLOCK_HK=triton.next_power_of_2(k.shape[1]), BLOCK_HALF=triton.next_power_of_2(half))
 
 
+# ---------------------------------------------------------------- fused: q/k norm, rotary, KV write
+
+
+@triton.jit
+def _norm_rotate_heads(ptr, stride_h, nh, w_ptr, eps, c, s, HAS_NORM: tl.constexpr, HALF: tl.constexpr,
+                       BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """Heads [nh, 2 * HALF] at ptr: per-head RMSNorm (Qwen3's q/k norm) then rotary, in place;
+    returns the result's halves for the cache write."""
+    hs = tl.arange(0, BLOCK_H)
+    ds = tl.arange(0, BLOCK_HALF)
+    m = (hs[:, None] < nh) & (ds[None, :] < HALF)
+    p1 = ptr + hs[:, None] * stride_h + ds[None, :]
+    x1 = tl.load(p1, mask=m, other=0.0)
+    x2 = tl.load(p1 + HALF, mask=m, other=0.0)
+    dt = x1.dtype
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    if HAS_NORM:
+        rstd = tl.rsqrt((tl.sum(f1 * f1, 1) + tl.sum(f2 * f2, 1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.load(w_ptr + ds, mask=ds < HALF, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + ds, mask=ds < HALF, other=0.0).to(tl.float32)[None, :]
+        f1 = (w1 * (f1 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        f2 = (w2 * (f2 * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    o1 = ((f1 * c).to(dt).to(tl.float32) + (-(f2 * s)).to(dt).to(tl.float32)).to(dt)
+    o2 = ((f2 * c).to(dt).to(tl.float32) + (f1 * s).to(dt).to(tl.float32)).to(dt)
+    tl.store(p1, o1, mask=m)
+    tl.store(p1 + HALF, o2, mask=m)
+    return o1, o2
+
+
+@triton.jit
+def _qkv_to_cache_kernel(qkv_ptr, qw_ptr, kw_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr, stride_t, eps,
+                         H, HKV, HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
+                         BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    row = qkv_ptr + t * stride_t
+    D: tl.constexpr = 2 * HALF
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    ds = tl.arange(0, BLOCK_HALF)
+    dm = ds < HALF
+    dt = qkv_ptr.dtype.element_ty
+    c = tl.load(cos_ptr + pos * HALF + ds, mask=dm, other=0.0).to(dt).to(tl.float32)[None, :]
+    s = tl.load(sin_ptr + pos * HALF + ds, mask=dm, other=0.0).to(dt).to(tl.float32)[None, :]
+    _norm_rotate_heads(row, D, H, qw_ptr, eps, c, s, HAS_NORM, HALF, BLOCK_HQ, BLOCK_HALF)
+    k1, k2 = _norm_rotate_heads(row + H * D, D, HKV, kw_ptr, eps, c, s, HAS_NORM, HALF, BLOCK_HK, BLOCK_HALF)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:  # < 0: a padding row of a captured graph
+        hs = tl.arange(0, BLOCK_HK)
+        m = (hs[:, None] < HKV) & dm[None, :]
+        dst = (slot * HKV + hs[:, None]) * D + ds[None, :]
+        tl.store(kc_ptr + dst, k1, mask=m)
+        tl.store(kc_ptr + dst + HALF, k2, mask=m)
+        vsrc = row + (H + HKV) * D + hs[:, None] * D + ds[None, :]
+        tl.store(vc_ptr + dst, tl.load(vsrc, mask=m), mask=m)
+        tl.store(vc_ptr + dst + HALF, tl.load(vsrc + HALF, mask=m), mask=m)
+
+
+def qkv_to_cache(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, q_norm, k_norm, eps: float,
+                 positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    """In place on qkv [T, (H + 2 Hkv) D] (rows contiguous): q and k get the optional per-head
+    RMSNorm (weights [D]) and rotary; k and v are written to kv [2, blocks, page, Hkv, D] at
+    slot_mapping [T] (< 0: skipped). One launch instead of five."""
+    t = qkv.shape[0]
+    if t == 0:
+        return
+    assert qkv.stride(1) == 1 and head_dim % 2 == 0
+    half = head_dim // 2
+    has_norm = q_norm is not None
+    _qkv_to_cache_kernel[(t,)](qkv, q_norm if has_norm else qkv, k_norm if has_norm else qkv, positions, cos, sin,
+                               kv[0], kv[1], slot_mapping, qkv.stride(0), eps, num_heads, num_kv_heads,
+                               HAS_NORM=has_norm, HALF=half, BLOCK_HQ=triton.next_power_of_2(num_heads),
+                               BLOCK_HK=triton.next_power_of_2(num_kv_heads),
+                               BLOCK_HALF=triton.next_power_of_2(half), num_warps=4)
+
+
 # ---------------------------------------------------------------- SiLU-and-mul
 
 
@@ -172,25 +248,29 @@ def _load_kv_tile(cache_ptr, block_tables_ptr, offs_n, nmask, kvh, HKV, D: tl.co
                    mask=nmask[:, None] & dmask[None, :], other=0.0)
 
 
-@triton.jit
+# stride_bt is the step's longest block table: left unspecialized, or every new value of it
+# (and of its divisibility) would compile another variant in the middle of serving.
+@triton.jit(do_not_specialize=["stride_bt"])
 def _extend_attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, block_tables_ptr, query_starts_ptr, context_lens_ptr,
-                             scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, HKV,
-                             GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_D: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
-    """One (stream, tile of BLOCK_M query rows, head). Query row i of a stream with qlen rows
+                             tile_stream_ptr, tile_start_ptr, scale_log2, stride_qt, stride_qh, stride_ot, stride_oh,
+                             stride_bt, HKV, GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                             BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    """One (tile of up to BLOCK_M query rows of one stream, head); the tile table says which
+    stream and first row (stream < 0: a padding tile). Query row i of a stream with qlen rows
     and ctx context tokens sits at position ctx - qlen + i and sees keys 0..position; all of
     them, this step's included, are already in the cache."""
-    s = tl.program_id(0)
-    mt = tl.program_id(1)
-    h = tl.program_id(2)
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.load(tile_stream_ptr + tile)
+    if s < 0:
+        return
+    m0 = tl.load(tile_start_ptr + tile)
     q0 = tl.load(query_starts_ptr + s)
     qlen = tl.load(query_starts_ptr + s + 1) - q0
-    if mt * BLOCK_M >= qlen:
-        return
     ctx = tl.load(context_lens_ptr + s)
     kvh = h // GROUP
     bt = block_tables_ptr + s.to(tl.int64) * stride_bt
-    offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mmask = offs_m < qlen
     dmask = offs_d < D
@@ -201,7 +281,7 @@ def _extend_attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, block_tables_ptr, q
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    end = tl.minimum(ctx, ctx - qlen + (mt + 1) * BLOCK_M)
+    end = tl.minimum(ctx, ctx - qlen + m0 + BLOCK_M)
     # Key 0 is in the first tile and visible to every row, so m_i is finite after it.
     for n0 in range(0, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -221,7 +301,7 @@ def _extend_attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, block_tables_ptr, q
              mask=mmask[:, None] & dmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])
 def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_part_ptr, lse_part_ptr, block_tables_ptr, query_starts_ptr,
                          context_lens_ptr, scale_log2, stride_qt, stride_qh, stride_bt, HKV,
                          GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -290,22 +370,40 @@ def _decode_reduce_kernel(o_part_ptr, lse_part_ptr, out_ptr, query_starts_ptr, s
     tl.store(out_ptr + row * stride_ot + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
 
+EXTEND_BLOCK_M = 64
+
+
+def extend_tiles(query_lens: np.ndarray, out: np.ndarray = None):
+    """The extend kernel's tile table: (stream, first query row) of every BLOCK_M-row tile, as an
+    int32 array [2, n] (into `out` when given), columns past the tiles padded with stream -1.
+    Without `out`, n is the tile count rounded up to a multiple of 4, so that both rows stay
+    16-byte aligned (Triton specializes kernels on pointer alignment)."""
+    tiles = -(-query_lens.astype(np.int64) // EXTEND_BLOCK_M)
+    n = int(tiles.sum())
+    if out is None:
+        out = np.empty((2, -(-n // 4) * 4), dtype=np.int32)
+    streams = np.repeat(np.arange(len(query_lens), dtype=np.int32), tiles)
+    first = np.repeat(np.cumsum(tiles) - tiles, tiles)
+    out[0, :n] = streams
+    out[1, :n] = (np.arange(n) - first) * EXTEND_BLOCK_M
+    out[0, n:] = -1
+    return out
+
+
 def extend_attention(q: torch.Tensor, kv: torch.Tensor, block_tables: torch.Tensor, query_starts: torch.Tensor,
-                     context_lens: torch.Tensor, max_query_len: int, scale: float, out: torch.Tensor) -> None:
+                     context_lens: torch.Tensor, tiles: torch.Tensor, scale: float, out: torch.Tensor) -> None:
     """Prefill, prompt chunks after a cached prefix, and decode rows, in one launch.
     q, out: [T, H, D]; kv: [2, blocks, page, Hkv, D]; block_tables [S, max_blocks] int32;
-    query_starts [S + 1], context_lens [S] int32."""
+    query_starts [S + 1], context_lens [S] int32; tiles [2, num_tiles] int32 (extend_tiles)."""
     t, h, d = q.shape
     hkv, page = kv.shape[3], kv.shape[2]
-    n_streams = context_lens.shape[0]
-    if t == 0 or n_streams == 0:
+    if t == 0 or tiles.shape[1] == 0:
         return
-    block_m = 64 if max_query_len > 32 else 16
-    grid = (n_streams, triton.cdiv(max_query_len, block_m), h)
-    _extend_attention_kernel[grid](q, kv[0], kv[1], out, block_tables, query_starts, context_lens, scale * _LOG2E,
-                                   q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), hkv,
-                                   GROUP=h // hkv, D=d, PAGE=page, BLOCK_D=_pow2(d), BLOCK_M=block_m, BLOCK_N=64,
-                                   PREC=_dot_precision(q.dtype), num_warps=4, num_stages=2)
+    _extend_attention_kernel[(tiles.shape[1], h)](
+        q, kv[0], kv[1], out, block_tables, query_starts, context_lens, tiles[0], tiles[1], scale * _LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), hkv, GROUP=h // hkv, D=d,
+        PAGE=page, BLOCK_D=_pow2(d), BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=64, PREC=_dot_precision(q.dtype), num_warps=4,
+        num_stages=2)
 
 
 def decode_splits(num_streams: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int = 64) -> int:

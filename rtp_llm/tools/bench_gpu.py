@@ -1,0 +1,228 @@
+"""The GPU benchmark suite, with the peers measured in the same run on the same GPU:
+
+- the memory-bandwidth floor: weight bytes / measured device copy bandwidth;
+- offline (the LLM API) and through the HTTP server (OpenAI completions, streaming):
+  batch-1 TTFT and TPOT for a 128- and a 1024-token prompt, and throughput (total and output
+  tokens/s) for 1024 in / 128 out and 128 in / 1024 out at concurrency 1, 16, 64, 256;
+- HF transformers generate() through ../shared/bench/hf_baseline.py (--hf_baseline PATH).
+
+Random bf16 weights of the named architecture (speed does not depend on the values; every
+request generates exactly its length with ignore_eos). Prints one JSON line per measurement
+(and appends them to --out), then a summary table.
+
+    python -m rtp_llm.tools.bench_gpu --arch qwen3-0.6b [--tokenizer DIR] [--hf_baseline PATH] \\
+        [--out results.jsonl] [--skip server,offline,hf]
+    python -m rtp_llm.tools.bench_gpu --plot results.jsonl --plot_out bench.png
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+import torch
+
+SHAPES = [(1024, 128), (128, 1024)]
+CONCURRENCY = [1, 16, 64, 256]
+LATENCY_PROMPTS = [128, 1024]
+
+
+def emit(out, record: dict):
+    line = json.dumps(record)
+    print(line, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
+
+def bandwidth_floor(ckpt: str) -> dict:
+    weights = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt) if f.endswith(".safetensors"))
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        b.copy_(a)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / 20
+    bw = 2 * n / seconds  # a copy reads and writes every byte
+    del a, b
+    torch.cuda.empty_cache()
+    return {"weights_bytes": weights, "copy_bandwidth_GBps": bw / 1e9, "tpot_floor_ms": weights / bw * 1e3}
+
+
+def _prompts(vocab: int, batch: int, length: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1000, min(vocab, 150000) - 100, (batch, length), generator=g).tolist()
+
+
+def offline(ckpt: str, emit_):
+    from rtp_llm.llm import LLM
+
+    llm = LLM(ckpt, act_type="bf16", progress=False, device="cuda", max_seq_len=2176, max_batch_size=256,
+              max_num_batched_tokens=8192)
+    vocab = llm.loaded.config.vocab_size
+
+    def gen(prompts, n):
+        t = time.perf_counter()
+        outs = llm.generate(prompts, {"max_new_tokens": n, "temperature": 0, "ignore_eos": True})
+        assert all(len(o.outputs[0].token_ids) == n for o in outs)
+        return time.perf_counter() - t
+
+    gen(_prompts(vocab, 4, 64, 0), 8)  # warm-up
+    for p in LATENCY_PROMPTS:
+        prompt = _prompts(vocab, 1, p, p)
+        gen(prompt, 4)
+        ttft = statistics.median(gen(prompt, 1) for _ in range(5))
+        full = statistics.median(gen(prompt, 128) for _ in range(3))
+        emit_({"mode": "offline", "case": "latency", "prompt_len": p, "ttft_ms": ttft * 1e3,
+               "tpot_ms": (full - ttft) / 127 * 1e3})
+    for inp, outp in SHAPES:
+        for c in CONCURRENCY:
+            seconds = gen(_prompts(vocab, c, inp, c), outp)
+            emit_({"mode": "offline", "case": "throughput", "input_len": inp, "output_len": outp, "concurrency": c,
+                   "output_tok_s": c * outp / seconds, "total_tok_s": c * (inp + outp) / seconds})
+    llm.close()
+
+
+def _wait_healthy(url: str, proc, timeout: float = 600):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError("the server did not become healthy")
+
+
+def server(ckpt: str, port: int, emit_):
+    from rtp_llm.tools import bench_serve
+
+    cmd = [sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={ckpt}", "--model_type=qwen_3",
+           f"--start_port={port}", "--device=cuda", "--max_batch_size=256", "--concurrency_limit=512",
+           "--frontend_server_count=4", "--max_seq_len=2176", "--max_num_batched_tokens=8192"]
+    proc = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc)
+
+        def load(inp, outp, c, n):
+            args = argparse.Namespace(base_url=url, endpoint="completions", num_prompts=n, input_len=inp,
+                                      output_len=outp, range_ratio=0.0, concurrency=c, request_rate=0.0,
+                                      timeout=600, seed=c)
+            r = asyncio.run(bench_serve.run(args))
+            r.pop("_latencies", None)
+            if r["failed"]:
+                raise RuntimeError(f"{r['failed']} requests failed: {r['errors']}")
+            return r
+
+        load(64, 8, 4, 8)  # warm-up
+        for p in LATENCY_PROMPTS:
+            r = load(p, 128, 1, 5)
+            emit_({"mode": "server", "case": "latency", "prompt_len": p, "ttft_ms": r["ttft_ms"]["p50"],
+                   "tpot_ms": r["tpot_ms"]["p50"]})
+        for inp, outp in SHAPES:
+            for c in CONCURRENCY:
+                r = load(inp, outp, c, max(c, 4) if outp <= 128 else max(c, 2))
+                emit_({"mode": "server", "case": "throughput", "input_len": inp, "output_len": outp,
+                       "concurrency": c, "output_tok_s": r["output_token_throughput"],
+                       "total_tok_s": r["total_token_throughput"], "ttft_p50_ms": r["ttft_ms"]["p50"],
+                       "tpot_p50_ms": r["tpot_ms"].get("p50")})
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def hf(path: str, arch: str, emit_, compile_: bool, batches: str, timeout: int):
+    cmd = [sys.executable, path, "--arch", arch, "--device", "cuda", "--prompt-len", "128", "--gen-len", "128",
+           "--batches", batches] + ([] if compile_ else ["--no-compile"])
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        lines = res.stdout.splitlines()
+    except subprocess.TimeoutExpired as e:
+        lines = (e.stdout or b"").decode().splitlines() if isinstance(e.stdout, bytes) else (e.stdout or "").splitlines()
+        emit_({"mode": "hf", "note": f"timed out after {timeout} s; partial results"})
+    for line in lines:
+        if line.startswith("{"):
+            emit_(dict(json.loads(line), mode="hf"))
+
+
+def plot(results: str, out: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in open(results) if line.strip()]
+    archs = sorted({r["arch"] for r in rows if "arch" in r and r.get("mode") in ("offline", "server")})
+    fig, axes = plt.subplots(1, len(SHAPES), figsize=(6 * len(SHAPES), 4), squeeze=False)
+    for ax, (inp, outp) in zip(axes[0], SHAPES):
+        for arch in archs:
+            for mode, style in (("offline", "-o"), ("server", "--s")):
+                pts = sorted((r["concurrency"], r["total_tok_s"]) for r in rows
+                             if r.get("arch") == arch and r.get("mode") == mode and r.get("case") == "throughput"
+                             and r["input_len"] == inp and r["output_len"] == outp)
+                if pts:
+                    ax.plot(*zip(*pts), style, label=f"{arch} {mode}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("total tokens/s")
+        ax.set_title(f"{inp} in / {outp} out")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", default="qwen3-0.6b")
+    p.add_argument("--checkpoint", help="default: a random one written to /tmp/rtp_llm_bench_<arch>")
+    p.add_argument("--tokenizer", help="tokenizer files for the random checkpoint (the server detokenizes)")
+    p.add_argument("--hf_baseline", help="path of hf_baseline.py (the HF transformers peer)")
+    p.add_argument("--hf_compile", action="store_true", help="also HF's static cache + torch.compile path")
+    p.add_argument("--hf_batches", default="1,16,64,256")
+    p.add_argument("--hf_timeout", type=int, default=600, help="seconds for the HF peer (partial results past it)")
+    p.add_argument("--skip", default="", help="comma list of: offline, server, hf")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--out")
+    p.add_argument("--plot", help="a results.jsonl to plot instead of running")
+    p.add_argument("--plot_out", default="bench_gpu.png")
+    a = p.parse_args()
+    if a.plot:
+        plot(a.plot, a.plot_out)
+        return
+    from rtp_llm.tools.random_checkpoint import write
+
+    skip = set(filter(None, a.skip.split(",")))
+    ckpt = a.checkpoint or write(a.arch, f"/tmp/rtp_llm_bench_{a.arch}", a.tokenizer)
+    base = {"arch": a.arch, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    emit_ = lambda r: emit(a.out, dict(base, **r))  # noqa: E731
+    emit_(dict(mode="floor", **bandwidth_floor(ckpt)))
+    if "offline" not in skip:
+        offline(ckpt, emit_)
+    if "server" not in skip:
+        server(ckpt, a.port, emit_)
+    if "hf" not in skip and a.hf_baseline:
+        hf(a.hf_baseline, a.arch, emit_, a.hf_compile, a.hf_batches, a.hf_timeout)
+
+
+if __name__ == "__main__":
+    main()
