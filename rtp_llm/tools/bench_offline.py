@@ -84,10 +84,13 @@ def main():
     print(f"model {os.path.basename(args.checkpoint.rstrip('/'))}  device {args.device}  dtype {args.act_type}  "
           f"prompt {args.prompt_len}  gen {args.gen_len}  torch threads {torch.get_num_threads()}")
     if args.latency:
-        prompt = torch.randint(100, vocab - 100, (1, args.prompt_len), generator=g).tolist()
-        sides = [("rtp_llm", lambda n: ours_run(llm, prompt, n))]
+        # A new prompt for every run: a repeated one would be served from our prefix cache.
+        def prompt():
+            return torch.randint(100, vocab - 100, (1, args.prompt_len), generator=g).tolist()
+
+        sides = [("rtp_llm", lambda n: ours_run(llm, prompt(), n))]
         if hf is not None:
-            sides.append(("HF", lambda n: hf_run(hf, prompt, n)))
+            sides.append(("HF", lambda n: hf_run(hf, prompt(), n)))
         for name, run in sides:
             run(4)  # warm-up
             ttft = statistics.median(run(1) for _ in range(args.repeats))
@@ -96,16 +99,20 @@ def main():
                   flush=True)
     print(f"{'batch':>5} {'rtp_llm out tok/s':>18} {'total tok/s':>12} {'HF out tok/s':>13} {'ratio':>7}")
     for batch in batches:
-        prompts = torch.randint(100, vocab - 100, (batch, args.prompt_len), generator=g).tolist()
+        # Each repeat gets new prompts (repeated ones would hit our prefix cache); both sides
+        # get the same ones.
+        runs = [torch.randint(100, vocab - 100, (batch, args.prompt_len), generator=g).tolist()
+                for _ in range(args.repeats)]
+        prompts = runs[0]
         ours_run(llm, [q[:8] for q in prompts], 4)  # warm-up
-        ours = statistics.median(ours_run(llm, prompts, args.gen_len) for _ in range(args.repeats))
+        ours = statistics.median(ours_run(llm, r, args.gen_len) for r in runs)
         ours_tps = batch * args.gen_len / ours
         total_tps = batch * (args.prompt_len + args.gen_len) / ours
         if hf is None:
             print(f"{batch:>5} {ours_tps:>18.1f} {total_tps:>12.1f} {'-':>13} {'-':>7}", flush=True)
             continue
         hf_run(hf, [q[:8] for q in prompts], 4)
-        ref = statistics.median(hf_run(hf, prompts, args.gen_len) for _ in range(args.repeats))
+        ref = statistics.median(hf_run(hf, r, args.gen_len) for r in runs)
         hf_tps = batch * args.gen_len / ref
         print(f"{batch:>5} {ours_tps:>18.1f} {total_tps:>12.1f} {hf_tps:>13.1f} {ours_tps / hf_tps:>6.2f}x", flush=True)
     llm.close()
