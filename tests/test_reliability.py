@@ -144,7 +144,8 @@ def test_max_new_tokens_is_clamped_to_the_context_and_said_so(limits_server):
 def test_over_the_concurrency_limit_429_and_the_admitted_answer_as_unloaded(fault_server):
     _, base = fault_server
     prompts = ["1, 2, 3, 4,", "The capital of France is", "def add(a, b):", "Monday, Tuesday,"]
-    config = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True, "timeout_ms": 120000}
+    # Long enough (~1 s) that all 16 arrive while the first 4 are still generating.
+    config = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "timeout_ms": 120000}
     unloaded = {p: _native(base, p, **config)[1]["response"] for p in prompts}
     with ThreadPoolExecutor(16) as pool:  # 4x --concurrency_limit=4
         results = list(pool.map(lambda i: (prompts[i % 4], _native(base, prompts[i % 4], **config)), range(16)))
