@@ -98,7 +98,8 @@ class RpcServerTest : public ::testing::Test {
       FakeModel model(kBlocks, kBlockSize);
       char error[256];
       while (!stop_) {
-        if (paused_ || !rtp_llm_engine_wait_for_work(engine_, 10)) {
+        // paused_ again after the wait: a request can end the wait of a loop paused meanwhile.
+        if (paused_ || !rtp_llm_engine_wait_for_work(engine_, 10) || paused_) {
           if (paused_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
           continue;
         }
@@ -240,7 +241,11 @@ TEST_F(RpcServerTest, TheCallersQueueCapRefusesTheExcessWithResourceExhausted) {
   paused_ = true;
   auto first = std::make_unique<Call>(stub_.get(), Request({1, 2}, 4, false), 2);
   auto second = std::make_unique<Call>(stub_.get(), Request({3, 4}, 4, false), 2);
-  for (int i = 0; i < 500 && Stats().waiting < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  // Generous: under qemu (the aarch64 run) the calls' first connection alone can take a second.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (Stats().waiting < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   ASSERT_EQ(Stats().waiting, 2);
   auto third = std::make_unique<Call>(stub_.get(), Request({5, 6}, 4, false), 2);
   grpc::Status status = third->Await();
