@@ -37,11 +37,26 @@ class GenerationOutput:
 
 
 class LLM:
+    """tp_size > 1 runs the model tensor-parallel: this process is rank 0 (core, sampling) and
+    spawns tp_size - 1 rank processes on this node (one GPU each with device="cuda")."""
+
     def __init__(self, checkpoint_path: str, model_type: Optional[str] = None, tokenizer_path: Optional[str] = None,
-                 act_type: str = "fp32", progress: bool = True, **engine_args):
+                 act_type: str = "fp32", progress: bool = True, tp_size: int = 1, **engine_args):
+        from rtp_llm.distributed.launch import set_rank_device, spawn_workers
+        from rtp_llm.distributed.tensor_parallel import ParallelConfig, free_port, init_tensor_parallel
+
+        self._workers = []
+        tp = None
+        if tp_size > 1:
+            parallel = ParallelConfig(tp_size=tp_size, world_size=tp_size, local_world_size=tp_size,
+                                      master_port=free_port())
+            load_args = dict(checkpoint_path=checkpoint_path, model_type=model_type, act_type=act_type,
+                             tokenizer_path=tokenizer_path)
+            self._workers = spawn_workers(load_args, engine_args, parallel)
+            tp = init_tensor_parallel(parallel, set_rank_device(EngineArgs(**engine_args).device, parallel))
         self.loaded = load_model(checkpoint_path, model_type, parse_dtype(act_type), tokenizer_path, progress)
         self.tokenizer = self.loaded.tokenizer
-        self.engine = Engine(self.loaded, EngineArgs(**engine_args))
+        self.engine = Engine(self.loaded, EngineArgs(**engine_args), tp)
 
     def encode(self, prompt: Prompt) -> List[int]:
         if isinstance(prompt, str):
@@ -92,7 +107,14 @@ class LLM:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def close(self):
-        self.engine.close()
+        self.engine.close()  # tells the other ranks to stop
+        for p in self._workers:
+            p.join(60)
+        if self._workers:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+            self._workers = []
 
 
 __all__ = ["LLM", "GenerationOutput", "SequenceOutput", "EngineError"]

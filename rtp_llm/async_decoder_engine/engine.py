@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from rtp_llm.device import get_backend
+from rtp_llm.distributed.tensor_parallel import CollectiveError, StepBroadcast, TPShard
 from rtp_llm.model_loader import LoadedModel
 from rtp_llm.models_py.decoder import DecoderModel
 from rtp_llm.async_decoder_engine.model_runner import ModelRunner
@@ -42,16 +43,23 @@ class EngineArgs:
             raise ValueError(f"--kv_cache_mem_mb must be >= 1, got {self.kv_cache_mem_mb}")
 
 
-def kv_block_bytes(loaded: LoadedModel, block_size: int) -> int:
+def kv_block_bytes(loaded: LoadedModel, block_size: int, num_kv_heads: Optional[int] = None) -> int:
+    """Bytes of one KV block on this rank (num_kv_heads: this rank's, default all)."""
     c = loaded.config
-    return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * torch.tensor([], dtype=loaded.dtype).element_size()
+    heads = num_kv_heads or c.num_kv_heads
+    return 2 * c.num_layers * block_size * heads * c.head_dim * torch.tensor([], dtype=loaded.dtype).element_size()
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, args: EngineArgs):
+    """Rank 0 (or the only rank) owns the C++ core and steps it; under tensor parallelism the
+    other ranks hold shards of the model and KV cache and follow rank 0's steps (run_worker)."""
+
+    def __init__(self, loaded: LoadedModel, args: EngineArgs, tp: Optional[TPShard] = None):
         args.validate()
         self.loaded = loaded
         self.args = args
+        self.tp = tp = tp or TPShard()
+        self.broadcast = StepBroadcast(tp) if tp.size > 1 else None
         c = loaded.config
         self.backend = get_backend(args.device)
         if args.seq_size_per_block not in self.backend.block_sizes:
@@ -60,12 +68,13 @@ class Engine:
         self.max_seq_len = args.max_seq_len or min(c.max_position_embeddings, 8192)
         block = args.seq_size_per_block
         # Weights first: on a GPU the KV cache takes what they leave free.
-        model = DecoderModel(c, loaded.weights, self.backend, self.max_seq_len)
+        model = DecoderModel(c, loaded.weights, self.backend, self.max_seq_len, tp)
         # The model holds its own (fused, transposed) copies: drop the loaded tensors rather
         # than keep the weights in memory twice.
         loaded.weights.clear()
         budget = (args.kv_cache_mem_mb << 20) if args.kv_cache_mem_mb else self.backend.default_kv_cache_bytes()
-        num_blocks = args.num_kv_blocks or budget // kv_block_bytes(loaded, block)
+        block_bytes = kv_block_bytes(loaded, block, model.num_kv_heads)
+        num_blocks = tp.min_over_ranks(args.num_kv_blocks or budget // block_bytes)  # rank 0's ids index every shard
         min_blocks = -(-self.max_seq_len // block)
         if num_blocks < min_blocks:
             raise ValueError(f"the KV cache (--kv_cache_mem_mb={budget >> 20}) holds {num_blocks} blocks of {block} tokens; one "
@@ -73,16 +82,16 @@ class Engine:
                              f"lower --max_seq_len")
         self.num_blocks = int(num_blocks)
         log.info("KV cache: %d blocks x %d tokens (%d MiB), max_seq_len %d", self.num_blocks, block,
-                 self.num_blocks * kv_block_bytes(loaded, block) >> 20, self.max_seq_len)
+                 self.num_blocks * block_bytes >> 20, self.max_seq_len)
         self.core = EngineCore(self.num_blocks, block, args.max_batch_size, args.max_num_batched_tokens,
-                               self.max_seq_len, args.reuse_cache, c.eos_token_ids)
-        kv = self.backend.allocate_kv_cache(c.num_layers, self.num_blocks, block, c.num_kv_heads, c.head_dim,
+                               self.max_seq_len, args.reuse_cache, c.eos_token_ids) if tp.rank == 0 else None
+        kv = self.backend.allocate_kv_cache(c.num_layers, self.num_blocks, block, model.num_kv_heads, c.head_dim,
                                             loaded.dtype)
         self.runner = ModelRunner(model, self.backend, kv, block, args.max_batch_size, self.max_seq_len,
                                   args.max_num_batched_tokens, use_graphs=args.cuda_graph)
         self._thread: Optional[threading.Thread] = None
         self._running = False
-        if args.warm_up:
+        if args.warm_up and self.core is not None:
             self.warm_up()
 
     def step(self) -> bool:
@@ -91,6 +100,8 @@ class Engine:
         if b.num_streams == 0:
             return False
         try:
+            if self.broadcast is not None:
+                self.broadcast.send(b)
             self.runner.step(self.core, b)
         except (torch.OutOfMemoryError, MemoryError) as e:
             # Reported, not a crash: the step's requests fail, the memory they held is released
@@ -100,10 +111,27 @@ class Engine:
             self.core.fail_batch(f"model execution failed: out of memory in a step of {b.num_streams} requests "
                                  f"({type(e).__name__}: {e}); retry, or lower --max_num_batched_tokens / "
                                  f"--max_batch_size")
+        except CollectiveError:
+            raise  # a rank is gone or timed out: the group is unusable, stop (see _loop)
         except Exception as e:  # the step's requests fail; the engine serves on
             log.exception("model step failed; failing its %d streams", b.num_streams)
             self.core.fail_batch(f"model execution failed: {type(e).__name__}: {e}")
         return True
+
+    def run_worker(self):
+        """A rank > 0: runs every step batch rank 0 broadcasts until it says stop. A failing step
+        fails on every rank alike (same batch, same code), so the worker carries on; a
+        collective that errors or times out ends it."""
+        while True:
+            b = self.broadcast.recv()
+            if b is None:
+                return
+            try:
+                self.runner.logits(b)
+            except CollectiveError:
+                raise
+            except Exception:
+                log.exception("rank %d: model step failed", self.tp.rank)
 
     def warm_up(self):
         from rtp_llm.config.generate_config import GenerateConfig
@@ -134,15 +162,21 @@ class Engine:
 
     def stop(self):
         self._running = False
+        if self.core is None:
+            return
         self.core.stop()
         if self._thread:
             self._thread.join()
             self._thread = None
+        if self.broadcast is not None:
+            self.broadcast.send_stop()
+            self.broadcast = None
 
     def close(self):
         """Stops and frees the core, the KV cache, the weights and any captured graphs (device
         memory returns to the device, not just to this process's allocator)."""
         self.stop()
-        self.core.close()
+        if self.core is not None:
+            self.core.close()
         self.runner = None
         self.backend.release_memory()

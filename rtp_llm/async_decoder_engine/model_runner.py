@@ -35,8 +35,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.sampler = Sampler(backend.device)
-        c = model.config
-        backend.bind_model(c.num_heads, c.num_kv_heads, c.head_dim, max_batch_size, max_seq_len)
+        backend.bind_model(model.num_heads, model.num_kv_heads, model.config.head_dim, max_batch_size, max_seq_len)
         # Steps replay captured graphs where the device has them (CUDA).
         self.graphs = backend.make_graph_runner(model, kv_cache, block_size, max_batch_size, max_seq_len,
                                                 max_num_batched_tokens) if use_graphs else None

@@ -1,7 +1,7 @@
 """One decoder-only transformer covering Qwen3 (q/k norm), Qwen2 (q/k/v bias) and Llama
 (SmolLM2): GQA/MQA, tied or untied embeddings, rotary with theta and scaling. It runs on
 the paged KV cache through a DeviceBackend; shapes: T tokens in the step, H heads, Hkv KV
-heads, D head_dim."""
+heads, D head_dim, all of them this rank's shard under tensor parallelism (TPShard)."""
 
 from dataclasses import dataclass
 from typing import Dict, List, Optional
@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from rtp_llm.config.model_config import ModelConfig
 from rtp_llm.device.base import AttentionMetadata, DeviceBackend
+from rtp_llm.distributed.tensor_parallel import TPShard
 from rtp_llm.models_py.rotary import cos_sin_table
 
 
@@ -31,59 +32,92 @@ class Layer:
 
 class DecoderModel:
     def __init__(self, config: ModelConfig, weights: Dict[str, torch.Tensor], backend: DeviceBackend,
-                 max_positions: int):
+                 max_positions: int, tp: Optional[TPShard] = None):
         self.config = c = config
         self.backend = backend
+        self.tp = tp = tp or TPShard()
         dev = backend.device
-        w = {k: v.to(dev) for k, v in weights.items()}
         pack = backend.pack_linear
-        self.embed = w["model.embed_tokens.weight"]
-        self.lm_head = self.embed if c.tie_word_embeddings else w["lm_head.weight"]
-        self.final_norm = w["model.norm.weight"]
+        D = c.head_dim
+        q0, self.num_heads, k0, self.num_kv_heads = tp.heads(c.num_heads, c.num_kv_heads)
+        i0, ni = tp.split(c.intermediate_size, "intermediate_size")
+        self.vocab_start, vocab_rows = tp.vocab(c.vocab_size)
+
+        def w(name, rows=None, cols=None):
+            """This rank's slice of a checkpoint tensor, on the device."""
+            t = weights[name]
+            if rows is not None:
+                t = t[rows[0]:rows[0] + rows[1]]
+            if cols is not None:
+                t = t[:, cols[0]:cols[0] + cols[1]]
+            return t.to(dev)
+
+        def vocab_slice(name):
+            t = w(name, rows=(self.vocab_start, vocab_rows))
+            if t.shape[0] < vocab_rows:  # the last rank's slice of a vocab not divisible by tp
+                t = torch.cat([t, t.new_zeros(vocab_rows - t.shape[0], t.shape[1])])
+            return t
+
+        q_rows, kv_rows = (q0 * D, self.num_heads * D), (k0 * D, self.num_kv_heads * D)
+        self.embed = vocab_slice("model.embed_tokens.weight")
+        self.lm_head = self.embed if c.tie_word_embeddings else vocab_slice("lm_head.weight")
+        self.final_norm = w("model.norm.weight")
         self.layers: List[Layer] = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
             bias = None
             if c.qkv_bias:
-                bias = torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]])
+                bias = torch.cat([w(a + "q_proj.bias", q_rows), w(a + "k_proj.bias", kv_rows),
+                                  w(a + "v_proj.bias", kv_rows)])
             self.layers.append(Layer(
-                input_norm=w[p + "input_layernorm.weight"],
-                qkv=pack(torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]])),
+                input_norm=w(p + "input_layernorm.weight"),
+                qkv=pack(torch.cat([w(a + "q_proj.weight", q_rows), w(a + "k_proj.weight", kv_rows),
+                                    w(a + "v_proj.weight", kv_rows)])),
                 qkv_bias=bias,
-                q_norm=w.get(a + "q_norm.weight"),
-                k_norm=w.get(a + "k_norm.weight"),
-                o_proj=pack(w[a + "o_proj.weight"]),
-                post_norm=w[p + "post_attention_layernorm.weight"],
-                gate_up=pack(torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])),
-                down=pack(w[p + "mlp.down_proj.weight"]),
+                q_norm=w(a + "q_norm.weight") if c.qk_norm else None,
+                k_norm=w(a + "k_norm.weight") if c.qk_norm else None,
+                o_proj=pack(w(a + "o_proj.weight", cols=q_rows)),
+                post_norm=w(p + "post_attention_layernorm.weight"),
+                gate_up=pack(torch.cat([w(p + "mlp.gate_proj.weight", (i0, ni)), w(p + "mlp.up_proj.weight", (i0, ni))])),
+                down=pack(w(p + "mlp.down_proj.weight", cols=(i0, ni))),
             ))
         cos, sin = cos_sin_table(c, max_positions)
         self.cos, self.sin = cos.to(dev), sin.to(dev)
-        self.q_size = c.num_heads * c.head_dim
-        self.kv_size = c.num_kv_heads * c.head_dim
-        self.scale = c.head_dim ** -0.5
+        self.q_size = self.num_heads * D
+        self.kv_size = self.num_kv_heads * D
+        self.scale = D ** -0.5
+
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return self.embed[token_ids]
+        # Vocab-parallel: each rank looks up the ids in its slice, zeros elsewhere; the sum of
+        # one row and zeros is exact.
+        local = token_ids - self.vocab_start
+        mine = (local >= 0) & (local < self.embed.shape[0])
+        rows = self.embed[torch.where(mine, local, torch.zeros_like(local))]
+        return self.tp.all_reduce(rows * mine[:, None].to(rows.dtype))
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_cache: torch.Tensor, sample_rows: Optional[torch.Tensor]) -> torch.Tensor:
         """token_ids, positions: [T]; kv_cache: [L, 2, ...]; sample_rows: [N] rows whose next
         token is wanted (None: all T). Returns logits [N, vocab] in fp32."""
-        c, be = self.config, self.backend
+        c, be, tp = self.config, self.backend, self.tp
         T = token_ids.shape[0]
-        residual = self.embed[token_ids]  # [T, hidden]; every layer adds into it in place
+        residual = self._embed(token_ids)  # [T, hidden]; every layer adds into it in place
         x = be.rms_norm(residual, self.layers[0].input_norm, c.rms_norm_eps)
         for i, layer in enumerate(self.layers):
             qkv = be.linear(x, layer.qkv)
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
-            q, k, v = be.qkv_to_cache(qkv, c.num_heads, c.num_kv_heads, c.head_dim, layer.q_norm, layer.k_norm,
+            q, k, v = be.qkv_to_cache(qkv, self.num_heads, self.num_kv_heads, c.head_dim, layer.q_norm, layer.k_norm,
                                       c.rms_norm_eps, positions, self.cos, self.sin, kv_cache[i], meta)
             o = be.attention(q, k, v, kv_cache[i], meta, self.scale)
-            x = be.add_rms_norm(be.linear(o.reshape(T, self.q_size), layer.o_proj), residual, layer.post_norm,
-                                c.rms_norm_eps)
-            mlp = be.linear(be.silu_and_mul(be.linear(x, layer.gate_up)), layer.down)
+            attn = tp.all_reduce(be.linear(o.reshape(T, self.q_size), layer.o_proj))  # row-parallel
+            x = be.add_rms_norm(attn, residual, layer.post_norm, c.rms_norm_eps)
+            mlp = tp.all_reduce(be.linear(be.silu_and_mul(be.linear(x, layer.gate_up)), layer.down))
             next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
             x = be.add_rms_norm(mlp, residual, next_norm, c.rms_norm_eps)
         h = x if sample_rows is None else x[sample_rows]
-        return F.linear(h, self.lm_head).float()
+        return tp.gather_vocab(F.linear(h, self.lm_head).float(), c.vocab_size)

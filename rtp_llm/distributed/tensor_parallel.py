@@ -1,0 +1,182 @@
+"""Tensor parallelism (Megatron-style) over torch.distributed: NCCL on GPUs, gloo on the CPU.
+
+Each rank holds a shard of every layer: its H / tp query heads and their KV heads (split when
+there are at least tp KV heads, else the one KV head its query heads share, replicated), a
+slice of the MLP's intermediate dimension, and a vocab slice of the embedding and LM head.
+Column-parallel projections (QKV, gate/up) need no communication; row-parallel ones (attention
+output, down) produce partial sums that an all-reduce completes; the embedding lookup is an
+all-reduce of masked local lookups, the logits an all-gather of vocab slices.
+
+Rank 0 owns the C++ core and samples; every step it broadcasts the step batch (StepBroadcast)
+and all ranks run the model on it. Collectives time out (--dist_timeout_s) so that a dead rank
+stops the others with an error instead of a hang."""
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed or timed out: a rank is gone and the group is unusable. Fatal: the
+    engine stops rather than fail request after request (gloo reports a dead peer as a plain
+    RuntimeError, NCCL and timeouts as torch.distributed.DistError)."""
+
+
+def _collective(what: str, fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except (RuntimeError, dist.DistError) as e:
+        raise CollectiveError(f"tensor-parallel {what} failed ({type(e).__name__}: {e}); a rank died or hung "
+                              f"past --dist_timeout_s") from e
+
+
+@dataclass
+class ParallelConfig:
+    """Upstream's flags (each with an upper-case env twin)."""
+
+    tp_size: int = 1
+    world_size: int = 1
+    world_rank: int = 0
+    local_world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0            # 0: pick a free one (single-node launches)
+    dist_timeout_s: int = 120
+
+    def validate(self) -> None:
+        if self.tp_size < 1:
+            raise ValueError(f"--tp_size must be >= 1, got {self.tp_size}")
+        if self.world_size != self.tp_size:
+            raise ValueError(f"--world_size ({self.world_size}) must equal --tp_size ({self.tp_size}): only tensor "
+                             f"parallelism is supported")
+        if not 0 <= self.world_rank < self.world_size:
+            raise ValueError(f"--world_rank must be in [0, {self.world_size}), got {self.world_rank}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class TPShard:
+    """This rank's place in the tensor-parallel group (size 1: no group, no communication)."""
+
+    rank: int = 0
+    size: int = 1
+    group: Any = None       # the model's collectives (NCCL on GPUs, gloo on the CPU)
+    cpu_group: Any = None   # step-batch broadcasts (always gloo: host arrays)
+
+    def heads(self, num_heads: int, num_kv_heads: int) -> Tuple[int, int, int, int]:
+        """(first query head, query heads, first KV head, KV heads) of this rank."""
+        if num_heads % self.size:
+            raise ValueError(f"--tp_size {self.size} must divide num_attention_heads ({num_heads})")
+        hq = num_heads // self.size
+        if num_kv_heads >= self.size:
+            if num_kv_heads % self.size:
+                raise ValueError(f"--tp_size {self.size} must divide num_key_value_heads ({num_kv_heads}) or be a "
+                                 f"multiple of it")
+            hk = num_kv_heads // self.size
+            return self.rank * hq, hq, self.rank * hk, hk
+        if self.size % num_kv_heads:
+            raise ValueError(f"--tp_size {self.size} must divide num_key_value_heads ({num_kv_heads}) or be a "
+                             f"multiple of it")
+        # Fewer KV heads than ranks: this rank's query heads all use one KV head, replicated.
+        return self.rank * hq, hq, (self.rank * hq) // (num_heads // num_kv_heads), 1
+
+    def split(self, n: int, what: str) -> Tuple[int, int]:
+        if n % self.size:
+            raise ValueError(f"--tp_size {self.size} must divide {what} ({n})")
+        return self.rank * (n // self.size), n // self.size
+
+    def vocab(self, vocab_size: int) -> Tuple[int, int]:
+        """(first id, rows): equal slices of ceil(V / tp) rows (the last one zero-padded)."""
+        per = -(-vocab_size // self.size)
+        return self.rank * per, per
+
+    def min_over_ranks(self, n: int) -> int:
+        if self.size == 1:
+            return int(n)
+        t = torch.tensor([int(n)], dtype=torch.int64)
+        _collective("all_reduce", dist.all_reduce, t, op=dist.ReduceOp.MIN, group=self.cpu_group)
+        return int(t.item())
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size > 1:
+            _collective("all_reduce", dist.all_reduce, x, group=self.group)
+        return x
+
+    def gather_vocab(self, local: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """[N, V / tp] slices of every rank -> [N, V]."""
+        if self.size == 1:
+            return local
+        parts = [torch.empty_like(local) for _ in range(self.size)]
+        _collective("all_gather", dist.all_gather, parts, local.contiguous(), group=self.group)
+        return torch.cat(parts, dim=-1)[:, :vocab_size]
+
+
+def init_tensor_parallel(config: ParallelConfig, device: torch.device) -> TPShard:
+    """Joins the process group (TCP rendezvous at master_addr:master_port)."""
+    config.validate()
+    if config.tp_size == 1:
+        return TPShard()
+    timeout = datetime.timedelta(seconds=config.dist_timeout_s)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (shared machines)
+    dist.init_process_group(backend, init_method=f"tcp://{config.master_addr}:{config.master_port}",
+                            rank=config.world_rank, world_size=config.world_size, timeout=timeout)
+    cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+    return TPShard(config.world_rank, config.tp_size, dist.group.WORLD, cpu_group)
+
+
+# ------------------------------------------------------------------ step batch broadcast
+
+# The StepBatch fields the model path reads (all int32), in wire order; then block_tables.
+_FIELDS = ("query_lens", "prefix_lens", "context_lens", "query_starts", "do_sample", "token_ids", "positions",
+           "slot_mapping")
+
+
+class StepBroadcast:
+    """Rank 0 sends each step batch; the other ranks receive it (None: stop)."""
+
+    def __init__(self, shard: TPShard):
+        self.shard = shard
+
+    def _bcast(self, t: torch.Tensor) -> torch.Tensor:
+        _collective("step broadcast", dist.broadcast, t, src=0, group=self.shard.cpu_group)
+        return t
+
+    def send(self, b) -> None:
+        header = torch.tensor([b.num_streams, b.num_tokens, b.block_tables.shape[1], b.num_sampled],
+                              dtype=torch.int32)
+        self._bcast(header)
+        payload = np.concatenate([getattr(b, f).astype(np.int32, copy=False).reshape(-1) for f in _FIELDS]
+                                 + [b.block_tables.astype(np.int32, copy=False).reshape(-1)])
+        self._bcast(torch.from_numpy(payload))
+
+    def send_stop(self) -> None:
+        self._bcast(torch.tensor([-1, 0, 0, 0], dtype=torch.int32))
+
+    def recv(self) -> Optional[SimpleNamespace]:
+        header = self._bcast(torch.empty(4, dtype=torch.int32))
+        s, t, stride, sampled = (int(v) for v in header)
+        if s < 0:
+            return None
+        sizes = [s, s, s, s + 1, s, t, t, t]
+        payload = self._bcast(torch.empty(sum(sizes) + s * stride, dtype=torch.int32))
+        flat = payload.numpy()
+        b = SimpleNamespace(num_streams=s, num_tokens=t, num_sampled=sampled, block_table_stride=stride)
+        off = 0
+        for name, n in zip(_FIELDS, sizes):
+            setattr(b, name, flat[off:off + n])
+            off += n
+        b.block_tables = flat[off:off + s * stride].reshape(s, stride)
+        b.slot_mapping = b.slot_mapping.astype(np.int64)  # as the core hands it out
+        return b
