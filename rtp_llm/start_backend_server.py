@@ -1,5 +1,6 @@
-"""The backend process: loads the model, runs the engine loop, serves RpcService on
-start_port + 1 (loopback) until SIGTERM/SIGINT."""
+"""A backend process: one rank. Rank 0 loads its shard of the model, runs the engine loop and
+serves RpcService on start_port + 1 (loopback) until SIGTERM/SIGINT; other ranks (--tp_size
+> 1) load theirs and follow rank 0's steps until it stops them."""
 
 import logging
 import signal
@@ -13,16 +14,24 @@ log = logging.getLogger("rtp_llm.backend")
 
 def serve(config: ServerConfig) -> int:
     from rtp_llm.async_decoder_engine.engine import Engine, EngineArgs
+    from rtp_llm.distributed.launch import set_rank_device
+    from rtp_llm.distributed.tensor_parallel import init_tensor_parallel
     from rtp_llm.model_loader import load_model, parse_dtype
 
+    parallel = config.parallel(config.world_rank)
+    tp = init_tensor_parallel(parallel, set_rank_device(config.device, parallel))
     loaded = load_model(config.checkpoint_path, config.model_type, parse_dtype(config.act_type),
-                        config.tokenizer_path, progress=True)
+                        config.tokenizer_path, progress=tp.rank == 0)
     engine = Engine(loaded, EngineArgs(device=config.device, max_seq_len=config.max_seq_len,
                                        max_batch_size=config.max_batch_size,
                                        max_num_batched_tokens=config.max_num_batched_tokens,
                                        seq_size_per_block=config.seq_size_per_block,
                                        kv_cache_mem_mb=config.kv_cache_mem_mb, reuse_cache=config.reuse_cache,
-                                       cuda_graph=config.cuda_graph))
+                                       cuda_graph=config.cuda_graph), tp)
+    if tp.rank != 0:
+        engine.run_worker()  # returns when rank 0 stops; raises (exit 1) if rank 0 is gone
+        log.info("rank %d stopping", tp.rank)
+        return 0
     port = engine.core.start_rpc_server(config.rpc_address)
     engine.start()
     log.info("backend serving RpcService on 127.0.0.1:%d", port)
@@ -32,7 +41,7 @@ def serve(config: ServerConfig) -> int:
     done.wait()
     log.info("backend stopping")
     engine.core.stop_rpc_server()  # cancels calls in progress; their streams are aborted
-    engine.stop()
+    engine.stop()  # and the other ranks
     return 0
 
 

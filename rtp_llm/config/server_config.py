@@ -30,6 +30,16 @@ class ServerConfig:
     max_body_size: int = 8 << 20           # request body bytes; larger gets 413
     default_timeout_ms: int = 0            # for requests without timeout_ms (0: none); expired -> 504
     engine_stall_timeout_s: int = 60       # /health fails after this long without a step while work waits (0: never)
+    # Tensor parallelism (upstream's names): tp_size ranks in all, local_world_size of them on
+    # this node, whose first rank is world_rank (node index x local_world_size). The node with
+    # rank 0 runs the engine core and the frontends. Ranks meet at master_addr:master_port.
+    tp_size: int = 1
+    world_size: int = 0                    # 0: tp_size
+    world_rank: int = 0
+    local_world_size: int = 0              # 0: world_size (one node)
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0                   # 0: start_port + 3
+    dist_timeout_s: int = 120              # a collective waiting longer ends the server (a rank died)
 
     def validate(self) -> None:
         if not self.checkpoint_path:
@@ -44,6 +54,29 @@ class ServerConfig:
         for name in ("max_queue_size", "default_timeout_ms", "engine_stall_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        self.world_size = self.world_size or self.tp_size
+        self.local_world_size = self.local_world_size or self.world_size
+        self.master_port = self.master_port or self.start_port + 3
+        if not 1 <= self.local_world_size <= self.world_size:
+            raise ValueError(f"--local_world_size must be in [1, --world_size={self.world_size}], got "
+                             f"{self.local_world_size}")
+        self.parallel(self.world_rank).validate()
+
+    def parallel(self, rank: int):
+        """This node's rank `rank` (a global rank) as a ParallelConfig."""
+        from rtp_llm.distributed.tensor_parallel import ParallelConfig
+
+        return ParallelConfig(tp_size=self.tp_size, world_size=self.world_size, world_rank=rank,
+                              local_world_size=self.local_world_size, master_addr=self.master_addr,
+                              master_port=self.master_port, dist_timeout_s=self.dist_timeout_s)
+
+    @property
+    def local_ranks(self) -> range:
+        """The launcher's ranks: --world_rank is then this node's first one."""
+        if self.world_rank % self.local_world_size or self.world_rank + self.local_world_size > self.world_size:
+            raise ValueError(f"--world_rank ({self.world_rank}) must be a node's first rank: a multiple of "
+                             f"--local_world_size ({self.local_world_size}) below --world_size ({self.world_size})")
+        return range(self.world_rank, self.world_rank + self.local_world_size)
 
     @property
     def rpc_address(self) -> str:
