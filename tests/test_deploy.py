@@ -1,0 +1,50 @@
+"""The Kubernetes manifests in deploy/ stay wired to the server: every environment variable
+they set is a server flag's twin (or NCCL's), the probes ask /health on the HTTP port, and the
+ranks' arithmetic matches the launcher's (--world_rank is a node's first rank)."""
+
+import os
+from dataclasses import fields
+
+import pytest
+import yaml
+
+from rtp_llm.config.server_config import ServerConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MANIFESTS = ["deploy/k8s/single-node.yaml", "deploy/k8s/multi-node-lws.yaml"]
+
+
+def _containers(doc):
+    if doc["kind"] == "Deployment":
+        yield "server", doc["spec"]["template"]["spec"]["containers"][0]
+    elif doc["kind"] == "LeaderWorkerSet":
+        t = doc["spec"]["leaderWorkerTemplate"]
+        yield "leader", t["leaderTemplate"]["spec"]["containers"][0]
+        yield "worker", t["workerTemplate"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("path", MANIFESTS)
+def test_manifest_env_are_server_flags_and_probes_hit_health(path):
+    flags = {f.name.upper() for f in fields(ServerConfig)}
+    docs = list(yaml.safe_load_all(open(os.path.join(ROOT, path))))
+    found = 0
+    for doc in docs:
+        for role, c in _containers(doc):
+            found += 1
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            unknown = {n for n in env if n not in flags and not n.startswith("NCCL_")}
+            assert not unknown, f"{path} {role}: not server flags: {unknown}"
+            defaults = ServerConfig()
+            values = {k.lower(): v for k, v in env.items() if k in flags and v is not None}
+            config = ServerConfig(**{k: type(getattr(defaults, k))(v) if getattr(defaults, k) is not None else v
+                                     for k, v in values.items()})
+            config.checkpoint_path = ROOT  # the model volume is not here; validate() checks the rest
+            config.validate()
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                if role != "worker":
+                    assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}, (path, role, probe)
+            if doc["kind"] == "LeaderWorkerSet":
+                size = doc["spec"]["leaderWorkerTemplate"]["size"]
+                assert config.local_world_size * size == config.world_size == config.tp_size
+                assert "--world_rank=$((LWS_WORKER_INDEX * LOCAL_WORLD_SIZE))" in " ".join(c["args"])
+    assert found
