@@ -11,6 +11,9 @@ import numpy as np
 import torch
 
 _MASK = -float("inf")
+# Temperatures below this sample greedily, the limit they tend to (vLLM's cut-off as well):
+# dividing logits by, say, 1e-38 would overflow to inf and make the probabilities NaN.
+_GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass
@@ -48,7 +51,7 @@ class Sampler:
         want_logprobs = rows.return_logprobs is None or bool(rows.return_logprobs.any())
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         logits = self._apply_penalties(logits, rows, history)
-        greedy = (rows.temperature <= 0) | (rows.top_k == 1)
+        greedy = (rows.temperature < _GREEDY_TEMPERATURE) | (rows.top_k == 1)
         tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
         g = np.nonzero(greedy)[0]
         if len(g) == n:
