@@ -72,9 +72,13 @@ class Engine:
         # The model holds its own (fused, transposed) copies: drop the loaded tensors rather
         # than keep the weights in memory twice.
         loaded.weights.clear()
-        budget = (args.kv_cache_mem_mb << 20) if args.kv_cache_mem_mb else self.backend.default_kv_cache_bytes()
         block_bytes = kv_block_bytes(loaded, block, model.num_kv_heads)
-        num_blocks = tp.min_over_ranks(args.num_kv_blocks or budget // block_bytes)  # rank 0's ids index every shard
+        if args.num_kv_blocks:
+            num_blocks, budget = args.num_kv_blocks, args.num_kv_blocks * block_bytes
+        else:
+            budget = (args.kv_cache_mem_mb << 20) if args.kv_cache_mem_mb else self.backend.default_kv_cache_bytes()
+            num_blocks = budget // block_bytes
+        num_blocks = tp.min_over_ranks(num_blocks)  # rank 0's block ids index every rank's shard
         min_blocks = -(-self.max_seq_len // block)
         if num_blocks < min_blocks:
             raise ValueError(f"the KV cache (--kv_cache_mem_mb={budget >> 20}) holds {num_blocks} blocks of {block} tokens; one "

@@ -5,6 +5,7 @@ from rtp_llm.device.base import AttentionMetadata, DeviceBackend  # noqa: F401
 _BACKENDS = {
     "cpu": "rtp_llm.device.cpu.backend:CpuBackend",
     "cuda": "rtp_llm.device.cuda.backend:CudaBackend",
+    "npu": "rtp_llm.device.npu.backend:NpuBackend",
 }
 
 

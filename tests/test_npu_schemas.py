@@ -1,0 +1,188 @@
+"""The NPU backend without an NPU, honestly: the exact schemas of the torch_npu ops it calls,
+read from the pinned torch_npu wheel (deps/requirements_ascend.txt; fetched from PyPI into a
+cache outside the repo, never installed: it would hijack `import torch` without CANN), are
+registered on CPU torch under their namespaces (npu, atb) with reference kernels; the NPU
+backend's model path runs through them and must give the CPU backend's greedy tokens. A
+wrong argument name, type, order or count fails at the dispatcher, as it would on the NPU.
+What this cannot show: the kernels' numerics and speed on Ascend hardware."""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.path.join(os.environ.get("RTP_LLM_MODEL_CACHE", os.path.expanduser("~/.cache/rtp_llm")), "wheels")
+BACKEND_SRC = os.path.join(ROOT, "rtp_llm", "device", "npu", "backend.py")
+
+
+def _pinned_torch_npu() -> str:
+    for line in open(os.path.join(ROOT, "deps", "requirements_ascend.txt")):
+        m = re.match(r"torch_npu==(\S+)", line.strip())
+        if m:
+            return m.group(1)
+    raise AssertionError("deps/requirements_ascend.txt pins no torch_npu")
+
+
+@pytest.fixture(scope="module")
+def wheel() -> zipfile.ZipFile:
+    version = _pinned_torch_npu()
+    os.makedirs(CACHE, exist_ok=True)
+    found = [f for f in os.listdir(CACHE) if f.startswith(f"torch_npu-{version}-") and f.endswith(".whl")]
+    if not found:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64",
+                        f"torch_npu=={version}", "-d", CACHE], check=True)
+        found = [f for f in os.listdir(CACHE) if f.startswith(f"torch_npu-{version}-")]
+    return zipfile.ZipFile(os.path.join(CACHE, found[0]))
+
+
+@pytest.fixture(scope="module")
+def schemas(wheel) -> dict:
+    """namespace -> op name -> schema, as the wheel defines them."""
+    import yaml
+
+    native = {}  # the custom ops torch_npu defines in its own namespace (torch.ops.npu)
+    for entry in yaml.safe_load(wheel.read("torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"))["custom"]:
+        native.setdefault(entry["func"].split("(")[0], entry["func"])
+    atb = {}
+    blob = wheel.read("torch_npu/lib/libop_plugin_atb.so")  # ATB ops register their schemas as strings
+    for m in re.finditer(rb"(_npu_[a-z_0-9]+)\(([ -~]+?)\) -> \(\)", blob):
+        atb.setdefault(m.group(1).decode(), f"{m.group(1).decode()}({m.group(2).decode()}) -> ()")
+    return {"npu": native, "atb": atb}
+
+
+def _used_ops():
+    src = open(BACKEND_SRC).read()
+    return sorted(set(re.findall(r"torch\.ops\.(npu|atb)\.(\w+)", src))), sorted(set(re.findall(r"torch\.npu\.(\w+)", src)))
+
+
+def test_every_torch_npu_name_the_backend_uses_exists_in_the_wheel(wheel, schemas):
+    ops, npu_attrs = _used_ops()
+    assert ops, "the backend calls no torch_npu op?"
+    for ns, name in ops:
+        assert name in schemas[ns], f"torch.ops.{ns}.{name} is not in torch_npu {_pinned_torch_npu()}"
+    npu_module = wheel.read("torch_npu/npu/__init__.py").decode() + wheel.read("torch_npu/npu/utils.py").decode()
+    for attr in npu_attrs:
+        assert re.search(rf"\b{attr}\b", npu_module), f"torch.npu.{attr} is not in torch_npu"
+
+
+# ------------------------------------------------------------------ reference kernels (CPU)
+
+def _rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def _rms(x, gamma, eps):
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (gamma * (xf * rstd).to(x.dtype)), rstd
+
+
+def _gather(cache, table, n):
+    """cache [blocks, page, Hkv, D] (or [blocks, page, Hkv*D]) -> the first n tokens [n, ...]."""
+    page = cache.shape[1]
+    pos = torch.arange(n)
+    return cache[table[pos // page].long(), pos % page]
+
+
+def _attend(q, k, v, scale, first_pos):
+    """q [n, H, D] at positions first_pos.., k/v [c, Hkv, D]: causal attention."""
+    h, hkv = q.shape[1], k.shape[1]
+    k = k.repeat_interleave(h // hkv, dim=1).float()
+    v = v.repeat_interleave(h // hkv, dim=1).float()
+    att = torch.einsum("nhd,chd->hnc", q.float(), k) * scale
+    mask = torch.arange(k.shape[0])[None, :] > (first_pos + torch.arange(q.shape[0]))[:, None]
+    return torch.einsum("hnc,chd->nhd", att.masked_fill(mask, float("-inf")).softmax(-1), v).to(q.dtype)
+
+
+def _paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads, scale_value, block_table,
+                     context_lens, out, workspace=None):
+    assert query.shape[1] == num_heads and key_cache.shape[2] == num_kv_heads
+    for s in range(query.shape[0]):
+        c = int(context_lens[s])
+        out[s] = _attend(query[s:s + 1], _gather(key_cache, block_table[s], c),
+                         _gather(value_cache, block_table[s], c), scale_value, c - 1)[0]
+
+
+def _reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
+    hkv, d = key_cache.shape[2], key_cache.shape[3]
+    key_cache.view(-1, hkv, d)[slot_indices.long()] = key
+    value_cache.view(-1, hkv, d)[slot_indices.long()] = value
+
+
+def _fused_infer_attention_score(query, key, value, *, atten_mask=None, actual_seq_lengths=None,
+                                 actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0,
+                                 input_layout="BSH", num_key_value_heads=0, sparse_mode=0, block_size=0, **_):
+    # What the backend relies on: TND queries, paged K/V [blocks, block_size, Hkv * D] through
+    # block_table, right-down causal masking (sparse_mode 3) with the 2048 x 2048 mask.
+    assert input_layout == "TND" and sparse_mode == 3 and block_table is not None
+    assert atten_mask is not None and tuple(atten_mask.shape) == (2048, 2048)
+    assert key.shape[1] == block_size and key.shape[2] == num_key_value_heads * query.shape[2]
+    out = torch.empty_like(query)
+    start = 0
+    for s, (end, c) in enumerate(zip(actual_seq_lengths, actual_seq_lengths_kv)):
+        d = query.shape[2]
+        k = _gather(key, block_table[s], c).view(c, num_key_value_heads, d)
+        v = _gather(value, block_table[s], c).view(c, num_key_value_heads, d)
+        out[start:end] = _attend(query[start:end], k, v, scale, c - (end - start))
+        start = end
+    return out, torch.empty(0)
+
+
+REFERENCE = {
+    ("npu", "npu_rms_norm"): lambda self, gamma, epsilon=1e-6: _rms(self, gamma, epsilon),
+    ("npu", "npu_add_rms_norm"): lambda x1, x2, gamma, epsilon=1e-6: (*_rms(x1 + x2, gamma, epsilon), x1 + x2),
+    ("npu", "npu_rotary_mul"): lambda self, r1, r2, rotary_mode="half", rotate=None: (
+        (self.float() * r1.float() + _rotate_half(self.float()) * r2.float()).to(self.dtype)),
+    ("npu", "npu_swiglu"): lambda self, dim=-1: (lambda a, b: torch.nn.functional.silu(a) * b)(*self.chunk(2, dim)),
+    ("npu", "npu_fused_infer_attention_score"): _fused_infer_attention_score,
+    ("atb", "_npu_paged_attention"): _paged_attention,
+    ("atb", "_npu_reshape_and_cache"): _reshape_and_cache,
+}
+
+
+@pytest.fixture(scope="module")
+def registered(schemas):
+    ops, _ = _used_ops()
+    libs = {ns: torch.library.Library(ns, "DEF") for ns in {ns for ns, _ in ops}}
+    for ns, name in ops:
+        libs[ns].define(schemas[ns][name])  # the wheel's schema, verbatim
+        libs[ns].impl(name, REFERENCE[(ns, name)], "CPU")
+    yield libs
+
+
+def _tiny(name, root):
+    spec = importlib.util.spec_from_file_location("tiny_models", os.path.join(ROOT, "rtp_llm", "test", "tiny_models.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.make_tiny(name, root)
+
+
+@pytest.mark.parametrize("name", ["qwen3_gqa_untied", "qwen2_mqa_tied"])
+def test_npu_backend_through_the_exact_schemas_equals_the_cpu_backend(registered, tmp_path, monkeypatch, name):
+    import rtp_llm.async_decoder_engine.engine as engine_mod
+    from rtp_llm.device.npu.backend import NpuBackend
+    from rtp_llm.llm import LLM
+
+    path = _tiny(name, str(tmp_path))
+    g = torch.Generator().manual_seed(3)
+    batch = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (3, 40, 17, 70)]
+    cfg = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    # chunked prefill: chunks after a cached prefix, mixed steps; the same KV capacity (1,024
+    # tokens) in the CPU backend's blocks of 64 and the NPU's of 128
+    args = dict(act_type="fp32", progress=False, max_seq_len=256, max_num_batched_tokens=32)
+    cpu = LLM(path, seq_size_per_block=64, num_kv_blocks=16, **args)
+    want = [o.outputs[0].token_ids for o in cpu.generate(batch, cfg)]
+    cpu.close()
+    monkeypatch.setattr(engine_mod, "get_backend", lambda _: NpuBackend(device=torch.device("cpu")))
+    npu = LLM(path, seq_size_per_block=128, num_kv_blocks=8, **args)
+    got = [o.outputs[0].token_ids for o in npu.generate(batch, cfg)]
+    npu.close()
+    assert got == want
