@@ -6,7 +6,7 @@ multiple of 16, at most 128).
 
 torch_npu is imported lazily, here only: importing it where CANN is missing breaks `import
 torch`. The ops are called through torch.ops.npu / torch.ops.atb, the namespaces torch_npu
-registers them in, so tests/test_npu_schemas.py can register the very same schemas (read
+registers them in, so //rtp_llm:npu_schema_test can register the very same schemas (read
 from the torch_npu wheel) on CPU torch with reference kernels and run this backend for real.
 
 Not done: NPUGraph capture of decode steps."""

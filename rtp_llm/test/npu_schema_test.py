@@ -1,52 +1,46 @@
 """The NPU backend without an NPU, honestly: the exact schemas of the torch_npu ops it calls,
-read from the pinned torch_npu wheel (deps/requirements_ascend.txt; fetched from PyPI into a
-cache outside the repo, never installed: it would hijack `import torch` without CANN), are
-registered on CPU torch under their namespaces (npu, atb) with reference kernels; the NPU
-backend's model path runs through them and must give the CPU backend's greedy tokens. A
-wrong argument name, type, order or count fails at the dispatcher, as it would on the NPU.
-What this cannot show: the kernels' numerics and speed on Ascend hardware."""
+read from the pinned torch_npu wheel (@torch_npu_wheel in WORKSPACE, the version
+deps/requirements_ascend.txt pins; read as a zip, never installed: it would hijack `import
+torch` without CANN), are registered on CPU torch under their namespaces (npu, atb) with
+reference kernels; the NPU backend's model path runs through them and must give the CPU
+backend's greedy tokens. A wrong argument name, type, order or count fails at the dispatcher,
+as it would on the NPU. What this cannot show: the kernels' numerics and speed on Ascend."""
 
-import importlib.util
+import glob
 import os
 import re
-import subprocess
-import sys
+import tempfile
+import unittest
 import zipfile
 
-import pytest
 import torch
+import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CACHE = os.path.join(os.environ.get("RTP_LLM_MODEL_CACHE", os.path.expanduser("~/.cache/rtp_llm")), "wheels")
-BACKEND_SRC = os.path.join(ROOT, "rtp_llm", "device", "npu", "backend.py")
+import rtp_llm.async_decoder_engine.engine as engine_mod
+from rtp_llm.device.npu import backend as npu_backend
+from rtp_llm.llm import LLM
+from rtp_llm.test.tiny_models import make_tiny
+
+BACKEND_SRC = npu_backend.__file__
+
+
+def _runfile(pattern: str) -> str:
+    found = glob.glob(os.path.join(os.environ.get("TEST_SRCDIR", "."), pattern))
+    if not found:
+        raise FileNotFoundError(f"{pattern} not in the runfiles")
+    return found[0]
 
 
 def _pinned_torch_npu() -> str:
-    for line in open(os.path.join(ROOT, "deps", "requirements_ascend.txt")):
+    for line in open(_runfile("*/deps/requirements_ascend.txt")):
         m = re.match(r"torch_npu==(\S+)", line.strip())
         if m:
             return m.group(1)
     raise AssertionError("deps/requirements_ascend.txt pins no torch_npu")
 
 
-@pytest.fixture(scope="module")
-def wheel() -> zipfile.ZipFile:
-    version = _pinned_torch_npu()
-    os.makedirs(CACHE, exist_ok=True)
-    found = [f for f in os.listdir(CACHE) if f.startswith(f"torch_npu-{version}-") and f.endswith(".whl")]
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64",
-                        f"torch_npu=={version}", "-d", CACHE], check=True)
-        found = [f for f in os.listdir(CACHE) if f.startswith(f"torch_npu-{version}-")]
-    return zipfile.ZipFile(os.path.join(CACHE, found[0]))
-
-
-@pytest.fixture(scope="module")
-def schemas(wheel) -> dict:
+def _schemas(wheel: zipfile.ZipFile) -> dict:
     """namespace -> op name -> schema, as the wheel defines them."""
-    import yaml
-
     native = {}  # the custom ops torch_npu defines in its own namespace (torch.ops.npu)
     for entry in yaml.safe_load(wheel.read("torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"))["custom"]:
         native.setdefault(entry["func"].split("(")[0], entry["func"])
@@ -59,17 +53,8 @@ def schemas(wheel) -> dict:
 
 def _used_ops():
     src = open(BACKEND_SRC).read()
-    return sorted(set(re.findall(r"torch\.ops\.(npu|atb)\.(\w+)", src))), sorted(set(re.findall(r"torch\.npu\.(\w+)", src)))
-
-
-def test_every_torch_npu_name_the_backend_uses_exists_in_the_wheel(wheel, schemas):
-    ops, npu_attrs = _used_ops()
-    assert ops, "the backend calls no torch_npu op?"
-    for ns, name in ops:
-        assert name in schemas[ns], f"torch.ops.{ns}.{name} is not in torch_npu {_pinned_torch_npu()}"
-    npu_module = wheel.read("torch_npu/npu/__init__.py").decode() + wheel.read("torch_npu/npu/utils.py").decode()
-    for attr in npu_attrs:
-        assert re.search(rf"\b{attr}\b", npu_module), f"torch.npu.{attr} is not in torch_npu"
+    return (sorted(set(re.findall(r"torch\.ops\.(npu|atb)\.(\w+)", src))),
+            sorted(set(re.findall(r"torch\.npu\.(\w+)", src))))
 
 
 # ------------------------------------------------------------------ reference kernels (CPU)
@@ -148,41 +133,57 @@ REFERENCE = {
 }
 
 
-@pytest.fixture(scope="module")
-def registered(schemas):
-    ops, _ = _used_ops()
-    libs = {ns: torch.library.Library(ns, "DEF") for ns in {ns for ns, _ in ops}}
-    for ns, name in ops:
-        libs[ns].define(schemas[ns][name])  # the wheel's schema, verbatim
-        libs[ns].impl(name, REFERENCE[(ns, name)], "CPU")
-    yield libs
+class NpuSchemaTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.wheel = zipfile.ZipFile(_runfile("torch_npu_wheel/file/*.whl"))
+        cls.schemas = _schemas(cls.wheel)
+        cls.tmp = tempfile.TemporaryDirectory()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_the_wheel_is_the_pinned_version(self):
+        self.assertIn(f"torch_npu-{_pinned_torch_npu()}-", os.path.basename(self.wheel.filename))
+
+    def test_every_torch_npu_name_the_backend_uses_exists_in_the_wheel(self):
+        ops, npu_attrs = _used_ops()
+        self.assertTrue(ops, "the backend calls no torch_npu op?")
+        for ns, name in ops:
+            self.assertIn(name, self.schemas[ns], f"torch.ops.{ns}.{name} is not in the torch_npu wheel")
+        npu_module = (self.wheel.read("torch_npu/npu/__init__.py") + self.wheel.read("torch_npu/npu/utils.py")).decode()
+        for attr in npu_attrs:
+            self.assertRegex(npu_module, rf"\b{attr}\b", f"torch.npu.{attr} is not in torch_npu")
+
+    def test_npu_backend_through_the_exact_schemas_equals_the_cpu_backend(self):
+        ops, _ = _used_ops()
+        libs = {ns: torch.library.Library(ns, "DEF") for ns in {ns for ns, _ in ops}}
+        for ns, name in ops:
+            libs[ns].define(self.schemas[ns][name])  # the wheel's schema, verbatim
+            libs[ns].impl(name, REFERENCE[(ns, name)], "CPU")
+        # chunked prefill (chunks after a cached prefix, mixed steps); the same KV capacity
+        # (1,024 tokens) in the CPU backend's blocks of 64 and the NPU's of 128
+        args = dict(act_type="fp32", progress=False, max_seq_len=256, max_num_batched_tokens=32)
+        cfg = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+        real_get_backend = engine_mod.get_backend
+        for name in ("qwen3_gqa_untied", "qwen2_mqa_tied"):
+            with self.subTest(name):
+                path = make_tiny(name, self.tmp.name)
+                g = torch.Generator().manual_seed(3)
+                batch = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (3, 40, 17, 70)]
+                cpu = LLM(path, seq_size_per_block=64, num_kv_blocks=16, **args)
+                want = [o.outputs[0].token_ids for o in cpu.generate(batch, cfg)]
+                cpu.close()
+                engine_mod.get_backend = lambda _: npu_backend.NpuBackend(device=torch.device("cpu"))
+                try:
+                    npu = LLM(path, seq_size_per_block=128, num_kv_blocks=8, **args)
+                finally:
+                    engine_mod.get_backend = real_get_backend
+                got = [o.outputs[0].token_ids for o in npu.generate(batch, cfg)]
+                npu.close()
+                self.assertEqual(got, want)
 
 
-def _tiny(name, root):
-    spec = importlib.util.spec_from_file_location("tiny_models", os.path.join(ROOT, "rtp_llm", "test", "tiny_models.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.make_tiny(name, root)
-
-
-@pytest.mark.parametrize("name", ["qwen3_gqa_untied", "qwen2_mqa_tied"])
-def test_npu_backend_through_the_exact_schemas_equals_the_cpu_backend(registered, tmp_path, monkeypatch, name):
-    import rtp_llm.async_decoder_engine.engine as engine_mod
-    from rtp_llm.device.npu.backend import NpuBackend
-    from rtp_llm.llm import LLM
-
-    path = _tiny(name, str(tmp_path))
-    g = torch.Generator().manual_seed(3)
-    batch = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (3, 40, 17, 70)]
-    cfg = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
-    # chunked prefill: chunks after a cached prefix, mixed steps; the same KV capacity (1,024
-    # tokens) in the CPU backend's blocks of 64 and the NPU's of 128
-    args = dict(act_type="fp32", progress=False, max_seq_len=256, max_num_batched_tokens=32)
-    cpu = LLM(path, seq_size_per_block=64, num_kv_blocks=16, **args)
-    want = [o.outputs[0].token_ids for o in cpu.generate(batch, cfg)]
-    cpu.close()
-    monkeypatch.setattr(engine_mod, "get_backend", lambda _: NpuBackend(device=torch.device("cpu")))
-    npu = LLM(path, seq_size_per_block=128, num_kv_blocks=8, **args)
-    got = [o.outputs[0].token_ids for o in npu.generate(batch, cfg)]
-    npu.close()
-    assert got == want
+if __name__ == "__main__":
+    unittest.main()
