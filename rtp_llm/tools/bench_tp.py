@@ -1,0 +1,72 @@
+"""Tensor parallelism, TP=1 against TP=N on one node (offline API, one GPU per rank with
+--device=cuda; gloo ranks on the CPU): greedy tokens of both on the same prompts, batch-1 TPOT
+and throughput at a concurrency. Prints JSON lines, then the TPOT ratio (goal: <= 0.65 at N=2).
+
+    python -m rtp_llm.tools.bench_tp --checkpoint DIR [--arch qwen3-8b] [--device cuda] [--tp 2] \\
+        [--concurrency 64] [--prompt_len 128] [--gen_len 128] [--act_type bf16]
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def _prompts(vocab, n, length, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1000, min(vocab, 150000) - 100, (n, length), generator=g).tolist()
+
+
+def measure(ckpt, tp, a) -> dict:
+    from rtp_llm.llm import LLM
+
+    llm = LLM(ckpt, act_type=a.act_type, progress=False, device=a.device, tp_size=tp,
+              max_seq_len=a.prompt_len + a.gen_len + 16, max_batch_size=max(a.concurrency, 1),
+              max_num_batched_tokens=max(2048, a.prompt_len))
+    vocab = llm.loaded.config.vocab_size
+
+    def gen(prompts, n):
+        t = time.perf_counter()
+        outs = llm.generate(prompts, {"max_new_tokens": n, "temperature": 0, "ignore_eos": True})
+        return time.perf_counter() - t, [o.outputs[0].token_ids for o in outs]
+
+    try:
+        gen(_prompts(vocab, 2, 16, 0), 4)  # warm-up
+        tokens = gen(_prompts(vocab, 4, a.prompt_len, 1), 32)[1]  # the same prompts on every TP size
+        fresh = iter(_prompts(vocab, 8, a.prompt_len, 2))  # new prompts per run: no prefix-cache hits
+        ttft = statistics.median(gen([next(fresh)], 1)[0] for _ in range(3))
+        full = statistics.median(gen([next(fresh)], a.gen_len)[0] for _ in range(3))
+        seconds, _ = gen(_prompts(vocab, a.concurrency, a.prompt_len, 3), a.gen_len)
+        return {"tp": tp, "tpot_ms": (full - ttft) / (a.gen_len - 1) * 1e3, "ttft_ms": ttft * 1e3,
+                "concurrency": a.concurrency, "output_tok_s": a.concurrency * a.gen_len / seconds,
+                "tokens": tokens}
+    finally:
+        llm.close()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", help="default: a random checkpoint of --arch")
+    p.add_argument("--arch", default="qwen3-8b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--prompt_len", type=int, default=128)
+    p.add_argument("--gen_len", type=int, default=128)
+    p.add_argument("--act_type", default="bf16")
+    a = p.parse_args()
+    from rtp_llm.tools.random_checkpoint import write
+
+    ckpt = a.checkpoint or write(a.arch, f"/tmp/rtp_llm_bench_{a.arch}")
+    results = [measure(ckpt, tp, a) for tp in (1, a.tp)]
+    for r in results:
+        print(json.dumps({k: v for k, v in r.items() if k != "tokens"}), flush=True)
+    same = results[0]["tokens"] == results[1]["tokens"]
+    print(f"greedy tokens TP=1 vs TP={a.tp}: {'equal' if same else 'DIFFERENT'} ({a.act_type}); "
+          f"TPOT ratio {results[1]['tpot_ms'] / results[0]['tpot_ms']:.2f} (goal <= 0.65 at TP=2)")
+
+
+if __name__ == "__main__":
+    main()
