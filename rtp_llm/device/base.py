@@ -92,6 +92,15 @@ class DeviceBackend(ABC):
         """x: [T, in] -> [T, out], weight from pack_linear()."""
         return x @ weight
 
+    def pack_lm_head(self, weight: torch.Tensor) -> torch.Tensor:
+        """The LM head [vocab, hidden] in the layout lm_head() wants (default: as is, which
+        for tied embeddings shares the embedding table)."""
+        return weight
+
+    def lm_head(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """h: [N, hidden] -> logits [N, vocab] (the model dtype)."""
+        return torch.nn.functional.linear(h, weight)
+
     @abstractmethod
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x: [N, D], weight: [D] (HF semantics: normalize in fp32, cast, then scale)."""

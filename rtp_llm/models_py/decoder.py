@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import torch
-import torch.nn.functional as F
 
 from rtp_llm.config.model_config import ModelConfig
 from rtp_llm.device.base import AttentionMetadata, DeviceBackend
@@ -60,7 +59,7 @@ class DecoderModel:
 
         q_rows, kv_rows = (q0 * D, self.num_heads * D), (k0 * D, self.num_kv_heads * D)
         self.embed = vocab_slice("model.embed_tokens.weight")
-        self.lm_head = self.embed if c.tie_word_embeddings else vocab_slice("lm_head.weight")
+        self.lm_head = backend.pack_lm_head(self.embed if c.tie_word_embeddings else vocab_slice("lm_head.weight"))
         self.final_norm = w("model.norm.weight")
         self.layers: List[Layer] = []
         for i in range(c.num_layers):
@@ -120,4 +119,4 @@ class DecoderModel:
             next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
             x = be.add_rms_norm(mlp, residual, next_norm, c.rms_norm_eps)
         h = x if sample_rows is None else x[sample_rows]
-        return tp.gather_vocab(F.linear(h, self.lm_head).float(), c.vocab_size)
+        return tp.gather_vocab(be.lm_head(h, self.lm_head).float(), c.vocab_size)

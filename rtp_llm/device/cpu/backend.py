@@ -28,6 +28,17 @@ class CpuAttentionMetadata(AttentionMetadata):
     chunks: List[Tuple[int, int, Optional[torch.Tensor]]] = field(default_factory=list)
 
 
+def _mkldnn_packing_works() -> bool:
+    """oneDNN's prepacked bf16 linear (torch.ops.mkldnn), where this torch build has it."""
+    try:
+        w = torch.ones(32, 16, dtype=torch.bfloat16)
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 16, dtype=torch.bfloat16),
+                                                 torch.ops.mkldnn._reorder_linear_weight(w, 16), None, "none", [], "")
+        return bool((out == 16).all())
+    except (RuntimeError, AttributeError):
+        return False
+
+
 class CpuBackend(DeviceBackend):
     name = "cpu"
     device = torch.device("cpu")
@@ -37,6 +48,7 @@ class CpuBackend(DeviceBackend):
         from rtp_llm.ops import ensure_compute_ops_loaded
 
         self._ops = ensure_compute_ops_loaded()
+        self._packed_bf16 = _mkldnn_packing_works()
 
     def allocate_kv_cache(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype):
         return torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype)
@@ -99,6 +111,31 @@ class CpuBackend(DeviceBackend):
                                                scale=scale, enable_gqa=True)
             out[start:start + n] = o[0].transpose(0, 1)
         return out
+
+    # bf16 projections: weights prepacked once into oneDNN's blocked layout (what torch's own
+    # CPU compiler does); measured 1.3-1.7x faster than x @ w for SmolLM2's shapes at 1-16 rows.
+    # fp32 (the parity reference) keeps x @ w over [in, out].
+    def pack_linear(self, weight):
+        if weight.dtype == torch.bfloat16 and self._packed_bf16:
+            return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 16)
+        return weight.t().contiguous()
+
+    def linear(self, x, weight):
+        if weight.dtype == torch.bfloat16 and self._packed_bf16:
+            return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+        return x @ weight
+
+    def pack_lm_head(self, weight):
+        # A packed copy even for tied embeddings (the lookup needs the plain table): the LM
+        # head is the largest GEMV of a decode step (Qwen2.5-0.5B: 272 MB of ~1 GB).
+        if weight.dtype == torch.bfloat16 and self._packed_bf16:
+            return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 16)
+        return weight
+
+    def lm_head(self, h, weight):
+        if weight.dtype == torch.bfloat16 and self._packed_bf16:
+            return torch.ops.mkldnn._linear_pointwise(h, weight, None, "none", [], "")
+        return torch.nn.functional.linear(h, weight)
 
     def rms_norm(self, x, weight, eps):
         return self._ops.rms_norm(x, weight, eps)
