@@ -14,6 +14,13 @@ import numpy as np
 import torch
 
 
+def accelerator_kv_cache_bytes(free_bytes: int) -> int:
+    """An accelerator's default KV budget, asked once the weights are in place: 85% of what is
+    free, less 1 GiB of headroom for activations, logits and captured graphs (vLLM's
+    gpu_memory_utilization plays the same role)."""
+    return max(0, int(free_bytes * 0.85) - (1 << 30))
+
+
 class AttentionMetadata:
     """Backend-specific, built by prepare_attention() and shared by all layers of a step."""
 
@@ -33,10 +40,11 @@ class DeviceBackend(ABC):
     device: torch.device
     block_sizes: Tuple[int, ...]  # supported KV block sizes; the first is the default
 
-    @abstractmethod
     def allocate_kv_cache(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                           dtype: torch.dtype) -> torch.Tensor:
         """[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]; [l, 0] is K, [l, 1] is V."""
+        return torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype,
+                           device=self.device)
 
     @abstractmethod
     def available_memory_bytes(self) -> int:

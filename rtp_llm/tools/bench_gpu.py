@@ -60,7 +60,7 @@ def bandwidth_floor(ckpt: str) -> dict:
     return {"weights_bytes": weights, "copy_bandwidth_GBps": bw / 1e9, "tpot_floor_ms": weights / bw * 1e3}
 
 
-def _prompts(vocab: int, batch: int, length: int, seed: int):
+def random_prompts(vocab: int, batch: int, length: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(1000, min(vocab, 150000) - 100, (batch, length), generator=g).tolist()
 
@@ -78,10 +78,10 @@ def offline(ckpt: str, emit_):
         assert all(len(o.outputs[0].token_ids) == n for o in outs)
         return time.perf_counter() - t
 
-    gen(_prompts(vocab, 4, 64, 0), 8)  # warm-up
+    gen(random_prompts(vocab, 4, 64, 0), 8)  # warm-up
     for p in LATENCY_PROMPTS:
         # A new prompt for every run: a repeated one would be served from the prefix cache.
-        fresh = iter(_prompts(vocab, 9, p, p))
+        fresh = iter(random_prompts(vocab, 9, p, p))
         gen([next(fresh)], 4)
         ttft = statistics.median(gen([next(fresh)], 1) for _ in range(5))
         full = statistics.median(gen([next(fresh)], 128) for _ in range(3))
@@ -89,7 +89,7 @@ def offline(ckpt: str, emit_):
                "tpot_ms": (full - ttft) / 127 * 1e3})
     for inp, outp in SHAPES:
         for c in CONCURRENCY:
-            seconds = gen(_prompts(vocab, c, inp, c), outp)
+            seconds = gen(random_prompts(vocab, c, inp, c), outp)
             emit_({"mode": "offline", "case": "throughput", "input_len": inp, "output_len": outp, "concurrency": c,
                    "output_tok_s": c * outp / seconds, "total_tok_s": c * (inp + outp) / seconds})
     llm.close()

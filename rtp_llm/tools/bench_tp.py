@@ -11,12 +11,7 @@ import json
 import statistics
 import time
 
-import torch
-
-
-def _prompts(vocab, n, length, seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(1000, min(vocab, 150000) - 100, (n, length), generator=g).tolist()
+from rtp_llm.tools.bench_gpu import random_prompts
 
 
 def measure(ckpt, tp, a) -> dict:
@@ -33,12 +28,12 @@ def measure(ckpt, tp, a) -> dict:
         return time.perf_counter() - t, [o.outputs[0].token_ids for o in outs]
 
     try:
-        gen(_prompts(vocab, 2, 16, 0), 4)  # warm-up
-        tokens = gen(_prompts(vocab, 4, a.prompt_len, 1), 32)[1]  # the same prompts on every TP size
-        fresh = iter(_prompts(vocab, 8, a.prompt_len, 2))  # new prompts per run: no prefix-cache hits
+        gen(random_prompts(vocab, 2, 16, 0), 4)  # warm-up
+        tokens = gen(random_prompts(vocab, 4, a.prompt_len, 1), 32)[1]  # the same prompts on every TP size
+        fresh = iter(random_prompts(vocab, 8, a.prompt_len, 2))  # new prompts per run: no prefix-cache hits
         ttft = statistics.median(gen([next(fresh)], 1)[0] for _ in range(3))
         full = statistics.median(gen([next(fresh)], a.gen_len)[0] for _ in range(3))
-        seconds, _ = gen(_prompts(vocab, a.concurrency, a.prompt_len, 3), a.gen_len)
+        seconds, _ = gen(random_prompts(vocab, a.concurrency, a.prompt_len, 3), a.gen_len)
         return {"tp": tp, "tpot_ms": (full - ttft) / (a.gen_len - 1) * 1e3, "ttft_ms": ttft * 1e3,
                 "concurrency": a.concurrency, "output_tok_s": a.concurrency * a.gen_len / seconds,
                 "tokens": tokens}

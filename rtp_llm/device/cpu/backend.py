@@ -50,9 +50,6 @@ class CpuBackend(DeviceBackend):
         self._ops = ensure_compute_ops_loaded()
         self._packed_bf16 = _mkldnn_packing_works()
 
-    def allocate_kv_cache(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype):
-        return torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype)
-
     def available_memory_bytes(self) -> int:
         try:
             pages = os.sysconf("SC_AVPHYS_PAGES")

@@ -8,7 +8,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from rtp_llm.device.base import AttentionMetadata, DeviceBackend, StepInputs
+from rtp_llm.device.base import AttentionMetadata, DeviceBackend, StepInputs, accelerator_kv_cache_bytes
 from rtp_llm.device.cuda import kernels as K
 
 
@@ -40,19 +40,12 @@ class CudaBackend(DeviceBackend):
         self._ws: Optional[K.DecodeWorkspace] = None
         self._ws_shape = (0, 0, 0, 0)
 
-    def allocate_kv_cache(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype):
-        return torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype,
-                           device=self.device)
-
     def available_memory_bytes(self) -> int:
         free, _ = torch.cuda.mem_get_info(self.device)
         return int(free)
 
     def default_kv_cache_bytes(self) -> int:
-        # What is free once the weights are in place, less headroom for activations, logits
-        # and captured graphs (vLLM's gpu_memory_utilization plays the same role).
-        free = self.available_memory_bytes()
-        return max(0, int(free * 0.85) - (1 << 30))
+        return accelerator_kv_cache_bytes(self.available_memory_bytes())
 
     def reserve_decode_workspace(self, max_streams: int, num_heads: int, head_dim: int, max_splits: int):
         want = (max_streams, num_heads, head_dim, max_splits)

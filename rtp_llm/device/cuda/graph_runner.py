@@ -66,6 +66,12 @@ class _Inputs:
             self.copied.synchronize()
         return self
 
+    def put(self, name: str, values: np.ndarray, upto: int, fill: int) -> None:
+        """Part `name` on the host: `values`, then `fill` up to index `upto` (the padding)."""
+        h = self.host_view(name)
+        h[:len(values)] = values
+        h[len(values):upto] = fill
+
     def host_view(self, name: str) -> np.ndarray:
         off, n = self.offsets[name]
         return self.host.numpy()[off:off + n]
@@ -170,12 +176,8 @@ class CudaGraphRunner:
         x = self.dec.writable()
         x.host_view("token_ids")[:s] = b.token_ids
         x.host_view("positions")[:s] = b.positions
-        slots = x.host_view("slots")
-        slots[:s] = b.slot_mapping
-        slots[s:size] = -1
-        ctx = x.host_view("context_lens")
-        ctx[:s] = b.context_lens
-        ctx[s:size] = 0
+        x.put("slots", b.slot_mapping, size, -1)
+        x.put("context_lens", b.context_lens, size, 0)
         x.host_view("block_tables").reshape(-1, self.max_blocks)[:s, :b.block_tables.shape[1]] = b.block_tables
         x.upload(size)
         replay, logits = self.graphs[("decode", size)]
@@ -189,19 +191,11 @@ class CudaGraphRunner:
         x = self.ext.writable()
         x.host_view("token_ids")[:t] = b.token_ids
         x.host_view("positions")[:t] = b.positions
-        slots = x.host_view("slots")
-        slots[:t] = b.slot_mapping
-        slots[t:size] = -1
-        qs = x.host_view("query_starts")
-        qs[:s + 1] = b.query_starts
-        qs[s + 1:streams + 1] = t
-        ctx = x.host_view("context_lens")
-        ctx[:s] = b.context_lens
-        ctx[s:streams] = 0
+        x.put("slots", b.slot_mapping, size, -1)
+        x.put("query_starts", b.query_starts, streams + 1, t)
+        x.put("context_lens", b.context_lens, streams, 0)
         rows = (b.query_starts[1:] - 1)[b.do_sample == 1]
-        sample = x.host_view("sample_rows")
-        sample[:len(rows)] = rows
-        sample[len(rows):streams] = 0  # rows of an earlier, larger step would index out of bounds
+        x.put("sample_rows", rows, streams, 0)  # rows of an earlier, larger step would index out of bounds
         n_tiles = size // K.EXTEND_BLOCK_M + streams
         K.extend_tiles(b.query_lens, out=x.host_view("tiles").reshape(2, -1)[:, :n_tiles])
         x.host_view("block_tables").reshape(-1, self.max_blocks)[:s, :b.block_tables.shape[1]] = b.block_tables

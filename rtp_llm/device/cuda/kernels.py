@@ -58,54 +58,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return out
 
 
-# ---------------------------------------------------------------- rotary (rotate_half layout)
+# ---------------------------------------------------------------- rotary (rotate_half layout), optional q/k norm
 
 
 @triton.jit
-def _rotate_heads(ptr, stride_h, nh, c, s, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    hs = tl.arange(0, BLOCK_H)
-    ds = tl.arange(0, BLOCK_HALF)
-    m = (hs[:, None] < nh) & (ds[None, :] < HALF)
-    p1 = ptr + hs[:, None] * stride_h + ds[None, :]
-    x1 = tl.load(p1, mask=m, other=0.0)
-    x2 = tl.load(p1 + HALF, mask=m, other=0.0)
-    dt = x1.dtype
-    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-    # HF: q * cos + rotate_half(q) * sin, each product and the sum rounded to the dtype.
-    o1 = (f1 * c).to(dt).to(tl.float32) + (-(f2 * s)).to(dt).to(tl.float32)
-    o2 = (f2 * c).to(dt).to(tl.float32) + (f1 * s).to(dt).to(tl.float32)
-    tl.store(p1, o1.to(dt), mask=m)
-    tl.store(p1 + HALF, o2.to(dt), mask=m)
-
-
-@triton.jit
-def _rotary_kernel(q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_kt, stride_kh, H, HKV,
-                   HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
+def _cos_sin(cos_ptr, sin_ptr, pos, dt, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """[1, BLOCK_HALF] cos and sin rows of position `pos`, cast to the dtype first as HF does."""
     ds = tl.arange(0, BLOCK_HALF)
     dm = ds < HALF
-    # cos/sin are cast to the dtype first, as HF does.
-    c = tl.load(cos_ptr + pos * HALF + ds, mask=dm, other=0.0).to(q_ptr.dtype.element_ty).to(tl.float32)[None, :]
-    s = tl.load(sin_ptr + pos * HALF + ds, mask=dm, other=0.0).to(q_ptr.dtype.element_ty).to(tl.float32)[None, :]
-    _rotate_heads(q_ptr + t * stride_qt, stride_qh, H, c, s, HALF, BLOCK_HQ, BLOCK_HALF)
-    _rotate_heads(k_ptr + t * stride_kt, stride_kh, HKV, c, s, HALF, BLOCK_HK, BLOCK_HALF)
-
-
-def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """In place. q: [T, H, D], k: [T, Hkv, D] (last dim contiguous); positions [T];
-    cos/sin: [max_positions, D / 2] fp32."""
-    t, h, d = q.shape
-    if t == 0:
-        return
-    assert q.stride(2) == 1 and k.stride(2) == 1 and cos.is_contiguous() and sin.is_contiguous()
-    half = d // 2
-    _rotary_kernel[(t,)](q, k, positions, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), h,
-                         k.shape[1], HALF=half, BLOCK_HQ=triton.next_power_of_2(h),
-                         BLOCK_HK=triton.next_power_of_2(k.shape[1]), BLOCK_HALF=triton.next_power_of_2(half))
-
-
-# ---------------------------------------------------------------- fused: q/k norm, rotary, KV write
+    c = tl.load(cos_ptr + pos * HALF + ds, mask=dm, other=0.0).to(dt).to(tl.float32)[None, :]
+    s = tl.load(sin_ptr + pos * HALF + ds, mask=dm, other=0.0).to(dt).to(tl.float32)[None, :]
+    return c, s
 
 
 @triton.jit
@@ -135,6 +98,33 @@ def _norm_rotate_heads(ptr, stride_h, nh, w_ptr, eps, c, s, HAS_NORM: tl.constex
 
 
 @triton.jit
+def _rotary_kernel(q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_kt, stride_kh, H, HKV,
+                   HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    c, s = _cos_sin(cos_ptr, sin_ptr, pos, q_ptr.dtype.element_ty, HALF, BLOCK_HALF)
+    # No norm: the weight pointer and eps are unused.
+    _norm_rotate_heads(q_ptr + t * stride_qt, stride_qh, H, q_ptr, 0.0, c, s, False, HALF, BLOCK_HQ, BLOCK_HALF)
+    _norm_rotate_heads(k_ptr + t * stride_kt, stride_kh, HKV, k_ptr, 0.0, c, s, False, HALF, BLOCK_HK, BLOCK_HALF)
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """In place. q: [T, H, D], k: [T, Hkv, D] (last dim contiguous); positions [T];
+    cos/sin: [max_positions, D / 2] fp32."""
+    t, h, d = q.shape
+    if t == 0:
+        return
+    assert q.stride(2) == 1 and k.stride(2) == 1 and cos.is_contiguous() and sin.is_contiguous()
+    half = d // 2
+    _rotary_kernel[(t,)](q, k, positions, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), h,
+                         k.shape[1], HALF=half, BLOCK_HQ=triton.next_power_of_2(h),
+                         BLOCK_HK=triton.next_power_of_2(k.shape[1]), BLOCK_HALF=triton.next_power_of_2(half))
+
+
+# ---------------------------------------------------------------- fused: q/k norm, rotary, KV write in one launch
+
+
+@triton.jit
 def _qkv_to_cache_kernel(qkv_ptr, qw_ptr, kw_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr, stride_t, eps,
                          H, HKV, HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
                          BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
@@ -144,9 +134,7 @@ def _qkv_to_cache_kernel(qkv_ptr, qw_ptr, kw_ptr, pos_ptr, cos_ptr, sin_ptr, kc_
     pos = tl.load(pos_ptr + t).to(tl.int64)
     ds = tl.arange(0, BLOCK_HALF)
     dm = ds < HALF
-    dt = qkv_ptr.dtype.element_ty
-    c = tl.load(cos_ptr + pos * HALF + ds, mask=dm, other=0.0).to(dt).to(tl.float32)[None, :]
-    s = tl.load(sin_ptr + pos * HALF + ds, mask=dm, other=0.0).to(dt).to(tl.float32)[None, :]
+    c, s = _cos_sin(cos_ptr, sin_ptr, pos, qkv_ptr.dtype.element_ty, HALF, BLOCK_HALF)
     _norm_rotate_heads(row, D, H, qw_ptr, eps, c, s, HAS_NORM, HALF, BLOCK_HQ, BLOCK_HALF)
     k1, k2 = _norm_rotate_heads(row + H * D, D, HKV, kw_ptr, eps, c, s, HAS_NORM, HALF, BLOCK_HK, BLOCK_HALF)
     slot = tl.load(slot_ptr + t).to(tl.int64)

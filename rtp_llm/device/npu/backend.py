@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import torch
 
-from rtp_llm.device.base import AttentionMetadata, DeviceBackend
+from rtp_llm.device.base import AttentionMetadata, DeviceBackend, accelerator_kv_cache_bytes
 
 # sparse_mode=3 ("right-down causal") aligns each query run with the end of its context and
 # takes this fixed 2048 x 2048 mask (True: masked), as fused infer attention score requires.
@@ -53,16 +53,12 @@ class NpuBackend(DeviceBackend):
         self.device = device
         self._mask: Optional[torch.Tensor] = None
 
-    def allocate_kv_cache(self, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype):
-        return torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype,
-                           device=self.device)
-
     def available_memory_bytes(self) -> int:
         free, _ = torch.npu.mem_get_info(self.device)
         return int(free)
 
     def default_kv_cache_bytes(self) -> int:
-        return max(0, int(self.available_memory_bytes() * 0.85) - (1 << 30))
+        return accelerator_kv_cache_bytes(self.available_memory_bytes())
 
     def prepare_attention(self, batch, block_size: int) -> NpuAttentionMetadata:
         dev = self.device
