@@ -14,22 +14,35 @@ torch was built for (TORCH_COMPATIBLE_WITH), so cross builds skip them.
 
 load("//3rdparty:common.bzl", "PYTHON_BIN_PATH", "find_python", "run_python_json", "write_failing_target")
 
+# torch is located and read, never imported: compiling and linking need only its files, while
+# importing needs its runtime (the x86_64 PyPI build of torch 2.9 loads CUDA libraries from
+# nvidia-* packages) and, where torch_npu is installed, CANN (torch_npu's autoload entry point).
 _PROBE = """
-import json, os, platform
+import importlib.util, json, os, platform
 info = {"error": None, "machine": platform.machine()}
 try:
-    import torch
     from importlib import metadata
-    root = os.path.dirname(torch.__file__)
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        raise ImportError("No module named 'torch'")
+    root = os.path.dirname(spec.origin)
+    lib = os.path.join(root, "lib")
+    with open(os.path.join(root, "version.py")) as f:
+        version = [l.split("=", 1)[1].strip().strip("'\\"") for l in f if l.startswith("__version__")][0]
+    with open(os.path.join(lib, "libc10.so"), "rb") as f:
+        cxx11_abi = int(b"__cxx11" in f.read())  # std::__cxx11 appears in mangled names only then
+    with open(os.path.join(root, "include", "ATen", "Config.h")) as f:
+        # ATen's parallel_for is then inline OpenMP code (what torch.backends.openmp reports).
+        openmp_build = "#define AT_PARALLEL_OPENMP 1" in f.read()
     info.update(
-        version=torch.__version__.split("+")[0],
-        cxx11_abi=int(torch._C._GLIBCXX_USE_CXX11_ABI),
+        version=version.split("+")[0],
+        cxx11_abi=cxx11_abi,
         include=os.path.join(root, "include"),
-        lib=os.path.join(root, "lib"),
+        lib=lib,
         # The OpenMP runtime torch bundles (ATen's parallel_for is inline OpenMP code: an
         # extension must use torch's runtime, not a second one).
-        openmp=sorted(f for f in os.listdir(os.path.join(root, "lib")) if f.startswith("libgomp")),
-        openmp_build=torch.backends.openmp.is_available(),
+        openmp=sorted(f for f in os.listdir(lib) if f.startswith("libgomp")),
+        openmp_build=openmp_build,
     )
     try:
         info["torch_npu"] = metadata.version("torch_npu")
@@ -65,7 +78,7 @@ def _torch_configure_impl(repository_ctx):
     info = run_python_json(repository_ctx, name, python, _PROBE)
     cpu = _CPU_CONSTRAINTS.get(info["machine"], "@platforms//:incompatible")
     if info["error"]:
-        message = "[%s] torch is not importable from %s (%s). Install the pinned torch (pip install -r deps/requirements_cpu.txt; scripts/bootstrap.sh does) or point PYTHON_BIN_PATH at an interpreter that has it." % (name, python, info["error"])
+        message = "[%s] torch is not installed for %s (%s). Install the pinned torch (pip install -r deps/requirements_cpu.txt; scripts/bootstrap.sh does) or point PYTHON_BIN_PATH at an interpreter that has it." % (name, python, info["error"])
         repository_ctx.file("BUILD", write_failing_target("torch_missing.h", message) + """
 cc_library(name = "torch", hdrs = [":torch_missing.h"], visibility = ["//visibility:public"])
 """)
