@@ -19,6 +19,21 @@ def compute_ops_srcs(cpu, ascend):
         "//conditions:default": cpu,
     })
 
+def if_ascend(then, otherwise = []):
+    """`then` under --config=ascend, else `otherwise`. Keeps @local_config_torch_npu out of
+    every other build: only a selected branch's labels are fetched."""
+    return select({
+        "//arch_config:device_ascend": then,
+        "//conditions:default": otherwise,
+    })
+
+def ascend_compatible_with():
+    """target_compatible_with for targets that exist only under --config=ascend."""
+    return select({
+        "//arch_config:device_ascend": TORCH_COMPATIBLE_WITH,
+        "//conditions:default": ["@platforms//:incompatible"],
+    })
+
 def torch_compatible_with():
     """target_compatible_with for torch-linked targets: only the CPU the configured torch was
     built for, so cross builds (--config=aarch64 on x86_64) skip them instead of failing."""
