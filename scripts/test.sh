@@ -4,9 +4,11 @@
 #  2. bazelisk test --config=aarch64 //rtp_llm/cpp/... the C++ tests cross-built for arm64,
 #                                                    run under qemu (x86_64 hosts only)
 #  3. bazelisk test --config=asan //rtp_llm/cpp/...  the C++ tests under AddressSanitizer
-#  4. scripts/check_wheel.sh                         the installed wheel: loads, imports and
+#  4. scripts/build_ascend.sh                        the Ascend wheel (--config=ascend): the
+#                                                    torch_npu shim strictly linked and checked
+#  5. scripts/check_wheel.sh                         the installed wheel: loads, imports and
 #                                                    is portable (bundled libraries)
-#  5. pytest tests/                                  integration tests on real small models
+#  6. pytest tests/                                  integration tests on real small models
 #                                                    (fetched by scripts/fetch_models.sh)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,6 +25,8 @@ if [ "$(uname -m)" = x86_64 ]; then
 fi
 step "bazelisk test --config=asan //rtp_llm/cpp/..."
 bazelisk test --config=asan //rtp_llm/cpp/...
+step "bazelisk build --config=ascend (strict link)"
+scripts/build_ascend.sh --shutdown  # own output base and venv; --shutdown frees its server
 step "installed wheel"
 VENV="$(mktemp -d)/venv"
 scripts/check_wheel.sh "$VENV"
