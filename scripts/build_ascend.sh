@@ -10,10 +10,10 @@
 #     build, whose nvidia-* packages linking does not need) and deps/requirements_build.txt.
 #     Wheels are kept in $CACHE/ascend-wheels. Nothing in it imports torch: without CANN,
 #     `import torch` fails there (torch_npu's autoload), and the build only reads files.
-#  2. The build, with its own Bazel output base ($CACHE/bazel-ascend) and no convenience
-#     links, so the default build's cache and bazel-* links stay as they are (links into a
-#     second output base would also put its copy of the tree under `//...`). The wheel is
-#     copied to $CACHE/ascend-dist/.
+#  2. The build, with its own Bazel output base ($CACHE/bazel-ascend/<checkout>) and no
+#     convenience links, so the default build's cache and bazel-* links stay as they are
+#     (links into a second output base would also put its copy of the tree under `//...`).
+#     The wheel is copied to $CACHE/ascend-dist/.
 #     --config=ascend links the shim with -Wl,--no-undefined against torch, libtorch_npu.so
 #     and CANN stubs generated from the wheel's headers (3rdparty/torch_npu/).
 #  3. Checks, printed: the wheel's Requires-Dist, the extension's NEEDED and RUNPATH, that
@@ -30,7 +30,7 @@ SHUTDOWN=0
 for arg in "$@"; do
   case "$arg" in
     --shutdown) SHUTDOWN=1 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "build_ascend: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -38,7 +38,8 @@ done
 CACHE=${RTP_LLM_CACHE:-$HOME/.cache/rtp_llm}
 VENV=$CACHE/ascend-venv
 WHEELS=$CACHE/ascend-wheels
-OUTPUT_BASE=$CACHE/bazel-ascend
+# One output base per checkout (as Bazel's own default): an output base serves one workspace.
+OUTPUT_BASE=$CACHE/bazel-ascend/$(printf '%s' "$ROOT" | md5sum | cut -c1-12)
 REQS=deps/requirements_ascend.txt
 log() { printf '[build_ascend] %s\n' "$*"; }
 die() { printf 'build_ascend: %s\n' "$*" >&2; exit 1; }
