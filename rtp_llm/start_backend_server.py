@@ -27,7 +27,8 @@ def serve(config: ServerConfig) -> int:
                                        max_num_batched_tokens=config.max_num_batched_tokens,
                                        seq_size_per_block=config.seq_size_per_block,
                                        kv_cache_mem_mb=config.kv_cache_mem_mb, reuse_cache=config.reuse_cache,
-                                       cuda_graph=config.cuda_graph), tp)
+                                       cuda_graph=config.cuda_graph,
+                                       overlap_schedule=None if config.overlap_schedule else False), tp)
     if tp.rank != 0:
         engine.run_worker()  # returns when rank 0 stops; raises (exit 1) if rank 0 is gone
         log.info("rank %d stopping", tp.rank)

@@ -1,7 +1,7 @@
 """The engine on a CUDA GPU against HF transformers on the tiny fixture checkpoints (GQA, MQA,
 tied and untied; Qwen3, Qwen2, Llama): greedy tokens equal for mixed-length batches, with
-chunked prefill, the prefix cache and preemption, with CUDA graphs on and off; logits within
-a tolerance. Marked `gpu`: skipped where torch sees no GPU."""
+chunked prefill, the prefix cache and preemption, with CUDA graphs and overlapped scheduling
+on and off; logits within a tolerance. Marked `gpu`: skipped where torch sees no GPU."""
 
 import importlib.util
 import os
@@ -73,15 +73,18 @@ def test_greedy_tokens_equal_hf_mixed_batch(tiny, name, graphs):
     _check_greedy(paths, hf, name, _prompts(1, [3, 17, 40, 9, 64, 1, 120]), cuda_graph=graphs)
 
 
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "in_turn"])
 @pytest.mark.parametrize("name", ["qwen3_gqa_untied", "llama_mha_untied"])
-def test_chunked_prefill_prefix_cache_and_preemption(tiny, name):
+def test_chunked_prefill_prefix_cache_and_preemption(tiny, name, overlap):
     paths, hf = tiny
-    _check_greedy(paths, hf, name, _prompts(2, [50, 33, 7]), max_num_batched_tokens=16)
-    stats = _check_greedy(paths, hf, name, _prompts(5, [30, 36, 25, 40, 31]), num_kv_blocks=24, warm_up=False)
+    _check_greedy(paths, hf, name, _prompts(2, [50, 33, 7]), max_num_batched_tokens=16, overlap_schedule=overlap)
+    # 20 blocks: short enough that overlapped steps (which wait rather than preempt) preempt too.
+    stats = _check_greedy(paths, hf, name, _prompts(5, [30, 36, 25, 40, 31]), num_kv_blocks=20, warm_up=False,
+                          overlap_schedule=overlap)
     assert stats["preemptions"] > 0 and stats["used_blocks"] == 0
     shared = _prompts(3, [48])[0]
     batch = _prompts(4, [5, 11, 20], prefix=shared)
-    llm = _llm(paths[name])
+    llm = _llm(paths[name], overlap_schedule=overlap)
     try:
         cfg = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
         first = llm.generate(batch[0], cfg)[0]
@@ -91,6 +94,24 @@ def test_chunked_prefill_prefix_cache_and_preemption(tiny, name):
         assert all(o.aux_info["reuse_len"] >= 48 for o in rest)
     finally:
         llm.close()
+
+
+def test_overlap_is_on_by_default_and_samples_the_same(tiny):
+    # Seeded samples, penalties (those streams sit out ahead steps) and stop words.
+    paths, _ = tiny
+    batch = _prompts(7, [12, 30, 5])
+    configs = [{"max_new_tokens": 40, "temperature": 0.9, "top_k": 50, "random_seed": 3},
+               {"max_new_tokens": 40, "temperature": 0.7, "random_seed": 4, "repetition_penalty": 1.3},
+               {"max_new_tokens": 40, "temperature": 0, "stop_words_list": [[batch[2][-1]]]}]
+    outs = []
+    for overlap in (None, False):
+        llm = _llm(paths["qwen3_gqa_untied"], overlap_schedule=overlap)
+        try:
+            assert llm.engine.overlap == (overlap is None)
+            outs.append([o.outputs[0].token_ids for o in llm.generate(batch, configs)])
+        finally:
+            llm.close()
+    assert outs[0] == outs[1]
 
 
 def _step_logits(llm, prompt):

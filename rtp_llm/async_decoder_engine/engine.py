@@ -1,12 +1,22 @@
 """The Python side of the engine: builds the core, the KV cache and the model runner from a
 loaded model, and steps them (schedule -> model -> sample -> commit), in the caller's
-thread (offline) or in a background thread (server)."""
+thread (offline) or in a background thread (server).
+
+Overlap (devices that run asynchronously, one rank): each step is scheduled and launched
+ahead of the previous step's tokens, before that step commits, so the host's scheduling,
+input preparation and commit hide behind the device's work:
+
+    host:   schedule N+1 | launch N+1 | wait N, commit N | schedule N+2 | launch N+2 | wait N+1 ...
+    device: ......... step N ..........|............. step N+1 ..............|.... step N+2
+"""
 
 import logging
 import os
 import threading
 from dataclasses import dataclass
 from typing import Optional
+
+from rtp_llm.async_decoder_engine.model_runner import PendingStep
 
 import torch
 
@@ -32,6 +42,7 @@ class EngineArgs:
     reuse_cache: bool = True
     warm_up: bool = True
     cuda_graph: bool = True                 # decode steps replay captured graphs (devices that have them)
+    overlap_schedule: Optional[bool] = None  # default: on where the device runs asynchronously (CUDA), one rank
 
     def validate(self) -> None:
         for name in ("max_batch_size", "max_num_batched_tokens", "seq_size_per_block"):
@@ -95,11 +106,17 @@ class Engine:
                                   args.max_num_batched_tokens, use_graphs=args.cuda_graph)
         self._thread: Optional[threading.Thread] = None
         self._running = False
+        overlap = self.backend.async_execution if args.overlap_schedule is None else args.overlap_schedule
+        self.overlap = bool(overlap)  # (ranks > 0 get the sampled tokens by broadcast: model_runner)
+        self._pending: Optional[PendingStep] = None  # launched, not yet committed (overlap)
         if args.warm_up and self.core is not None:
             self.warm_up()
 
     def step(self) -> bool:
-        """One step in the caller's thread; False when there was nothing to run."""
+        """One step in the caller's thread; False when there was nothing to run. With overlap a
+        step launched here commits in the next call: call until False (or drain())."""
+        if self.overlap:
+            return self._step_ahead()
         b = self.core.schedule()
         if b.num_streams == 0:
             return False
@@ -107,20 +124,55 @@ class Engine:
             if self.broadcast is not None:
                 self.broadcast.send(b)
             self.runner.step(self.core, b)
-        except (torch.OutOfMemoryError, MemoryError) as e:
-            # Reported, not a crash: the step's requests fail, the memory they held is released
-            # with them and the engine serves on.
-            log.error("out of memory in a model step of %d streams (%d tokens): %s", b.num_streams,
-                      len(b.token_ids), e)
-            self.core.fail_batch(f"model execution failed: out of memory in a step of {b.num_streams} requests "
-                                 f"({type(e).__name__}: {e}); retry, or lower --max_num_batched_tokens / "
-                                 f"--max_batch_size")
         except CollectiveError:
             raise  # a rank is gone or timed out: the group is unusable, stop (see _loop)
-        except Exception as e:  # the step's requests fail; the engine serves on
-            log.exception("model step failed; failing its %d streams", b.num_streams)
-            self.core.fail_batch(f"model execution failed: {type(e).__name__}: {e}")
+        except Exception as e:
+            self._fail(e, b.num_streams, len(b.token_ids))
         return True
+
+    def _step_ahead(self) -> bool:
+        """Launches the next step ahead of the pending one's tokens, then commits the pending one."""
+        b = self.core.schedule_ahead()
+        launched = None
+        try:
+            if b.num_streams:
+                if self.broadcast is not None:
+                    self.broadcast.send(b)
+                launched = self.runner.launch(b, self.core.stream_tokens, self._pending)
+            if self._pending is not None:
+                self.core.commit(*self._pending.result())
+        except CollectiveError:
+            raise
+        except Exception as e:
+            self._pending = None
+            self._fail(e, b.num_streams, len(b.token_ids))  # fails every uncommitted step
+            return True
+        ran = launched is not None or self._pending is not None
+        self._pending = launched
+        return ran
+
+    def drain(self):
+        """Commits the step still in flight (overlap), if any, launching nothing new."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            self.core.commit(*pending.result())
+        except Exception as e:
+            self._fail(e, 0, 0)
+
+    def _fail(self, e: Exception, num_streams: int, num_tokens: int):
+        """A failed step fails its requests (and with overlap the step in flight); the engine
+        serves on."""
+        if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+            # Reported, not a crash: the memory the requests held is released with them.
+            log.error("out of memory in a model step of %d streams (%d tokens): %s", num_streams, num_tokens, e)
+            self.core.fail_batch(f"model execution failed: out of memory in a step of {num_streams} requests "
+                                 f"({type(e).__name__}: {e}); retry, or lower --max_num_batched_tokens / "
+                                 f"--max_batch_size")
+        else:
+            log.exception("model step failed; failing its %d streams", num_streams)
+            self.core.fail_batch(f"model execution failed: {type(e).__name__}: {e}")
 
     def run_worker(self):
         """A rank > 0: runs every step batch rank 0 broadcasts until it says stop. A failing step
@@ -155,8 +207,9 @@ class Engine:
     def _loop(self):
         try:
             while self._running:
-                if self.core.wait_for_work(100):
+                if self._pending is not None or self.core.wait_for_work(100):
                     self.step()
+            self.drain()
         except BaseException:
             # A failing step only fails its requests (step()); anything else that escapes must not
             # leave clients hanging: the process exits and its supervisor (start_server) stops

@@ -1,11 +1,20 @@
-"""Turns the core's step batch into device tensors, runs the model and samples."""
+"""Turns the core's step batch into device tensors, runs the model and samples.
+
+launch() queues a step on the device and returns at once with its PendingStep: the sampled
+tokens stay on the device for the step scheduled ahead of them (its placeholder token ids read
+them there) and travel to pinned host memory for commit(). Waiting for them is the one
+host-device sync of a step."""
 
 import os
 import threading
+import time
+from typing import Callable, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from rtp_llm.device.base import DeviceBackend
+from rtp_llm.distributed.tensor_parallel import CollectiveError
 from rtp_llm.models_py.decoder import DecoderModel
 from rtp_llm.models_py.sampler import Sampler, SamplingRows
 from rtp_llm.ops.engine_core import EngineCore, StepBatch
@@ -20,6 +29,39 @@ def _inject(kind: str, token: int):
     if kind == "hang":
         threading.Event().wait()
     raise RuntimeError(what)
+
+
+class PendingStep:
+    """A launched step's sampled tokens: on the device now, on the host once result() returns."""
+
+    def __init__(self, tokens: torch.Tensor, logprobs: Optional[torch.Tensor], host_tokens: torch.Tensor,
+                 host_logprobs: torch.Tensor, ready, timeout_s: float = 0.0):
+        self.tokens = tokens  # [N] int32 on the device
+        n = len(tokens)
+        host_tokens[:n].copy_(tokens, non_blocking=True)
+        if logprobs is not None:
+            host_logprobs[:n].copy_(logprobs, non_blocking=True)
+        else:
+            host_logprobs[:n].zero_()
+        self._tokens, self._logprobs = host_tokens[:n].numpy(), host_logprobs[:n].numpy()
+        self._ready = ready
+        self._timeout_s = timeout_s
+        if ready is not None:
+            ready.record()
+
+    def result(self) -> Tuple[np.ndarray, np.ndarray]:
+        """(tokens [N] int32, log-probs [N] fp32; 0 where not asked), views valid until the
+        host slot is reused two launches later (commit them before that)."""
+        if self._ready is not None:
+            if self._timeout_s > 0:  # tensor parallel: a dead rank leaves the step's collectives waiting
+                deadline = time.monotonic() + self._timeout_s
+                while not self._ready.query():
+                    if time.monotonic() > deadline:
+                        raise CollectiveError(f"a tensor-parallel step did not finish in --dist_timeout_s="
+                                              f"{self._timeout_s:g} s: a rank died or hung")
+                    time.sleep(0)
+            self._ready.synchronize()
+        return self._tokens, self._logprobs
 
 
 class ModelRunner:
@@ -39,27 +81,55 @@ class ModelRunner:
         # Steps replay captured graphs where the device has them (CUDA).
         self.graphs = backend.make_graph_runner(model, kv_cache, block_size, max_batch_size, max_seq_len,
                                                 max_num_batched_tokens) if use_graphs else None
+        # Host slots for the sampled tokens of the (at most two) steps in flight, used in turn.
+        pin = backend.async_execution
+        self._host_tokens = torch.zeros(2, max_batch_size, dtype=torch.int32, pin_memory=pin)
+        self._host_logprobs = torch.zeros(2, max_batch_size, dtype=torch.float32, pin_memory=pin)
+        self._events = [backend.host_copy_event(), backend.host_copy_event()]
+        self._slot = 0
+        self._prev_sampled = 0  # rows sampled by the last step run: a rank > 0 receives that many
 
-    def logits(self, b: StepBatch) -> torch.Tensor:
-        """[num_sampled, vocab] fp32 logits of the streams whose next token this step yields."""
+    def logits(self, b: StepBatch, prev_tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """[num_sampled, vocab] fp32 logits of the streams whose next token this step yields.
+        prev_tokens: the step before's sampled tokens, when `b` was scheduled ahead of them."""
         for token, kind in self.faults.items():
             if (b.token_ids == token).any():
                 _inject(kind, token)
+        if (b.token_ids < 0).any():
+            tp = self.model.tp
+            if tp.size > 1:  # rank 0's sampled tokens, to every rank (stream-ordered, no host sync)
+                if prev_tokens is None:
+                    prev_tokens = torch.empty(self._prev_sampled, dtype=torch.int32, device=self.backend.device)
+                tp.broadcast(prev_tokens)
+        else:
+            prev_tokens = None
+        self._prev_sampled = b.num_sampled
         if self.graphs is not None:
-            logits = self.graphs.run(b)
+            logits = self.graphs.run(b, prev_tokens)
             if logits is not None:
                 return logits
         x = self.backend.prepare_inputs(b, self.block_size)
+        if prev_tokens is not None:
+            self.backend.resolve_placeholders(x.token_ids, prev_tokens)
         return self.model.forward(x.token_ids, x.positions, x.meta, self.kv_cache, x.sample_rows)
 
-    def step(self, core: EngineCore, b: StepBatch):
-        """Runs `b` and commits the sampled tokens to `core`."""
-        logits = self.logits(b)
+    def launch(self, b: StepBatch, history: Callable[[int], Tuple[Sequence[int], int]],
+               prev: Optional[PendingStep] = None) -> PendingStep:
+        """Queues `b` (and its sampling) on the device. history: the core's stream_tokens, for
+        rows with penalties. prev: the step in flight that `b` was scheduled ahead of."""
+        logits = self.logits(b, prev.tokens if prev is not None else None)
         s = b.do_sample == 1
         rows = SamplingRows(
             stream_ids=b.stream_ids[s], temperature=b.temperature[s], top_k=b.top_k[s], top_p=b.top_p[s],
             min_p=b.min_p[s], repetition_penalty=b.repetition_penalty[s], presence_penalty=b.presence_penalty[s],
             frequency_penalty=b.frequency_penalty[s], random_seed=b.random_seed[s], num_generated=b.num_generated[s],
             return_logprobs=b.return_logprobs[s])
-        tokens, logprobs = self.sampler.sample(logits, rows, core.stream_tokens)
-        core.commit(tokens, logprobs)
+        tokens, logprobs = self.sampler.sample_on_device(logits, rows, history)
+        slot = self._slot
+        self._slot ^= 1
+        return PendingStep(tokens, logprobs, self._host_tokens[slot], self._host_logprobs[slot], self._events[slot],
+                           self.model.tp.timeout_s if self.model.tp.size > 1 else 0.0)
+
+    def step(self, core: EngineCore, b: StepBatch):
+        """Runs `b` and commits the sampled tokens to `core` (no overlap)."""
+        core.commit(*self.launch(b, core.stream_tokens).result())

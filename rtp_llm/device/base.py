@@ -39,6 +39,20 @@ class DeviceBackend(ABC):
     name: str
     device: torch.device
     block_sizes: Tuple[int, ...]  # supported KV block sizes; the first is the default
+    # Kernels run asynchronously to the host (a device stream), so the engine loop can schedule
+    # and prepare a step while the one before runs (overlap), and host copies use pinned memory.
+    async_execution: bool = False
+
+    def host_copy_event(self) -> Any:
+        """An event to record after a non-blocking device-to-host copy; its synchronize() waits
+        for the copy. None where copies are synchronous."""
+        return None
+
+    def resolve_placeholders(self, token_ids: torch.Tensor, prev_tokens: torch.Tensor) -> None:
+        """In place: token ids -1 - r (placeholders of a step scheduled ahead) become
+        prev_tokens[r], the tokens the step before sampled. token_ids: [T], prev_tokens: [N]."""
+        idx = (-1 - token_ids).clamp_(min=0)
+        token_ids.copy_(torch.where(token_ids < 0, prev_tokens.to(token_ids.dtype)[idx], token_ids))
 
     def allocate_kv_cache(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                           dtype: torch.dtype) -> torch.Tensor:

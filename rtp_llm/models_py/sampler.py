@@ -5,7 +5,7 @@ A seeded row draws from its own generator seeded by (seed, tokens generated so f
 samples do not depend on which other requests share the batch."""
 
 from dataclasses import dataclass
-from typing import Callable, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -41,12 +41,22 @@ class Sampler:
     def __init__(self, device: torch.device):
         self.device = device
 
-    @torch.inference_mode()
     def sample(self, logits: torch.Tensor, rows: SamplingRows,
                history: Callable[[int], Tuple[Sequence[int], int]]) -> Tuple[np.ndarray, np.ndarray]:
         """logits: [N, V] fp32. history(stream_id) -> (all tokens, prompt length), asked only for
         rows with penalties. Returns (tokens [N] int32, log-prob of each under the model [N]; 0
-        where no row asked for log-probs)."""
+        where no row asked for log-probs), on the host."""
+        tokens, logprobs = self.sample_on_device(logits, rows, history)
+        if logprobs is None:
+            return tokens.cpu().numpy(), np.zeros(len(tokens), dtype=np.float32)
+        return tokens.cpu().numpy(), logprobs.cpu().numpy()
+
+    @torch.inference_mode()
+    def sample_on_device(self, logits: torch.Tensor, rows: SamplingRows,
+                         history: Callable[[int], Tuple[Sequence[int], int]]
+                         ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """As sample(), left on the device and without waiting for it: (tokens [N] int32,
+        log-probs [N] fp32 or None when no row asked for them)."""
         n = logits.shape[0]
         want_logprobs = rows.return_logprobs is None or bool(rows.return_logprobs.any())
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
@@ -73,11 +83,8 @@ class Sampler:
                 gen = torch.Generator(device=logits.device).manual_seed(_seed(rows.random_seed[r], rows.num_generated[r]))
                 picked[j] = torch.multinomial(probs[j], 1, generator=gen)[0]
             tokens[si] = picked
-        if not want_logprobs:  # one device-to-host copy per step
-            return tokens.to(torch.int32).cpu().numpy(), np.zeros(n, dtype=np.float32)
-        chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
-        both = torch.stack([tokens.to(torch.float64), chosen.to(torch.float64)]).cpu().numpy()
-        return both[0].astype(np.int32), both[1].astype(np.float32)
+        chosen = logprobs.gather(1, tokens[:, None]).squeeze(1) if want_logprobs else None
+        return tokens.to(torch.int32), chosen
 
     def _apply_penalties(self, logits, rows: SamplingRows, history) -> torch.Tensor:
         active = np.nonzero((rows.repetition_penalty != 1.0) | (rows.presence_penalty != 0.0)

@@ -1,7 +1,8 @@
 """Python side of the engine core's C ABI (rtp_llm/cpp/api/engine_api.h), through ctypes.
 
-EngineCore owns one engine. schedule() returns a StepBatch of numpy views onto the core's
-preallocated buffers (zero copy): valid until the next schedule(); copy what must outlive it.
+EngineCore owns one engine. schedule() / schedule_ahead() return a StepBatch of numpy views
+onto the core's preallocated buffers (zero copy): valid until the second schedule call after
+it; copy what must outlive that.
 """
 
 import ctypes
@@ -142,8 +143,9 @@ def _bind(lib):
     lib.rtp_llm_engine_destroy.argtypes = [ctypes.c_void_p]
     lib.rtp_llm_engine_enqueue.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32, _i64p,
                                            ctypes.c_char_p, ctypes.c_int32]
-    lib.rtp_llm_engine_schedule.restype = ctypes.POINTER(_Batch)
-    lib.rtp_llm_engine_schedule.argtypes = [ctypes.c_void_p]
+    for name in ("rtp_llm_engine_schedule", "rtp_llm_engine_schedule_ahead"):
+        getattr(lib, name).restype = ctypes.POINTER(_Batch)
+        getattr(lib, name).argtypes = [ctypes.c_void_p]
     lib.rtp_llm_engine_commit.argtypes = [ctypes.c_void_p, _i32p, _f32p, ctypes.c_int32, ctypes.c_char_p,
                                           ctypes.c_int32]
     lib.rtp_llm_engine_fail_batch.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32]
@@ -179,7 +181,10 @@ class EngineCore:
         self._max_blocks = -(-max_seq_len // block_size)
         self._err = ctypes.create_string_buffer(512)
         self._poll_buf = ctypes.create_string_buffer(1 << 16)
-        self._views: Optional[dict] = None
+        self._views: dict = {}  # address of a batch buffer -> its arrays, mapped at full size
+        self._empty = StepBatch(0, 0, 0, 0, 0, **{name: np.zeros(0, dtype=np.dtype(t._type_))
+                                                   for name, t, _ in _BATCH_ARRAYS})
+        self._empty.block_tables = self._empty.block_tables.reshape(0, 0)
 
     def close(self):
         if self._handle:
@@ -201,11 +206,23 @@ class EngineCore:
         return stream_id.value
 
     def schedule(self) -> StepBatch:
-        b = self._lib.rtp_llm_engine_schedule(self._handle).contents
-        if self._views is None:  # the core's buffers never move: map them once, at full size
-            self._views = self._map(b)
+        """The next step; while one is uncommitted, that one again."""
+        return self._batch(self._lib.rtp_llm_engine_schedule(self._handle).contents)
+
+    def schedule_ahead(self) -> StepBatch:
+        """The step after the uncommitted one, before its tokens are known: a token id -1 - r
+        stands for row r of the tokens that step samples (see rtp_llm/cpp/engine/scheduler.h).
+        With nothing uncommitted, schedule(); with two, an empty batch."""
+        return self._batch(self._lib.rtp_llm_engine_schedule_ahead(self._handle).contents)
+
+    def _batch(self, b) -> StepBatch:
+        if b.num_streams == 0:
+            return self._empty
+        key = ctypes.cast(b.stream_ids, ctypes.c_void_p).value
+        v = self._views.get(key)
+        if v is None:  # the core's buffers never move: map each once, at full size
+            v = self._views[key] = self._map(b)
         s, t, stride = b.num_streams, b.num_tokens, b.block_table_stride
-        v = self._views
         arrays = {}
         for name, _, kind in _BATCH_ARRAYS:
             if kind == "S":
@@ -225,6 +242,7 @@ class EngineCore:
         return {name: np.ctypeslib.as_array(getattr(b, name), shape=(cap[kind],)) for name, _, kind in _BATCH_ARRAYS}
 
     def commit(self, tokens: np.ndarray, logprobs: Optional[np.ndarray] = None):
+        """The sampled tokens of the oldest uncommitted batch (its do_sample streams, in order)."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         lp = None
         if logprobs is not None:
@@ -235,7 +253,8 @@ class EngineCore:
             raise EngineError(code, self._err.value.decode())
 
     def fail_batch(self, message: str):
-        """Instead of commit(): the last batch's streams end with EXECUTION_EXCEPTION (606)."""
+        """Instead of commit(): the streams of every uncommitted batch end with
+        EXECUTION_EXCEPTION (606)."""
         code = self._lib.rtp_llm_engine_fail_batch(self._handle, message.encode(), self._err, len(self._err))
         if code != 0:
             raise EngineError(code, self._err.value.decode())

@@ -85,6 +85,36 @@ class ParityTest(unittest.TestCase):
                 self.assertGreater(stats["preemptions"], 0)
                 self.assertEqual(stats["used_blocks"], 0)
 
+    def test_overlapped_steps(self):
+        # Each step scheduled and launched ahead of the previous one's tokens (CUDA's default),
+        # here on the CPU: the same tokens, through chunks and preemption.
+        for name in TINY:
+            with self.subTest(name):
+                self.check(name, prompts(2, [50, 33, 7, 64]), max_num_batched_tokens=16, overlap_schedule=True)
+                stats, _ = self.check(name, prompts(5, [30, 36, 25, 40, 31]), num_kv_blocks=24, warm_up=False,
+                                      overlap_schedule=True)
+                self.assertGreater(stats["preemptions"], 0)
+                self.assertEqual(stats["used_blocks"], 0)
+
+    def test_overlapped_sampling_is_the_same(self):
+        # Seeded samples, penalties (those streams sit out ahead steps) and stop tokens: overlap
+        # on and off generate the same.
+        name = next(iter(TINY))
+        batch = prompts(7, [12, 30, 5])
+        configs = [{"max_new_tokens": 40, "temperature": 0.9, "top_k": 50, "random_seed": 3},
+                   {"max_new_tokens": 40, "temperature": 0.7, "random_seed": 4, "repetition_penalty": 1.3},
+                   {"max_new_tokens": 40, "temperature": 0, "stop_words_list": [[batch[2][-1]]]}]
+        outs = []
+        for overlap in (False, True):
+            llm = LLM(self.paths[name], act_type="fp32", progress=False, max_seq_len=256, overlap_schedule=overlap)
+            try:
+                self.assertEqual(llm.engine.overlap, overlap)
+                outs.append([o.outputs[0].token_ids for o in llm.generate(batch, configs)]
+                            + [o.outputs[0].token_ids for o in llm.generate(batch, configs[0])])
+            finally:
+                llm.close()
+        self.assertEqual(outs[0], outs[1])
+
     def test_prefill_logits_match(self):
         for name in TINY:
             with self.subTest(name):

@@ -12,7 +12,8 @@
 struct RtpEngine {
   std::unique_ptr<rtp_llm::Engine> engine;
   std::unique_ptr<rtp_llm::RpcServer> server;
-  RtpStepBatch view{};
+  // One view per batch buffer the engine has handed out (see Engine::schedule_ahead).
+  RtpStepBatch views[4]{};
 };
 
 namespace {
@@ -101,16 +102,27 @@ int32_t rtp_llm_engine_enqueue(RtpEngine* engine, const void* generate_input_pb,
   return report(engine->engine->enqueue(std::move(prompt), std::move(config), stream_id), err, err_len);
 }
 
-const RtpStepBatch* rtp_llm_engine_schedule(RtpEngine* engine) {
-  const rtp_llm::StepBatch& b = engine->engine->schedule();
-  RtpStepBatch* v = &engine->view;
+namespace {
+const RtpStepBatch* view_of(RtpEngine* engine, const rtp_llm::StepBatch& b) {
+  RtpStepBatch* v = engine->views;
+  // The engine's buffers never move: each gets its view once, found by address after that.
+  while (v->stream_ids != nullptr && v->stream_ids != b.stream_ids.data()) ++v;
+  if (v->stream_ids == nullptr) bind_view(b, v);
   v->num_streams = b.num_streams;
   v->num_tokens = b.num_tokens;
   v->num_sampled = b.num_sampled;
   v->block_table_stride = b.block_table_stride;
   v->num_prefill = b.num_prefill;
-  if (v->stream_ids == nullptr) bind_view(b, v);  // the buffers never move
   return v;
+}
+}  // namespace
+
+const RtpStepBatch* rtp_llm_engine_schedule(RtpEngine* engine) {
+  return view_of(engine, engine->engine->schedule());
+}
+
+const RtpStepBatch* rtp_llm_engine_schedule_ahead(RtpEngine* engine) {
+  return view_of(engine, engine->engine->schedule_ahead());
 }
 
 int32_t rtp_llm_engine_commit(RtpEngine* engine, const int32_t* tokens, const float* logprobs, int32_t n, char* err,

@@ -4,9 +4,9 @@
 // Ownership and lifetime:
 // - RtpEngine* is created by rtp_llm_engine_create and freed by rtp_llm_engine_destroy
 //   (which stops the RPC server first). No other function frees anything.
-// - The RtpStepBatch returned by schedule() and every array it points to are owned by the
-//   engine: valid until the next schedule() or destroy(); the pointers themselves never
-//   change for an engine (buffers are preallocated to their maximum sizes).
+// - The RtpStepBatch returned by schedule() / schedule_ahead() and every array it points to
+//   are owned by the engine: valid until the second schedule call after it or destroy(); a
+//   batch's pointers never change (the engine cycles through preallocated buffers).
 // - Input buffers (protos, tokens, addresses) are only read during the call.
 // - Output buffers (err, out) are caller-owned; strings are NUL-terminated and truncated to
 //   the given capacity.
@@ -72,15 +72,20 @@ void rtp_llm_engine_destroy(RtpEngine* engine);
 int32_t rtp_llm_engine_enqueue(RtpEngine* engine, const void* generate_input_pb, int32_t len, int64_t* stream_id,
                                char* err, int32_t err_len);
 
-// The next step (num_streams == 0: nothing to run). Not thread-safe with commit().
+// The next step (num_streams == 0: nothing to run); the uncommitted one again while there is
+// one. Not thread-safe with commit().
 const RtpStepBatch* rtp_llm_engine_schedule(RtpEngine* engine);
-// The sampled tokens of the last batch's do_sample streams in batch order (n == num_sampled);
-// logprobs may be NULL. Returns 0, or 605 (INVALID_PARAMS) with the reason in `err`.
+// Overlap: the step after the uncommitted one, scheduled before its tokens are known; a token
+// id -1 - r stands for row r of the tokens that step samples. Empty when two are uncommitted.
+const RtpStepBatch* rtp_llm_engine_schedule_ahead(RtpEngine* engine);
+// The sampled tokens of the oldest uncommitted batch's do_sample streams in batch order
+// (n == num_sampled); logprobs may be NULL. Returns 0, or 605 (INVALID_PARAMS) with the
+// reason in `err`.
 int32_t rtp_llm_engine_commit(RtpEngine* engine, const int32_t* tokens, const float* logprobs, int32_t n, char* err,
                               int32_t err_len);
 
-// Instead of commit() when the model runner failed the last batch: its streams end with
-// EXECUTION_EXCEPTION (606) and `message`; the others carry on. Returns 0 or 605.
+// Instead of commit() when the model runner failed: the streams of every uncommitted batch end
+// with EXECUTION_EXCEPTION (606) and `message`; the others carry on. Returns 0 or 605.
 int32_t rtp_llm_engine_fail_batch(RtpEngine* engine, const char* message, char* err, int32_t err_len);
 
 // 1 when a stream waits or runs, 0 after timeout_ms or rtp_llm_engine_stop.

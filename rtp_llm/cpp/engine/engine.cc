@@ -25,7 +25,10 @@ Engine::Engine(EngineConfig config)
     : config_(std::move(config)),
       kv_(config_.num_blocks, config_.block_size, config_.enable_prefix_cache),
       scheduler_({config_.max_batch_size, config_.max_num_batched_tokens}, kv_, config_.max_seq_len) {
-  batch_.reserve(config_.max_batch_size, config_.max_num_batched_tokens, kv_.blocks_for(config_.max_seq_len));
+  for (StepBatch& b : batches_) {
+    b.reserve(config_.max_batch_size, config_.max_num_batched_tokens, kv_.blocks_for(config_.max_seq_len));
+  }
+  empty_.reserve(1, 1, 1);  // real (never written) buffers: views of it are mapped like any batch
   updated_.reserve(config_.max_batch_size);
   ended_.reserve(config_.max_batch_size);
   dispatcher_ = std::thread([this] { dispatch_loop(); });
@@ -80,53 +83,74 @@ ErrorInfo Engine::enqueue(std::vector<int32_t> prompt, GenerateConfig config, in
 
 const StepBatch& Engine::schedule() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (batch_outstanding_) {
-    // The previous batch was never committed: keep it (its streams are still in flight).
-    return batch_;
+  if (outstanding_ > 0) {
+    // The latest batch was never committed: keep it (its streams are still in flight).
+    return batches_[(oldest_ + outstanding_ - 1) % Scheduler::kMaxStepsInFlight];
   }
+  return schedule_locked();
+}
+
+const StepBatch& Engine::schedule_ahead() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (outstanding_ == Scheduler::kMaxStepsInFlight) return empty_;
+  return schedule_locked();
+}
+
+const StepBatch& Engine::schedule_locked() {
   const int64_t now = now_us();
   ended_.clear();
   scheduler_.expire(now, ended_);
   finished_ += static_cast<int64_t>(ended_.size());
   notify(ended_);
-  scheduler_.schedule(batch_, now);
-  batch_outstanding_ = batch_.num_streams > 0;
-  return batch_;
+  StepBatch& b = batches_[(oldest_ + outstanding_) % Scheduler::kMaxStepsInFlight];
+  scheduler_.schedule(b, now);
+  if (b.num_streams > 0) ++outstanding_;
+  return b;
 }
 
 ErrorInfo Engine::commit(const int32_t* tokens, const float* logprobs, int n) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!batch_outstanding_) return invalid("commit() without a scheduled batch");
-  if (n != batch_.num_sampled) {
-    return invalid("commit() got " + std::to_string(n) + " tokens; the batch samples " +
-                   std::to_string(batch_.num_sampled));
+  if (outstanding_ == 0) return invalid("commit() without a scheduled batch");
+  const StepBatch& b = batches_[oldest_];
+  if (n != b.num_sampled) {
+    return invalid("commit() got " + std::to_string(n) + " tokens; the batch samples " + std::to_string(b.num_sampled));
   }
   updated_.clear();
   ended_.clear();
-  scheduler_.commit(batch_, tokens, logprobs, config_.eos_token_ids, now_us(), updated_, ended_);
-  batch_outstanding_ = false;
+  scheduler_.commit(b, tokens, logprobs, config_.eos_token_ids, now_us(), updated_, ended_);
+  oldest_ = (oldest_ + 1) % Scheduler::kMaxStepsInFlight;
+  --outstanding_;
   ++steps_;
   finished_ += static_cast<int64_t>(ended_.size());
   notify(updated_);
   for (GenerateStream* s : ended_) {
     if (std::find(updated_.begin(), updated_.end(), s) == updated_.end()) notify({s});
   }
-  for (int64_t id : release_pending_) streams_.erase(id);
-  release_pending_.clear();
+  erase_released();
   return {};
 }
 
 ErrorInfo Engine::fail_batch(const std::string& message) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!batch_outstanding_) return invalid("fail_batch() without a scheduled batch");
+  if (outstanding_ == 0) return invalid("fail_batch() without a scheduled batch");
   ended_.clear();
   scheduler_.fail_step({ErrorCode::EXECUTION_EXCEPTION, message}, now_us(), ended_);
-  batch_outstanding_ = false;
+  outstanding_ = 0;
   finished_ += static_cast<int64_t>(ended_.size());
   notify(ended_);
-  for (int64_t id : release_pending_) streams_.erase(id);
-  release_pending_.clear();
+  erase_released();
   return {};
+}
+
+void Engine::erase_released() {
+  auto erased = [&](int64_t id) {
+    auto it = streams_.find(id);
+    if (it != streams_.end() && it->second->in_flight > 0) return false;  // an ahead step still holds it
+    if (it != streams_.end()) streams_.erase(it);
+    return true;
+  };
+  release_pending_.erase(std::remove_if(release_pending_.begin(), release_pending_.end(), erased),
+                         release_pending_.end());
 }
 
 bool Engine::wait_for_work(int timeout_ms) {
@@ -142,7 +166,7 @@ bool Engine::abort(int64_t id) {
   if (it == streams_.end()) return false;
   GenerateStream* s = it->second.get();
   if (s->done()) return true;
-  if (s->in_flight) {
+  if (s->in_flight > 0) {
     s->cancel_requested = true;  // its KV is being written: commit() frees the blocks
     return true;
   }
@@ -190,7 +214,7 @@ void Engine::release(int64_t id) {
   auto it = streams_.find(id);
   if (it == streams_.end()) return;
   listeners_.erase(id);
-  if (it->second->in_flight) {
+  if (it->second->in_flight > 0) {
     release_pending_.push_back(id);  // cancel pending: erased at its commit()
   } else {
     streams_.erase(it);

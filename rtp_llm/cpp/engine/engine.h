@@ -69,13 +69,18 @@ class Engine {
   // so a caller can bound the queue; checked under the lock, so concurrent callers cannot
   // overshoot it.
   ErrorInfo enqueue(std::vector<int32_t> prompt, GenerateConfig config, int64_t* id, int max_waiting = 0);
-  // The next step. Empty (num_streams == 0) when there is nothing to run. The batch is
-  // valid until the next schedule(); commit() must come before the next schedule().
+  // The next step. Empty (num_streams == 0) when there is nothing to run. While a batch is
+  // uncommitted, returns it again. A batch is valid until the second schedule() after it.
   const StepBatch& schedule();
-  // Sampled tokens of the last batch's do_sample streams, in batch order (n == num_sampled).
+  // Overlap: with one batch uncommitted (running on the device), schedules the next one
+  // ahead of its result (see scheduler.h: placeholders -1 - row stand for the tokens the
+  // running batch samples). With none uncommitted it is schedule(); with two, an empty batch.
+  const StepBatch& schedule_ahead();
+  // Sampled tokens of the oldest uncommitted batch's do_sample streams, in batch order
+  // (n == num_sampled).
   ErrorInfo commit(const int32_t* tokens, const float* logprobs, int n);
-  // Instead of commit(): the model runner failed the last batch. Its streams end with
-  // EXECUTION_EXCEPTION and `message`; every other stream carries on.
+  // Instead of commit(): the model runner failed. The streams of every uncommitted batch
+  // end with EXECUTION_EXCEPTION and `message`; every other stream carries on.
   ErrorInfo fail_batch(const std::string& message);
   // Blocks until a stream waits or runs, or `timeout_ms` passes, or stop(). True if work.
   bool wait_for_work(int timeout_ms);
@@ -99,21 +104,25 @@ class Engine {
   using ListenerPtr = std::shared_ptr<Listener>;
   void notify(const std::vector<GenerateStream*>& streams);  // with mu_ held
   void dispatch_loop();
+  const StepBatch& schedule_locked();                          // with mu_ held
+  void erase_released();                                     // with mu_ held
 
   EngineConfig config_;
   std::mutex mu_;
   std::condition_variable work_cv_;
   KVCacheManager kv_;
   Scheduler scheduler_;
-  StepBatch batch_;
-  bool batch_outstanding_ = false;
+  // Batches of the steps in flight (at most two: see schedule_ahead), oldest first.
+  StepBatch batches_[Scheduler::kMaxStepsInFlight];
+  int oldest_ = 0, outstanding_ = 0;
+  StepBatch empty_;
   bool stopped_ = false;
   int64_t next_id_ = 1;
   int64_t steps_ = 0, finished_ = 0;
   std::unordered_map<int64_t, std::unique_ptr<GenerateStream>> streams_;
   std::unordered_map<int64_t, ListenerPtr> listeners_;
   std::vector<GenerateStream*> updated_, ended_;  // scratch, reused every step
-  std::vector<int64_t> release_pending_;          // released while in flight
+  std::vector<int64_t> release_pending_;          // released while in flight: erased once not
 
   std::mutex dispatch_mu_;
   std::condition_variable dispatch_cv_;

@@ -52,11 +52,22 @@ class GenerateStream {
   const std::string& finish_reason() const { return finish_reason_; }
   const StreamTiming& timing() const { return timing_; }
 
-  // Scheduling state, owned by the Scheduler.
+  // Scheduling state, owned by the Scheduler. Steps in flight (scheduled, not yet committed;
+  // at most two: the one the model runs and the one scheduled ahead of its result) hold
+  // `pending_computed` query tokens and `pending_sampled` sampled tokens (0..2) that
+  // num_computed and tokens() do not count yet.
   int num_computed = 0;
   BlockTable block_table;
-  bool in_flight = false;        // part of the batch handed to the model runner
+  int in_flight = 0;              // steps in flight that hold this stream (blocks are freed at 0)
+  int pending_computed = 0;
+  int pending_sampled = 0;
+  int pending_row = -1;           // row of the latest such step's sampled tokens (when it samples)
   bool cancel_requested = false;  // abort() arrived while in flight: finish at commit
+
+  // Tokens once every step in flight has committed: the next step starts at the first, and
+  // the last of them is sampled by a step in flight when pending_sampled > 0.
+  int scheduled_computed() const { return num_computed + pending_computed; }
+  int scheduled_tokens() const { return num_tokens() + pending_sampled; }
 
   void mark_scheduled(int64_t now_us);
   // Appends a sampled token and applies the stop criteria. Returns true when finished.

@@ -9,7 +9,7 @@ namespace rtp_llm {
 Scheduler::Scheduler(SchedulerConfig config, KVCacheManager& kv, int max_seq_len)
     : config_(config), kv_(kv), max_seq_len_(max_seq_len) {
   running_.reserve(config.max_batch_size);
-  scheduled_.reserve(config.max_batch_size);
+  for (auto& streams : steps_) streams.reserve(config.max_batch_size);
 }
 
 void Scheduler::remove(GenerateStream* stream) {
@@ -31,11 +31,22 @@ void Scheduler::preempt(GenerateStream* stream) {
   ++num_preemptions_;
 }
 
+bool Scheduler::can_run_ahead(const GenerateStream* s) const {
+  if (s->cancel_requested) return false;
+  if (s->pending_sampled == 0) return true;  // its next tokens are known (a prompt chunk)
+  const GenerateConfig& c = s->config();
+  const bool penalties = c.repetition_penalty != 1.0f || c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f;
+  const bool sure_to_finish = s->num_generated() + 1 >= c.max_new_tokens || s->num_tokens() + 1 >= s->max_seq_len();
+  return !penalties && !sure_to_finish;
+}
+
 void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now_us) {
   const int i = b.num_streams++;
-  const int start = s->num_computed;
+  const int start = s->scheduled_computed();
+  const int known = s->num_tokens();  // positions >= known: the placeholder of a pending sample
   const int bs = kv_.block_size();
-  const int sample = start + n == s->num_tokens() ? 1 : 0;
+  const int sample = start + n == s->scheduled_tokens() ? 1 : 0;
+  const int row = b.num_sampled;
   b.stream_ids[i] = s->id();
   b.query_lens[i] = n;
   b.prefix_lens[i] = start;
@@ -49,7 +60,7 @@ void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now
   const int32_t* blocks = s->block_table.blocks.data();
   for (int j = 0, t = b.num_tokens; j < n; ++j, ++t) {
     const int pos = start + j;
-    b.token_ids[t] = tokens[pos];
+    b.token_ids[t] = pos < known ? tokens[pos] : -1 - s->pending_row;
     b.positions[t] = pos;
     b.slot_mapping[t] = int64_t{blocks[pos / bs]} * bs + pos % bs;
   }
@@ -65,24 +76,37 @@ void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now
   b.presence_penalty[i] = c.presence_penalty;
   b.frequency_penalty[i] = c.frequency_penalty;
   b.random_seed[i] = c.random_seed;
-  b.num_generated[i] = s->num_generated();
+  b.num_generated[i] = s->num_generated() + s->pending_sampled;
   b.return_logprobs[i] = c.return_logprobs ? 1 : 0;
 
-  s->in_flight = true;
+  ++s->in_flight;
+  s->pending_computed += n;
+  s->pending_sampled += sample;
+  if (sample) s->pending_row = row;
   s->mark_scheduled(now_us);
-  scheduled_.push_back(s);
+  step(num_steps_).push_back(s);
+}
+
+void Scheduler::pop_oldest_step() {
+  step(0).clear();
+  oldest_ = (oldest_ + 1) % kMaxStepsInFlight;
+  --num_steps_;
 }
 
 void Scheduler::fail_step(const ErrorInfo& error, int64_t now_us, std::vector<GenerateStream*>& ended) {
-  for (GenerateStream* s : scheduled_) {
-    s->in_flight = false;
-    if (!s->done()) s->finish(StreamStatus::ERROR, error, now_us);
-    kv_.free(s->block_table);
-    ended.push_back(s);
+  while (num_steps_ > 0) {
+    for (GenerateStream* s : step(0)) {
+      s->in_flight = s->pending_computed = s->pending_sampled = 0;
+      if (!s->done()) {  // a stream that ended at an earlier commit was reported then
+        s->finish(StreamStatus::ERROR, error, now_us);
+        ended.push_back(s);
+      }
+      kv_.free(s->block_table);
+    }
+    pop_oldest_step();
   }
   running_.erase(std::remove_if(running_.begin(), running_.end(), [](GenerateStream* s) { return s->done(); }),
                  running_.end());
-  scheduled_.clear();
 }
 
 void Scheduler::expire(int64_t now_us, std::vector<GenerateStream*>& ended) {
@@ -100,14 +124,24 @@ void Scheduler::expire(int64_t now_us, std::vector<GenerateStream*>& ended) {
 }
 
 void Scheduler::schedule(StepBatch& b, int64_t now_us) {
+  assert(num_steps_ < kMaxStepsInFlight);
   b.clear();
-  scheduled_.clear();
+  const bool ahead = num_steps_ > 0;
   int budget = config_.max_num_batched_tokens;
   bool preempted = false;
 
   for (size_t i = 0; i < running_.size() && budget > 0 && b.num_streams < config_.max_batch_size;) {
     GenerateStream* s = running_[i];
-    const int n = std::min(s->num_tokens() - s->num_computed, budget);
+    const int n = std::min(s->scheduled_tokens() - s->scheduled_computed(), budget);
+    if (ahead && (n == 0 || !can_run_ahead(s))) {
+      ++i;  // it runs again once the step in flight has committed
+      continue;
+    }
+    if (ahead && !kv_.can_grow(s->block_table, s->scheduled_computed() + n)) {
+      preempted = true;  // short of blocks: admit nobody, so the next regular step can preempt
+      ++i;
+      continue;
+    }
     bool self_preempted = false;
     while (!kv_.can_grow(s->block_table, s->num_computed + n)) {
       GenerateStream* victim = running_.back();  // never one already in this batch (index < i)
@@ -120,13 +154,14 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
       }
     }
     if (self_preempted) break;
-    kv_.grow(s->block_table, s->num_computed + n);
+    kv_.grow(s->block_table, s->scheduled_computed() + n);
     add_to_batch(b, s, n, now_us);
     budget -= n;
     ++i;
   }
 
   // Admit waiting streams in arrival order; none after a preemption (blocks are short).
+  // (Ahead of a step in flight, `preempted` means a running stream was short of blocks.)
   while (!preempted && !waiting_.empty() && budget > 0 && b.num_streams < config_.max_batch_size) {
     GenerateStream* s = waiting_.front();
     PrefixMatch match = kv_.match_prefix(s->tokens().data(), s->num_tokens());
@@ -147,9 +182,11 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
   }
 
   // Block tables last: the row stride is the longest table in the batch.
+  const std::vector<GenerateStream*>& scheduled = step(num_steps_);
+  if (b.num_streams > 0) ++num_steps_;
   const int stride = b.block_table_stride;
   for (int i = 0; i < b.num_streams; ++i) {
-    const auto& blocks = scheduled_[i]->block_table.blocks;
+    const auto& blocks = scheduled[i]->block_table.blocks;
     const int used = kv_.blocks_for(b.context_lens[i]);
     int32_t* row = b.block_tables.data() + static_cast<size_t>(i) * stride;
     std::copy(blocks.begin(), blocks.begin() + used, row);
@@ -160,34 +197,42 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
 void Scheduler::commit(const StepBatch& b, const int32_t* tokens, const float* logprobs,
                        const std::vector<int32_t>& eos_ids, int64_t now_us, std::vector<GenerateStream*>& updated,
                        std::vector<GenerateStream*>& ended) {
+  assert(num_steps_ > 0);
+  const std::vector<GenerateStream*>& scheduled = step(0);
   int k = 0;
   bool any_ended = false;
   for (int i = 0; i < b.num_streams; ++i) {
-    GenerateStream* s = scheduled_[i];
-    s->in_flight = false;
+    GenerateStream* s = scheduled[i];
+    const bool was_done = s->done();  // ended at an earlier commit; this was its ahead step
+    --s->in_flight;
     s->num_computed += b.query_lens[i];
-    kv_.publish_computed(s->block_table, s->tokens().data(), s->num_computed);
+    s->pending_computed -= b.query_lens[i];
+    if (!was_done) kv_.publish_computed(s->block_table, s->tokens().data(), s->num_computed);
     if (b.do_sample[i]) {
+      --s->pending_sampled;
       const int32_t token = tokens[k];
       const float logprob = logprobs ? logprobs[k] : 0.0f;
       ++k;
-      if (!s->cancel_requested && !s->done()) {
+      if (!s->cancel_requested && !was_done) {
         s->append(token, logprob, eos_ids, now_us);
         updated.push_back(s);
       }
     }
     if (s->cancel_requested && !s->done()) s->finish(StreamStatus::CANCELLED, {ErrorCode::CANCELLED, "cancelled"}, now_us);
     if (s->done()) {
-      kv_.free(s->block_table);
-      ended.push_back(s);
-      any_ended = true;
+      // Its blocks stay until no step in flight writes them.
+      if (s->in_flight == 0) kv_.free(s->block_table);
+      if (!was_done) {
+        ended.push_back(s);
+        any_ended = true;
+      }
     }
   }
   if (any_ended) {
     running_.erase(std::remove_if(running_.begin(), running_.end(), [](GenerateStream* s) { return s->done(); }),
                    running_.end());
   }
-  scheduled_.clear();
+  pop_oldest_step();
 }
 
 }  // namespace rtp_llm

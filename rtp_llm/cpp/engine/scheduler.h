@@ -4,6 +4,15 @@
 // streams are admitted FIFO with what budget, batch slots and blocks are left. When a
 // running stream cannot grow, the most recently admitted running stream is preempted
 // (blocks freed, num_computed = 0, back to the head of the queue) until it can.
+//
+// Overlap: while one step is in flight, the next may be scheduled ahead of its result. A
+// stream whose token that step samples then runs on a placeholder, token id -1 - row (row of
+// the in-flight step's sampled tokens; the model runner resolves it on the device). Ahead
+// scheduling never preempts (the running steps own those blocks) and leaves out streams
+// whose next step depends on the host seeing the token first: penalties (the sampler reads
+// the history), a sure finish (max_new_tokens / max_seq_len) and pending cancellations. A
+// stream that stops on that token (EOS, stop words) wastes one row: its ahead sample is
+// dropped at commit.
 #pragma once
 
 #include <cstdint>
@@ -32,9 +41,11 @@ class Scheduler {
 
   // Ends streams past their timeout_ms (GENERATE_TIMEOUT), appending them to `ended`.
   void expire(int64_t now_us, std::vector<GenerateStream*>& ended);
-  // Fills `batch` for the next step and marks its streams in flight.
+  static constexpr int kMaxStepsInFlight = 2;
+  // Fills `batch` for the next step and marks its streams in flight; ahead of the step in
+  // flight if there is one. Precondition: steps_in_flight() < kMaxStepsInFlight.
   void schedule(StepBatch& batch, int64_t now_us);
-  // Applies the step: advances num_computed, publishes full blocks, appends the sampled
+  // Applies the oldest step in flight: advances num_computed, publishes full blocks, appends the sampled
   // tokens (`tokens`/`logprobs` in batch order of the do_sample streams), applies stop
   // criteria and pending cancellations. Streams that ended are removed and freed, and are
   // appended to `ended`; streams that got a token are appended to `updated`.
@@ -42,8 +53,9 @@ class Scheduler {
               const std::vector<int32_t>& eos_ids, int64_t now_us, std::vector<GenerateStream*>& updated,
               std::vector<GenerateStream*>& ended);
 
-  // The model runner failed this step: its streams end with `error` (blocks freed, removed);
-  // appended to `ended`. Streams not in the step are untouched.
+  // The model runner failed: the streams of every step in flight (a step scheduled ahead
+  // depends on the one before) end with `error` (blocks freed, removed); appended to `ended`.
+  // Streams not in those steps are untouched.
   void fail_step(const ErrorInfo& error, int64_t now_us, std::vector<GenerateStream*>& ended);
 
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
@@ -51,17 +63,23 @@ class Scheduler {
   const std::deque<GenerateStream*>& waiting() const { return waiting_; }
   const std::vector<GenerateStream*>& running() const { return running_; }
   int64_t num_preemptions() const { return num_preemptions_; }
+  int steps_in_flight() const { return num_steps_; }
 
  private:
   void preempt(GenerateStream* stream);
+  bool can_run_ahead(const GenerateStream* stream) const;
   void add_to_batch(StepBatch& batch, GenerateStream* stream, int n, int64_t now_us);
+  std::vector<GenerateStream*>& step(int age) { return steps_[(oldest_ + age) % kMaxStepsInFlight]; }
+  void pop_oldest_step();
 
   SchedulerConfig config_;
   KVCacheManager& kv_;
   int max_seq_len_;
   std::deque<GenerateStream*> waiting_;
   std::vector<GenerateStream*> running_;  // admission order: the back is preempted first
-  std::vector<GenerateStream*> scheduled_;  // this step's streams, batch order
+  // Streams of the steps in flight, in batch order, oldest step first.
+  std::vector<GenerateStream*> steps_[kMaxStepsInFlight];
+  int oldest_ = 0, num_steps_ = 0;
   int64_t num_preemptions_ = 0;
 };
 

@@ -28,6 +28,7 @@ class CudaAttentionMetadata(AttentionMetadata):
 class CudaBackend(DeviceBackend):
     name = "cuda"
     block_sizes = (16, 32, 64)
+    async_execution = True
 
     def __init__(self, device_index: Optional[int] = None):
         if not torch.cuda.is_available():
@@ -39,6 +40,12 @@ class CudaBackend(DeviceBackend):
         self._copied: Optional[torch.cuda.Event] = torch.cuda.Event()
         self._ws: Optional[K.DecodeWorkspace] = None
         self._ws_shape = (0, 0, 0, 0)
+
+    def host_copy_event(self):
+        return torch.cuda.Event()
+
+    def resolve_placeholders(self, token_ids, prev_tokens):
+        K.resolve_placeholders(token_ids, prev_tokens)
 
     def available_memory_bytes(self) -> int:
         free, _ = torch.cuda.mem_get_info(self.device)

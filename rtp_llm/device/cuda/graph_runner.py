@@ -107,6 +107,7 @@ class CudaGraphRunner:
         self.ext.host_view("tiles")[:self.ext.n_tiles] = -1  # row 0: no stream
         self.ext.upload(s_max)
         self.max_batch_size = max_batch_size
+        self.backend = backend
         backend.reserve_decode_workspace(n, model.num_heads, c.head_dim,
                                          K.decode_splits(1, model.num_kv_heads, max_seq_len, backend.num_sms))
         # (kind, size) -> (replay, logits): replay() reruns the step on the current inputs and
@@ -158,19 +159,27 @@ class CudaGraphRunner:
     def _extend_streams(self, tokens: int) -> int:
         return min(tokens, self.max_batch_size)
 
-    def run(self, b) -> Optional[torch.Tensor]:
+    def run(self, b, prev_tokens: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
         """Logits [num_sampled, vocab] fp32 (a view into the graph's output, valid until the
-        next run), or None when no captured graph fits the step."""
+        next run), or None when no captured graph fits the step. prev_tokens: the tokens the
+        step before sampled, for a step scheduled ahead of them (placeholder ids)."""
         s, t = b.num_streams, b.num_tokens
         if s == 0 or b.block_tables.shape[1] > self.max_blocks:
             return None
         if t == s and b.num_sampled == s and s <= self.decode_sizes[-1]:
-            return self._run_decode(b)
+            return self._run_decode(b, prev_tokens)
         if t <= self.extend_sizes[-1] and s <= self.max_batch_size:
-            return self._run_extend(b)
+            return self._run_extend(b, prev_tokens)
         return None
 
-    def _run_decode(self, b) -> torch.Tensor:
+    def _replay(self, kind: str, size: int, x: _Inputs, t: int, prev_tokens: Optional[torch.Tensor]):
+        if prev_tokens is not None:
+            self.backend.resolve_placeholders(x.dev("token_ids")[:t], prev_tokens)
+        replay, logits = self.graphs[(kind, size)]
+        replay()
+        return logits
+
+    def _run_decode(self, b, prev_tokens) -> torch.Tensor:
         s = b.num_streams
         size = self.decode_sizes[np.searchsorted(self.decode_sizes, s)]
         x = self.dec.writable()
@@ -180,11 +189,9 @@ class CudaGraphRunner:
         x.put("context_lens", b.context_lens, size, 0)
         x.host_view("block_tables").reshape(-1, self.max_blocks)[:s, :b.block_tables.shape[1]] = b.block_tables
         x.upload(size)
-        replay, logits = self.graphs[("decode", size)]
-        replay()
-        return logits[:s]
+        return self._replay("decode", size, x, s, prev_tokens)[:s]
 
-    def _run_extend(self, b) -> torch.Tensor:
+    def _run_extend(self, b, prev_tokens) -> torch.Tensor:
         s, t = b.num_streams, b.num_tokens
         size = self.extend_sizes[np.searchsorted(self.extend_sizes, t)]
         streams = self._extend_streams(size)
@@ -200,6 +207,4 @@ class CudaGraphRunner:
         K.extend_tiles(b.query_lens, out=x.host_view("tiles").reshape(2, -1)[:, :n_tiles])
         x.host_view("block_tables").reshape(-1, self.max_blocks)[:s, :b.block_tables.shape[1]] = b.block_tables
         x.upload(s)
-        replay, logits = self.graphs[("extend", size)]
-        replay()
-        return logits[:len(rows)]
+        return self._replay("extend", size, x, t, prev_tokens)[:len(rows)]

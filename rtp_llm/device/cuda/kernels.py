@@ -195,6 +195,26 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+# ---------------------------------------------------------------- overlap placeholders
+
+
+@triton.jit(do_not_specialize=["n"])
+def _resolve_placeholders_kernel(ids_ptr, prev_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    ids = tl.load(ids_ptr + offs, mask=m, other=0)
+    ph = ids < 0
+    prev = tl.load(prev_ptr + (-1 - ids), mask=m & ph, other=0)
+    tl.store(ids_ptr + offs, tl.where(ph, prev.to(ids.dtype), ids), mask=m & ph)
+
+
+def resolve_placeholders(token_ids: torch.Tensor, prev_tokens: torch.Tensor) -> None:
+    """In place, one launch: ids -1 - r become prev_tokens[r]. token_ids [T], prev_tokens [N]."""
+    n = token_ids.numel()
+    if n:
+        _resolve_placeholders_kernel[(triton.cdiv(n, 1024),)](token_ids, prev_tokens, n, BLOCK=1024)
+
+
 # ---------------------------------------------------------------- KV cache write
 
 

@@ -34,10 +34,14 @@ class FakeModel {
   }
 
   // One step: returns the sampled tokens (batch order of do_sample streams). `Batch` is a
-  // StepBatch or the C ABI's RtpStepBatch (same field names).
+  // StepBatch or the C ABI's RtpStepBatch (same field names). `prev`: the tokens sampled by
+  // the step before, for a batch scheduled ahead of them (token id -1 - r is prev[r]).
   template <class Batch>
-  std::vector<int32_t> run(const Batch& b) {
-    for (int t = 0; t < b.num_tokens; ++t) kv_[b.slot_mapping[t]] = b.token_ids[t];
+  std::vector<int32_t> run(const Batch& b, const std::vector<int32_t>* prev = nullptr) {
+    for (int t = 0; t < b.num_tokens; ++t) {
+      const int32_t id = b.token_ids[t];
+      kv_[b.slot_mapping[t]] = id >= 0 ? id : prev->at(static_cast<size_t>(-1 - id));
+    }
     std::vector<int32_t> sampled;
     for (int i = 0; i < b.num_streams; ++i) {
       if (!b.do_sample[i]) continue;
