@@ -5,13 +5,16 @@ there are at least tp KV heads, else the one KV head its query heads share, repl
 slice of the MLP's intermediate dimension, and a vocab slice of the embedding and LM head.
 Column-parallel projections (QKV, gate/up) need no communication; row-parallel ones (attention
 output, down) produce partial sums that an all-reduce completes; the embedding lookup is an
-all-reduce of masked local lookups, the logits an all-gather of vocab slices.
+all-reduce of masked local lookups, the logits an all-gather of vocab slices. On GPUs the
+small all-reduces of decode steps (a few KB per layer) go through symmetric memory in one
+kernel (OneShotAllReduce); NCCL's ring takes several times its latency at those sizes.
 
 Rank 0 owns the C++ core and samples; every step it broadcasts the step batch (StepBroadcast)
 and all ranks run the model on it. Collectives time out (--dist_timeout_s) so that a dead rank
 stops the others with an error instead of a hang."""
 
 import datetime
+import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -21,6 +24,9 @@ from typing import Any, Optional, Tuple
 import numpy as np
 import torch
 import torch.distributed as dist
+
+
+log = logging.getLogger(__name__)
 
 
 class CollectiveError(RuntimeError):
@@ -65,6 +71,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class OneShotAllReduce:
+    """All-reduce of up to MAX_BYTES through symmetric memory: every rank copies its part into
+    its own buffer and one kernel sums all ranks' buffers, read over NVLink (torch's
+    symm_mem.one_shot_all_reduce; it orders ranks with device-side barriers, so it runs inside
+    CUDA graphs). No multicast (NVLS) is used."""
+
+    MAX_BYTES = 1 << 20
+
+    def __init__(self, group, device: torch.device):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.name = group.group_name
+        self.buffers = {}
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            buf = symm_mem.empty(self.MAX_BYTES // dtype.itemsize, dtype=dtype, device=device)
+            symm_mem.rendezvous(buf, self.name)
+            self.buffers[dtype] = buf
+
+    def __call__(self, x: torch.Tensor) -> bool:
+        """Reduces x in place; False (nothing done) when x is too large or of another dtype."""
+        buf = self.buffers.get(x.dtype)
+        if buf is None or x.numel() > buf.numel() or not x.is_contiguous():
+            return False
+        part = buf[:x.numel()].view(x.shape)
+        part.copy_(x)
+        torch.ops.symm_mem.one_shot_all_reduce_out(part, "sum", self.name, x)
+        return True
+
+
 @dataclass
 class TPShard:
     """This rank's place in the tensor-parallel group (size 1: no group, no communication)."""
@@ -73,6 +108,8 @@ class TPShard:
     size: int = 1
     group: Any = None       # the model's collectives (NCCL on GPUs, gloo on the CPU)
     cpu_group: Any = None   # step-batch broadcasts (always gloo: host arrays)
+    one_shot: Optional[OneShotAllReduce] = None  # small all-reduces on GPUs
+    timeout_s: float = 0.0  # --dist_timeout_s: a step waiting longer on the device means a rank is gone
 
     def heads(self, num_heads: int, num_kv_heads: int) -> Tuple[int, int, int, int]:
         """(first query head, query heads, first KV head, KV heads) of this rank."""
@@ -109,8 +146,14 @@ class TPShard:
         return int(t.item())
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self.size > 1:
+        if self.size > 1 and not (self.one_shot is not None and self.one_shot(x)):
             _collective("all_reduce", dist.all_reduce, x, group=self.group)
+        return x
+
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `x` into every rank's `x` (same shape and dtype), on the device stream."""
+        if self.size > 1:
+            _collective("broadcast", dist.broadcast, x, src=0, group=self.group)
         return x
 
     def gather_vocab(self, local: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -120,6 +163,9 @@ class TPShard:
         parts = [torch.empty_like(local) for _ in range(self.size)]
         _collective("all_gather", dist.all_gather, parts, local.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)[:, :vocab_size]
+
+
+_symm_mem_used = [False]  # this process rendezvoused symmetric memory for a group already
 
 
 def init_tensor_parallel(config: ParallelConfig, device: torch.device) -> TPShard:
@@ -133,7 +179,21 @@ def init_tensor_parallel(config: ParallelConfig, device: torch.device) -> TPShar
     dist.init_process_group(backend, init_method=f"tcp://{config.master_addr}:{config.master_port}",
                             rank=config.world_rank, world_size=config.world_size, timeout=timeout)
     cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
-    return TPShard(config.world_rank, config.tp_size, dist.group.WORLD, cpu_group)
+    one_shot = None
+    want = device.type == "cuda" and os.environ.get("RTP_LLM_ONE_SHOT_ALL_REDUCE", "1") != "0"
+    # torch numbers symmetric-memory rendezvous per process, so ranks of a second group in a
+    # process that already had one would wait on keys the others never write: all or none.
+    agree = torch.tensor([int(want and not _symm_mem_used[0])], dtype=torch.int64)
+    _collective("all_reduce", dist.all_reduce, agree, op=dist.ReduceOp.MIN, group=cpu_group)
+    if agree.item():
+        _symm_mem_used[0] = True
+        try:
+            one_shot = OneShotAllReduce(dist.group.WORLD, device)
+        except Exception as e:  # e.g. no peer access between the GPUs: NCCL does it all
+            log.warning("symmetric-memory all-reduce unavailable (%s: %s); using NCCL", type(e).__name__, e)
+    elif want:
+        log.info("symmetric-memory all-reduce not used: this process had a tensor-parallel group before; using NCCL")
+    return TPShard(config.world_rank, config.tp_size, dist.group.WORLD, cpu_group, one_shot, config.dist_timeout_s)
 
 
 # ------------------------------------------------------------------ step batch broadcast

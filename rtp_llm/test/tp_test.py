@@ -48,6 +48,13 @@ class TensorParallelTest(unittest.TestCase):
                 batch = prompts(1, [3, 17, 40, 9, 33])
                 self.assertEqual(tokens(path, 2, batch, **engine_args), tokens(path, 1, batch, **engine_args))
 
+    def test_tp2_with_overlapped_steps_equals_tp1(self):
+        # Steps scheduled ahead of the tokens they run on: rank 0 broadcasts its sampled tokens.
+        path = make_tiny("qwen3_gqa_untied", self.tmp.name)
+        batch = prompts(3, [3, 17, 40, 9, 33])
+        self.assertEqual(tokens(path, 2, batch, overlap_schedule=True, max_num_batched_tokens=16),
+                         tokens(path, 1, batch))
+
     def test_a_dead_rank_fails_the_step_instead_of_hanging(self):
         path = make_tiny("qwen3_gqa_untied", self.tmp.name)
         llm = LLM(path, act_type="fp32", progress=False, max_seq_len=128, tp_size=2)

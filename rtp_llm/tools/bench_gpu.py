@@ -62,14 +62,14 @@ def bandwidth_floor(ckpt: str) -> dict:
 
 def random_prompts(vocab: int, batch: int, length: int, seed: int):
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(1000, min(vocab, 150000) - 100, (batch, length), generator=g).tolist()
+    return torch.randint(min(1000, vocab // 2), min(vocab, 150000) - 100, (batch, length), generator=g).tolist()
 
 
-def offline(ckpt: str, emit_):
+def offline(ckpt: str, emit_, overlap: bool = True, throughput: bool = True):
     from rtp_llm.llm import LLM
 
     llm = LLM(ckpt, act_type="bf16", progress=False, device="cuda", max_seq_len=2176, max_batch_size=256,
-              max_num_batched_tokens=8192)
+              max_num_batched_tokens=8192, overlap_schedule=None if overlap else False)
     vocab = llm.loaded.config.vocab_size
 
     def gen(prompts, n):
@@ -87,7 +87,7 @@ def offline(ckpt: str, emit_):
         full = statistics.median(gen([next(fresh)], 128) for _ in range(3))
         emit_({"mode": "offline", "case": "latency", "prompt_len": p, "ttft_ms": ttft * 1e3,
                "tpot_ms": (full - ttft) / 127 * 1e3})
-    for inp, outp in SHAPES:
+    for inp, outp in SHAPES if throughput else []:
         for c in CONCURRENCY:
             seconds = gen(random_prompts(vocab, c, inp, c), outp)
             emit_({"mode": "offline", "case": "throughput", "input_len": inp, "output_len": outp, "concurrency": c,
@@ -110,12 +110,13 @@ def _wait_healthy(url: str, proc, timeout: float = 600):
     raise TimeoutError("the server did not become healthy")
 
 
-def server(ckpt: str, port: int, emit_):
+def server(ckpt: str, port: int, emit_, overlap: bool = True, throughput: bool = True):
     from rtp_llm.tools import bench_serve
 
     cmd = [sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={ckpt}", "--model_type=qwen_3",
            f"--start_port={port}", "--device=cuda", "--max_batch_size=256", "--concurrency_limit=512",
-           "--frontend_server_count=4", "--max_seq_len=2176", "--max_num_batched_tokens=8192"]
+           "--frontend_server_count=4", "--max_seq_len=2176", "--max_num_batched_tokens=8192",
+           f"--overlap_schedule={int(overlap)}"]
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -136,7 +137,7 @@ def server(ckpt: str, port: int, emit_):
             r = load(p, 128, 1, 5)
             emit_({"mode": "server", "case": "latency", "prompt_len": p, "ttft_ms": r["ttft_ms"]["p50"],
                    "tpot_ms": r["tpot_ms"]["p50"]})
-        for inp, outp in SHAPES:
+        for inp, outp in SHAPES if throughput else []:
             for c in CONCURRENCY:
                 r = load(inp, outp, c, max(c, 4) if outp <= 128 else max(c, 2))
                 emit_({"mode": "server", "case": "throughput", "input_len": inp, "output_len": outp,
@@ -201,7 +202,10 @@ def main():
     p.add_argument("--hf_compile", action="store_true", help="also HF's static cache + torch.compile path")
     p.add_argument("--hf_batches", default="1,16,64,256")
     p.add_argument("--hf_timeout", type=int, default=600, help="seconds for the HF peer (partial results past it)")
-    p.add_argument("--skip", default="", help="comma list of: offline, server, hf")
+    p.add_argument("--skip", default="", help="comma list of: offline, server, hf, throughput")
+    p.add_argument("--no_overlap", action="store_true", help="our engine steps in turn (no overlapped scheduling)")
+    p.add_argument("--shapes", default=",".join(f"{i}x{o}" for i, o in SHAPES), help="throughput in x out lengths")
+    p.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--out")
     p.add_argument("--plot", help="a results.jsonl to plot instead of running")
@@ -213,14 +217,17 @@ def main():
     from rtp_llm.tools.random_checkpoint import write
 
     skip = set(filter(None, a.skip.split(",")))
+    SHAPES[:] = [tuple(int(n) for n in shape.split("x")) for shape in a.shapes.split(",")]
+    CONCURRENCY[:] = [int(c) for c in a.concurrency.split(",")]
     ckpt = a.checkpoint or write(a.arch, f"/tmp/rtp_llm_bench_{a.arch}", a.tokenizer)
-    base = {"arch": a.arch, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    base = {"arch": a.arch, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "overlap": not a.no_overlap}
     emit_ = lambda r: emit(a.out, dict(base, **r))  # noqa: E731
     emit_(dict(mode="floor", **bandwidth_floor(ckpt)))
     if "offline" not in skip:
-        offline(ckpt, emit_)
+        offline(ckpt, emit_, not a.no_overlap, "throughput" not in skip)
     if "server" not in skip:
-        server(ckpt, a.port, emit_)
+        server(ckpt, a.port, emit_, not a.no_overlap, "throughput" not in skip)
     if "hf" not in skip and a.hf_baseline:
         hf(a.hf_baseline, a.arch, emit_, a.hf_compile, a.hf_batches, a.hf_timeout)
 
