@@ -131,25 +131,32 @@ class Engine:
         return True
 
     def _step_ahead(self) -> bool:
-        """Launches the next step ahead of the pending one's tokens, then commits the pending one."""
+        """Launches the next step ahead of the pending one's tokens, then commits the pending one.
+        A launch that fails fails only its own step: the pending one ran before it."""
         b = self.core.schedule_ahead()
-        launched = None
-        try:
-            if b.num_streams:
+        launched, launch_error = None, None
+        if b.num_streams:
+            try:
                 if self.broadcast is not None:
                     self.broadcast.send(b)
                 launched = self.runner.launch(b, self.core.stream_tokens, self._pending)
-            if self._pending is not None:
-                self.core.commit(*self._pending.result())
-        except CollectiveError:
-            raise
-        except Exception as e:
-            self._pending = None
-            self._fail(e, b.num_streams, len(b.token_ids))  # fails every uncommitted step
-            return True
-        ran = launched is not None or self._pending is not None
-        self._pending = launched
-        return ran
+            except CollectiveError:
+                raise
+            except Exception as e:
+                launch_error = e
+        pending, self._pending = self._pending, launched
+        if pending is not None:
+            try:
+                self.core.commit(*pending.result())
+            except CollectiveError:
+                raise
+            except Exception as e:  # the launched step read these tokens: it fails with them
+                self._pending = None
+                self._fail(e, b.num_streams, len(b.token_ids))
+                return True
+        if launch_error is not None:
+            self._fail(launch_error, b.num_streams, len(b.token_ids))  # b is the one uncommitted step now
+        return b.num_streams > 0 or pending is not None
 
     def drain(self):
         """Commits the step still in flight (overlap), if any, launching nothing new."""
@@ -171,7 +178,7 @@ class Engine:
                                  f"({type(e).__name__}: {e}); retry, or lower --max_num_batched_tokens / "
                                  f"--max_batch_size")
         else:
-            log.exception("model step failed; failing its %d streams", num_streams)
+            log.error("model step failed; failing its %d streams", num_streams, exc_info=e)
             self.core.fail_batch(f"model execution failed: {type(e).__name__}: {e}")
 
     def run_worker(self):
