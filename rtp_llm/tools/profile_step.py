@@ -2,7 +2,9 @@
 step, with the device synchronized) and prints torch.profiler's kernel table for them.
 
     python -m rtp_llm.tools.profile_step --checkpoint DIR --device cuda [--prompt_len 1024]
-        [--batch 1] [--decode_steps 32] [--no_cuda_graph] [--trace out.json]
+        [--batch 1] [--decode_steps 32] [--no_cuda_graph] [--no_overlap] [--tp N] [--trace out.json]
+
+--tp N profiles rank 0 of a tensor-parallel group (its kernels, collectives included, on its GPU).
 """
 
 import argparse
@@ -39,12 +41,15 @@ def main():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--decode_steps", type=int, default=32)
     p.add_argument("--no_cuda_graph", action="store_true")
+    p.add_argument("--no_overlap", action="store_true", help="steps in turn (no overlapped scheduling)")
+    p.add_argument("--tp", type=int, default=1)
     p.add_argument("--rows", type=int, default=25, help="rows of the kernel table")
     p.add_argument("--trace", help="write a Chrome trace of the profiled steps")
     a = p.parse_args()
     from rtp_llm.llm import LLM
 
     llm = LLM(a.checkpoint, act_type=a.act_type, progress=False, device=a.device, cuda_graph=not a.no_cuda_graph,
+              tp_size=a.tp, overlap_schedule=False if a.no_overlap else None,
               max_seq_len=a.prompt_len + a.decode_steps + 16, max_batch_size=max(a.batch, 1),
               max_num_batched_tokens=max(2048, a.prompt_len * a.batch))
     vocab = llm.loaded.config.vocab_size
