@@ -250,9 +250,10 @@ def test_fused_qkv_to_cache_equals_the_composed_ops(dtype, qk_norm):
 
 
 class _InterpretedCudaBackend:
-    """The CUDA backend's whole step path (input packing, tile tables, fused kernels, and the
-    graph runner's padded persistent inputs, replayed by rerunning the step) on the CPU
-    through Triton's interpreter, without CUDA runtime calls."""
+    """The CUDA backend's whole step path (input packing, tile tables, fused kernels, the
+    graph runner's padded persistent inputs, replayed by rerunning the step, and overlapped
+    scheduling's placeholder tokens) on the CPU through Triton's interpreter, without CUDA
+    runtime calls."""
 
     @staticmethod
     def make(graphs: bool):
@@ -280,6 +281,9 @@ class _InterpretedCudaBackend:
 
             def make_graph_runner(self, *args):
                 return Rerun(args[0], self, *args[1:]) if graphs else None
+
+            def host_copy_event(self):
+                return None  # copies to the host are synchronous here
 
             def available_memory_bytes(self):
                 return 1 << 30

@@ -82,7 +82,7 @@ class ModelRunner:
         self.graphs = backend.make_graph_runner(model, kv_cache, block_size, max_batch_size, max_seq_len,
                                                 max_num_batched_tokens) if use_graphs else None
         # Host slots for the sampled tokens of the (at most two) steps in flight, used in turn.
-        pin = backend.async_execution
+        pin = backend.device.type != "cpu"  # pinned host memory: async device-to-host copies
         self._host_tokens = torch.zeros(2, max_batch_size, dtype=torch.int32, pin_memory=pin)
         self._host_logprobs = torch.zeros(2, max_batch_size, dtype=torch.float32, pin_memory=pin)
         self._events = [backend.host_copy_event(), backend.host_copy_event()]
