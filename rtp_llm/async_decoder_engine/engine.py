@@ -2,7 +2,7 @@
 loaded model, and steps them (schedule -> model -> sample -> commit), in the caller's
 thread (offline) or in a background thread (server).
 
-Overlap (devices that run asynchronously, one rank): each step is scheduled and launched
+Overlap (devices that run asynchronously): each step is scheduled and launched
 ahead of the previous step's tokens, before that step commits, so the host's scheduling,
 input preparation and commit hide behind the device's work:
 
@@ -42,7 +42,7 @@ class EngineArgs:
     reuse_cache: bool = True
     warm_up: bool = True
     cuda_graph: bool = True                 # decode steps replay captured graphs (devices that have them)
-    overlap_schedule: Optional[bool] = None  # default: on where the device runs asynchronously (CUDA), one rank
+    overlap_schedule: Optional[bool] = None  # default: on where the device runs asynchronously (CUDA)
 
     def validate(self) -> None:
         for name in ("max_batch_size", "max_num_batched_tokens", "seq_size_per_block"):
@@ -152,7 +152,7 @@ class Engine:
                 raise
             except Exception as e:  # the launched step read these tokens: it fails with them
                 self._pending = None
-                self._fail(e, b.num_streams, len(b.token_ids))
+                self._fail(e, b.num_streams, len(b.token_ids))  # (counts of the newer step; both fail)
                 return True
         if launch_error is not None:
             self._fail(launch_error, b.num_streams, len(b.token_ids))  # b is the one uncommitted step now

@@ -76,16 +76,18 @@ class ModelRunner:
         self.backend = backend
         self.kv_cache = kv_cache
         self.block_size = block_size
-        self.sampler = Sampler(backend.device)
+        # Host slots for the sampled tokens of the (at most two) steps in flight, used in turn.
+        # Where the device copies asynchronously (it gives an event to wait on), they are
+        # pinned and the copies do not block.
+        self._events = [backend.host_copy_event(), backend.host_copy_event()]
+        pin = self._events[0] is not None
+        self.sampler = Sampler(backend.device, pin_host=pin)
         backend.bind_model(model.num_heads, model.num_kv_heads, model.config.head_dim, max_batch_size, max_seq_len)
         # Steps replay captured graphs where the device has them (CUDA).
         self.graphs = backend.make_graph_runner(model, kv_cache, block_size, max_batch_size, max_seq_len,
                                                 max_num_batched_tokens) if use_graphs else None
-        # Host slots for the sampled tokens of the (at most two) steps in flight, used in turn.
-        pin = backend.device.type != "cpu"  # pinned host memory: async device-to-host copies
         self._host_tokens = torch.zeros(2, max_batch_size, dtype=torch.int32, pin_memory=pin)
         self._host_logprobs = torch.zeros(2, max_batch_size, dtype=torch.float32, pin_memory=pin)
-        self._events = [backend.host_copy_event(), backend.host_copy_event()]
         self._slot = 0
         self._prev_sampled = 0  # rows sampled by the last step run: a rank > 0 receives that many
 

@@ -24,7 +24,7 @@ class ServerConfig:
     act_type: str = "bf16"
     device: str = "cpu"
     cuda_graph: bool = True                # decode and prefill steps replay captured CUDA graphs
-    overlap_schedule: bool = True          # schedule step N+1 while the device runs step N (CUDA, one rank)
+    overlap_schedule: bool = True          # schedule step N+1 while the device runs step N (CUDA)
     host: str = "0.0.0.0"                  # HTTP bind address (the gRPC port is always loopback)
     api_key: Optional[str] = None          # if set, every route but /health and /status needs it
     max_queue_size: int = 0                # streams waiting in the engine's queue; more get 429 (0: no cap)

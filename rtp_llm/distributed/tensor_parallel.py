@@ -191,6 +191,11 @@ def init_tensor_parallel(config: ParallelConfig, device: torch.device) -> TPShar
             one_shot = OneShotAllReduce(dist.group.WORLD, device)
         except Exception as e:  # e.g. no peer access between the GPUs: NCCL does it all
             log.warning("symmetric-memory all-reduce unavailable (%s: %s); using NCCL", type(e).__name__, e)
+        # Every rank or none: a rank on NCCL and another in the one-shot kernel would wait forever.
+        agree.fill_(int(one_shot is not None))
+        _collective("all_reduce", dist.all_reduce, agree, op=dist.ReduceOp.MIN, group=cpu_group)
+        if not agree.item():
+            one_shot = None
     elif want:
         log.info("symmetric-memory all-reduce not used: this process had a tensor-parallel group before; using NCCL")
     return TPShard(config.world_rank, config.tp_size, dist.group.WORLD, cpu_group, one_shot, config.dist_timeout_s)

@@ -38,8 +38,17 @@ def _seed(seed: int, step: int) -> int:
 
 
 class Sampler:
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, pin_host: bool = False):
+        """pin_host: upload per-row parameters from pinned memory without blocking the host
+        (an accelerator whose steps are queued ahead: a pageable upload would wait for them)."""
         self.device = device
+        self.pin_host = pin_host
+
+    def _upload(self, a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        if self.pin_host:
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
 
     def sample(self, logits: torch.Tensor, rows: SamplingRows,
                history: Callable[[int], Tuple[Sequence[int], int]]) -> Tuple[np.ndarray, np.ndarray]:
@@ -67,16 +76,16 @@ class Sampler:
         if len(g) == n:
             tokens = logits.argmax(dim=-1)
         elif len(g):
-            gi = torch.from_numpy(g).to(logits.device)
+            gi = self._upload(g)
             tokens[gi] = logits[gi].argmax(dim=-1)
         s = np.nonzero(~greedy)[0]
         if len(s):
-            si = torch.from_numpy(s).to(logits.device)
+            si = self._upload(s)
             probs = self._probs(logits[si], rows, s)
             seeded = rows.random_seed[s] >= 0
             picked = torch.empty(len(s), dtype=torch.int64, device=logits.device)
             if (~seeded).any():
-                u = torch.from_numpy(np.nonzero(~seeded)[0]).to(logits.device)
+                u = self._upload(np.nonzero(~seeded)[0])
                 picked[u] = torch.multinomial(probs[u], 1).squeeze(1)
             for j in np.nonzero(seeded)[0]:
                 r = s[j]
@@ -108,25 +117,25 @@ class Sampler:
         return logits
 
     def _probs(self, logits: torch.Tensor, rows: SamplingRows, idx: np.ndarray) -> torch.Tensor:
-        dev = logits.device
-        temp = torch.from_numpy(rows.temperature[idx].astype(np.float32)).to(dev)[:, None]
+        temp = self._upload(rows.temperature[idx].astype(np.float32))[:, None]
         logits = logits / temp
         top_k = rows.top_k[idx]
         if (top_k > 0).any():
-            k = torch.from_numpy(np.where(top_k > 0, top_k, logits.shape[1]).astype(np.int64)).to(dev)
-            kth = logits.topk(int(k.max()), dim=-1).values.gather(1, (k - 1)[:, None].clamp(max=logits.shape[1] - 1))
+            k_host = np.minimum(np.where(top_k > 0, top_k, logits.shape[1]), logits.shape[1]).astype(np.int64)
+            k = self._upload(k_host)
+            kth = logits.topk(int(k_host.max()), dim=-1).values.gather(1, (k - 1)[:, None])
             logits = logits.masked_fill(logits < kth, _MASK)
         top_p = rows.top_p[idx]
         if (top_p < 1.0).any():
             sorted_logits, order = logits.sort(dim=-1, descending=True)
             cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-            p = torch.from_numpy(top_p.astype(np.float32)).to(dev)[:, None]
+            p = self._upload(top_p.astype(np.float32))[:, None]
             drop = cum - sorted_logits.softmax(dim=-1) > p  # keep the smallest prefix reaching p
             sorted_logits = sorted_logits.masked_fill(drop, _MASK)
             logits = torch.full_like(logits, _MASK).scatter(1, order, sorted_logits)
         probs = logits.softmax(dim=-1)
         min_p = rows.min_p[idx]
         if (min_p > 0).any():
-            mp = torch.from_numpy(min_p.astype(np.float32)).to(dev)[:, None]
+            mp = self._upload(min_p.astype(np.float32))[:, None]
             probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
         return probs

@@ -5,6 +5,8 @@ step, with the device synchronized) and prints torch.profiler's kernel table for
         [--batch 1] [--decode_steps 32] [--no_cuda_graph] [--no_overlap] [--tp N] [--trace out.json]
 
 --tp N profiles rank 0 of a tensor-parallel group (its kernels, collectives included, on its GPU).
+Step times synchronize the device after every step, so they show a step's own time, not the
+overlap of one step's host work with the previous step's kernels.
 """
 
 import argparse

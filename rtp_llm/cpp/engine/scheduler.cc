@@ -31,13 +31,18 @@ void Scheduler::preempt(GenerateStream* stream) {
   ++num_preemptions_;
 }
 
-bool Scheduler::can_run_ahead(const GenerateStream* s) const {
-  if (s->cancel_requested) return false;
+namespace {
+bool has_penalties(const GenerateConfig& c) {
+  return c.repetition_penalty != 1.0f || c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f;
+}
+}  // namespace
+
+bool Scheduler::can_run_ahead(const GenerateStream* s, int64_t now_us) const {
+  // Timed out: sitting out lets expire() end it once the step in flight commits.
+  if (s->cancel_requested || s->timed_out(now_us)) return false;
   if (s->pending_sampled == 0) return true;  // its next tokens are known (a prompt chunk)
   const GenerateConfig& c = s->config();
-  const bool penalties = c.repetition_penalty != 1.0f || c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f;
-  const bool sure_to_finish = s->num_generated() + 1 >= c.max_new_tokens || s->num_tokens() + 1 >= s->max_seq_len();
-  return !penalties && !sure_to_finish;
+  return s->num_generated() + 1 < c.max_new_tokens && s->num_tokens() + 1 < s->max_seq_len();  // not sure to finish
 }
 
 void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now_us) {
@@ -127,13 +132,20 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
   assert(num_steps_ < kMaxStepsInFlight);
   b.clear();
   const bool ahead = num_steps_ > 0;
+  if (ahead) {
+    // A stream with penalties needs its token in the history before it samples again: rather
+    // than let it run every other step, the engine steps in turn while one runs.
+    for (const GenerateStream* s : running_) {
+      if (s->pending_sampled > 0 && has_penalties(s->config())) return;
+    }
+  }
   int budget = config_.max_num_batched_tokens;
   bool preempted = false;
 
   for (size_t i = 0; i < running_.size() && budget > 0 && b.num_streams < config_.max_batch_size;) {
     GenerateStream* s = running_[i];
     const int n = std::min(s->scheduled_tokens() - s->scheduled_computed(), budget);
-    if (ahead && (n == 0 || !can_run_ahead(s))) {
+    if (ahead && (n == 0 || !can_run_ahead(s, now_us))) {
       ++i;  // it runs again once the step in flight has committed
       continue;
     }

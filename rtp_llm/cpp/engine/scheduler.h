@@ -9,10 +9,11 @@
 // stream whose token that step samples then runs on a placeholder, token id -1 - row (row of
 // the in-flight step's sampled tokens; the model runner resolves it on the device). Ahead
 // scheduling never preempts (the running steps own those blocks) and leaves out streams
-// whose next step depends on the host seeing the token first: penalties (the sampler reads
-// the history), a sure finish (max_new_tokens / max_seq_len) and pending cancellations. A
-// stream that stops on that token (EOS, stop words) wastes one row: its ahead sample is
-// dropped at commit.
+// whose next step depends on the host seeing the token first: a sure finish (max_new_tokens /
+// max_seq_len), pending cancellations and timeouts. While a stream with penalties samples (the
+// sampler reads its history) nothing is scheduled ahead: the engine steps in turn. A stream
+// that stops on its token (EOS, stop words) wastes one row: its ahead sample is dropped at
+// commit.
 #pragma once
 
 #include <cstdint>
@@ -67,7 +68,7 @@ class Scheduler {
 
  private:
   void preempt(GenerateStream* stream);
-  bool can_run_ahead(const GenerateStream* stream) const;
+  bool can_run_ahead(const GenerateStream* stream, int64_t now_us) const;
   void add_to_batch(StepBatch& batch, GenerateStream* stream, int n, int64_t now_us);
   std::vector<GenerateStream*>& step(int age) { return steps_[(oldest_ + age) % kMaxStepsInFlight]; }
   void pop_oldest_step();

@@ -347,16 +347,13 @@ TEST(Engine, OverlappedStepsFallBackToARegularStepThatPreempts) {
 
 TEST(Engine, AheadStepsLeaveOutStreamsTheHostMustSeeFirst) {
   Engine engine(SmallConfig());
-  GenerateConfig penalized = MaxNew(8);
-  penalized.repetition_penalty = 1.2f;
-  int64_t plain, pen, last, chunked;
+  int64_t plain, last, chunked;
   ASSERT_TRUE(engine.enqueue({1, 2, 3}, MaxNew(8), &plain).ok());
-  ASSERT_TRUE(engine.enqueue({4, 5, 6}, penalized, &pen).ok());
   ASSERT_TRUE(engine.enqueue({7, 8, 9}, MaxNew(1), &last).ok());  // finishes with this token
-  ASSERT_TRUE(engine.enqueue(std::vector<int32_t>(12, 5), MaxNew(8), &chunked).ok());  // budget 16: chunked
+  ASSERT_TRUE(engine.enqueue(std::vector<int32_t>(15, 5), MaxNew(8), &chunked).ok());  // budget 16: chunked
   const StepBatch& first = engine.schedule();
-  ASSERT_EQ(first.num_streams, 4);
-  ASSERT_EQ(first.num_sampled, 3);
+  ASSERT_EQ(first.num_streams, 3);
+  ASSERT_EQ(first.num_sampled, 2);
   const StepBatch& ahead = engine.schedule_ahead();
   ASSERT_EQ(ahead.num_streams, 2);
   EXPECT_EQ(ahead.stream_ids[0], plain);  // on the placeholder of its first token
@@ -367,13 +364,44 @@ TEST(Engine, AheadStepsLeaveOutStreamsTheHostMustSeeFirst) {
   EXPECT_EQ(ahead.query_lens[1], 5);
   EXPECT_EQ(ahead.token_ids[1], 5);
   EXPECT_EQ(engine.schedule_ahead().num_streams, 0);  // two in flight: no third
-  int32_t t1[3] = {42, 43, 44};
-  ASSERT_TRUE(engine.commit(t1, nullptr, 3).ok());
+  int32_t t1[2] = {42, 44};
+  ASSERT_TRUE(engine.commit(t1, nullptr, 2).ok());
   int32_t t2[2] = {45, 46};
   ASSERT_TRUE(engine.commit(t2, nullptr, 2).ok());
   EXPECT_EQ(Generated(engine, plain), (std::vector<int32_t>{42, 45}));
   EXPECT_EQ(Generated(engine, chunked), (std::vector<int32_t>{46}));
   EXPECT_EQ(Generated(engine, last), (std::vector<int32_t>{44}));
+}
+
+TEST(Engine, WhileAStreamWithPenaltiesSamplesNothingRunsAhead) {
+  Engine engine(SmallConfig());
+  FakeModel model(24, 4);
+  GenerateConfig penalized = MaxNew(6);
+  penalized.repetition_penalty = 1.2f;
+  int64_t plain, pen;
+  ASSERT_TRUE(engine.enqueue({1, 2, 3}, MaxNew(6), &plain).ok());
+  ASSERT_TRUE(engine.enqueue({4, 5, 6}, penalized, &pen).ok());
+  EXPECT_EQ(RunOverlapped(engine, model), 0);  // the loop steps in turn, and both finish
+  EXPECT_EQ(Generated(engine, plain), model.reference({1, 2, 3}, 6));
+  EXPECT_EQ(Generated(engine, pen), model.reference({4, 5, 6}, 6));
+  ExpectAllBlocksBack(engine);
+}
+
+TEST(Engine, OverlappedStepsStillEndATimedOutStream) {
+  Engine engine(SmallConfig());
+  FakeModel model(24, 4);
+  GenerateConfig g = MaxNew(1000);
+  g.timeout_ms = 20;
+  g.ignore_eos = true;
+  int64_t id;
+  ASSERT_TRUE(engine.enqueue({1, 2, 3}, g, &id).ok());
+  RunOverlapped(engine, model, [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
+  StreamUpdate u;
+  ASSERT_TRUE(engine.poll(id, 0, &u));
+  EXPECT_EQ(u.status, StreamStatus::ERROR);
+  EXPECT_EQ(u.error.code, ErrorCode::GENERATE_TIMEOUT);
+  EXPECT_LT(u.num_generated, 60);  // ended by the timeout, not by max_seq_len (64)
+  ExpectAllBlocksBack(engine);
 }
 
 TEST(Engine, AFailureFailsBothStepsInFlightAndAReleaseWaitsForTheLast) {
