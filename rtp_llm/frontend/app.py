@@ -291,7 +291,10 @@ class Frontend:
         if self.draining:
             return "the server is shutting down"
         try:
-            w = await self.client.worker_status(timeout=2.0)
+            # wait_for_ready: right after the backend comes up, this frontend's channel may still
+            # be connecting while another frontend already answers 200; failing at once would
+            # make /health flap between frontends (a dead backend costs the 2 s timeout).
+            w = await self.client.worker_status(timeout=2.0, wait_for_ready=True)
         except Exception:
             return "the engine is not reachable (the backend process is down or not started)"
         self.ready = True

@@ -58,8 +58,8 @@ class BackendClient:
         except grpc.aio.AioRpcError:
             return False
 
-    async def worker_status(self, timeout: float = 5.0) -> pb.WorkerStatusPB:
-        return await self.stub.GetWorkerStatus(pb.StatusVersionPB(), timeout=timeout)
+    async def worker_status(self, timeout: float = 5.0, wait_for_ready: bool = False) -> pb.WorkerStatusPB:
+        return await self.stub.GetWorkerStatus(pb.StatusVersionPB(), timeout=timeout, wait_for_ready=wait_for_ready)
 
     async def cache_status(self) -> pb.CacheStatusPB:
         return await self.stub.GetCacheStatus(pb.CacheVersionPB(), timeout=5)
