@@ -97,12 +97,9 @@ def test_chunked_prefill_prefix_cache_and_preemption(tiny, name, overlap):
 
 
 def test_overlap_is_on_by_default_and_samples_the_same(tiny):
-    # Seeded samples, penalties (those streams sit out ahead steps) and stop words.
     paths, _ = tiny
     batch = _prompts(7, [12, 30, 5])
-    configs = [{"max_new_tokens": 40, "temperature": 0.9, "top_k": 50, "random_seed": 3},
-               {"max_new_tokens": 40, "temperature": 0.7, "random_seed": 4, "repetition_penalty": 1.3},
-               {"max_new_tokens": 40, "temperature": 0, "stop_words_list": [[batch[2][-1]]]}]
+    configs = _tiny_models().overlap_sampling_configs(batch[2][-1])
     outs = []
     for overlap in (None, False):
         llm = _llm(paths["qwen3_gqa_untied"], overlap_schedule=overlap)

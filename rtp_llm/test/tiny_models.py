@@ -18,6 +18,14 @@ TINY = {
 }
 
 
+def overlap_sampling_configs(prompt_tail: int):
+    """generate_configs whose tokens must not depend on overlapped scheduling: seeded samples,
+    penalties (while such a stream samples the engine steps in turn) and a stop word."""
+    return [{"max_new_tokens": 40, "temperature": 0.9, "top_k": 50, "random_seed": 3},
+            {"max_new_tokens": 40, "temperature": 0.7, "random_seed": 4, "repetition_penalty": 1.3},
+            {"max_new_tokens": 40, "temperature": 0, "stop_words_list": [[prompt_tail]]}]
+
+
 def make_tiny(name: str, root: str) -> str:
     import transformers
 

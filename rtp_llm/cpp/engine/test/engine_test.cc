@@ -171,14 +171,20 @@ TEST(Engine, CancelMidPrefillAndMidDecodeFreesBlocks) {
   EXPECT_FALSE(engine.abort(12345));
 }
 
-TEST(Engine, TimeoutEndsAStreamWithGenerateTimeout) {
-  Engine engine(SmallConfig());
-  FakeModel model(24, 4);
+// A stream that would run to max_seq_len (64) but times out after 20 ms.
+int64_t EnqueueTimingOut(Engine& engine) {
   GenerateConfig g = MaxNew(1000);
   g.timeout_ms = 20;
   g.ignore_eos = true;
-  int64_t id;
-  ASSERT_TRUE(engine.enqueue({1, 2, 3}, g, &id).ok());
+  int64_t id = 0;
+  EXPECT_TRUE(engine.enqueue({1, 2, 3}, g, &id).ok());
+  return id;
+}
+
+TEST(Engine, TimeoutEndsAStreamWithGenerateTimeout) {
+  Engine engine(SmallConfig());
+  FakeModel model(24, 4);
+  const int64_t id = EnqueueTimingOut(engine);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   StreamUpdate u;
   while (std::chrono::steady_clock::now() < deadline) {
@@ -390,11 +396,7 @@ TEST(Engine, WhileAStreamWithPenaltiesSamplesNothingRunsAhead) {
 TEST(Engine, OverlappedStepsStillEndATimedOutStream) {
   Engine engine(SmallConfig());
   FakeModel model(24, 4);
-  GenerateConfig g = MaxNew(1000);
-  g.timeout_ms = 20;
-  g.ignore_eos = true;
-  int64_t id;
-  ASSERT_TRUE(engine.enqueue({1, 2, 3}, g, &id).ok());
+  const int64_t id = EnqueueTimingOut(engine);
   RunOverlapped(engine, model, [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
   StreamUpdate u;
   ASSERT_TRUE(engine.poll(id, 0, &u));
