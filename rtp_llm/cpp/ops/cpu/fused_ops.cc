@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include "rtp_llm/cpp/ops/compute_ops.h"
+#include "rtp_llm/cpp/ops/cpu/avx512.h"
 
 namespace rtp_llm::ops {
 
@@ -19,6 +20,18 @@ at::Tensor fused_add_rms_norm(const at::Tensor& x, at::Tensor& residual, const a
   const at::Tensor xc = x.contiguous();
   at::Tensor out = at::empty_like(residual);
   const int64_t rows = x.size(0), dim = x.size(1);
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == dim, "fused_add_rms_norm: weight must be a contiguous [", dim,
+              "]");
+  if (const auto dtype = avx512::usable_for(x.scalar_type())) {
+    const size_t row_bytes = dim * x.element_size();
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      avx512::add_rms_norm(*dtype, static_cast<const char*>(xc.data_ptr()) + begin * row_bytes,
+                           static_cast<char*>(residual.data_ptr()) + begin * row_bytes, weight.data_ptr(),
+                           static_cast<char*>(out.data_ptr()) + begin * row_bytes, end - begin, dim,
+                           static_cast<float>(eps));
+    });
+    return out;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fused_add_rms_norm", [&] {
     const scalar_t* xp = xc.data_ptr<scalar_t>();
     const scalar_t* wp = weight.data_ptr<scalar_t>();
@@ -87,6 +100,12 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
   const at::Tensor xc = x.contiguous();
   const int64_t rows = x.size(0), inter = x.size(1) / 2;
   at::Tensor out = at::empty({rows, inter}, x.options());
+  if (const auto dtype = avx512::usable_for(x.scalar_type())) {
+    at::parallel_for(0, rows * inter, 4096, [&](int64_t begin, int64_t end) {
+      avx512::silu_and_mul(*dtype, xc.data_ptr(), out.data_ptr(), inter, begin, end);
+    });
+    return out;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "silu_and_mul", [&] {
     const scalar_t* xp = xc.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include "rtp_llm/cpp/ops/compute_ops.h"
+#include "rtp_llm/cpp/ops/cpu/avx512.h"
 
 namespace rtp_llm::ops {
 
@@ -104,18 +105,41 @@ struct Problem {
   float scale;
 };
 
+// One work item: a (query token, KV head) pair.
+struct Item {
+  int64_t offset;  // of the group's first query head in q and out, in elements
+  const int32_t* block_table;
+  int pos;  // the token's position: it attends keys [0, pos]
+  int kv_head;
+};
+
+inline Item item_at(const Problem& p, int64_t item) {
+  const int64_t t = item / p.kv_heads;
+  const int kvh = static_cast<int>(item % p.kv_heads);
+  const int s = p.stream_of[t];
+  // Causal: token t sits at position ctx - (tokens of the stream from t on).
+  const int pos = p.ctx[s] - (p.starts[s + 1] - static_cast<int>(t));
+  return {(t * p.H + int64_t{kvh} * p.group) * p.D, p.tables + s * p.bt_stride, pos, kvh};
+}
+
 template <typename T>
 inline __attribute__((always_inline)) void run_items(const Problem& p, const T* q, const T* k, const T* v, T* out,
                                                      int64_t begin, int64_t end) {
   for (int64_t item = begin; item < end; ++item) {
-    const int64_t t = item / p.kv_heads;
-    const int kvh = static_cast<int>(item % p.kv_heads);
-    const int s = p.stream_of[t];
-    // Causal: token t sits at position ctx - (tokens of the stream from t on).
-    const int pos = p.ctx[s] - (p.starts[s + 1] - static_cast<int>(t));
-    const int64_t offset = (t * p.H + int64_t{kvh} * p.group) * p.D;
-    attend(q + offset, k, v, p.tables + s * p.bt_stride, pos, kvh, p.kv_heads, p.group, static_cast<int>(p.D),
-           p.block_size, p.scale, out + offset, p.D);
+    const Item it = item_at(p, item);
+    attend(q + it.offset, k, v, it.block_table, it.pos, it.kv_head, p.kv_heads, p.group, static_cast<int>(p.D),
+           p.block_size, p.scale, out + it.offset, p.D);
+  }
+}
+
+void run_items_avx512(const Problem& p, avx512::Dtype dtype, const at::Tensor& q, const at::Tensor& k,
+                      const at::Tensor& v, at::Tensor& out, int64_t begin, int64_t end) {
+  const int64_t elem = q.element_size();
+  for (int64_t item = begin; item < end; ++item) {
+    const Item it = item_at(p, item);
+    avx512::attend(dtype, static_cast<const char*>(q.data_ptr()) + it.offset * elem, k.data_ptr(), v.data_ptr(),
+                   it.block_table, it.pos, it.kv_head, p.kv_heads, p.group, static_cast<int>(p.D), p.block_size,
+                   p.scale, static_cast<char*>(out.data_ptr()) + it.offset * elem, p.D);
   }
 }
 
@@ -170,6 +194,13 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   const Problem problem{stream_of.data(), starts, ctx, bt.data_ptr<int32_t>(), bt.size(1), H, D,
                         kv_heads, group, block_size, static_cast<float>(scale)};
   const int64_t items = T * kv_heads;
+  if (const auto dtype = avx512::usable_for(qc.scalar_type());
+      dtype && avx512::attention_supports(static_cast<int>(D), group, block_size)) {
+    at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) {
+      run_items_avx512(problem, *dtype, qc, k_cache, v_cache, out, b, e);
+    });
+    return out;
+  }
   switch (qc.scalar_type()) {
     case at::kFloat:
       at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) {

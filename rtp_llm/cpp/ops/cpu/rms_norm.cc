@@ -6,6 +6,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include "rtp_llm/cpp/ops/cpu/avx512.h"
+
 namespace rtp_llm::ops {
 
 // x: [num_tokens, hidden], weight: [hidden] -> [num_tokens, hidden], same dtype as x.
@@ -22,6 +24,15 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   at::Tensor out = at::empty_like(in);
   const int64_t rows = in.size(0);
   const int64_t hidden = in.size(1);
+  if (const auto dtype = avx512::usable_for(in.scalar_type())) {
+    const size_t row_bytes = hidden * in.element_size();
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      avx512::rms_norm(*dtype, static_cast<const char*>(in.data_ptr()) + begin * row_bytes, w.data_ptr(),
+                       static_cast<char*>(out.data_ptr()) + begin * row_bytes, end - begin, hidden,
+                       static_cast<float>(eps));
+    });
+    return out;
+  }
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, in.scalar_type(), "rms_norm", [&] {
     const scalar_t* src = in.data_ptr<scalar_t>();

@@ -27,6 +27,13 @@ class RmsNormTest(unittest.TestCase):
         w = torch.randn(896, generator=self.gen).to(torch.bfloat16)
         torch.testing.assert_close(self.ops.rms_norm(x, w, 1e-6), reference_rms_norm(x, w, 1e-6))
 
+    def test_matches_reference_with_a_ragged_tail_in_every_dtype(self):
+        # 100 = 6 x 16 + 4: the vector kernels' masked tail.
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            x = torch.randn(5, 100, generator=self.gen).to(dtype)
+            w = torch.randn(100, generator=self.gen).to(dtype)
+            torch.testing.assert_close(self.ops.rms_norm(x, w, 1e-6), reference_rms_norm(x, w, 1e-6))
+
     def test_rejects_mismatched_weight_with_a_clear_error(self):
         with self.assertRaisesRegex(RuntimeError, r"weight must be \[16\]"):
             self.ops.rms_norm(torch.zeros(2, 16), torch.zeros(8), 1e-6)
@@ -81,6 +88,15 @@ class PagedAttentionTest(unittest.TestCase):
     def test_mha_small_blocks(self):
         self.run_case(torch.float32, 4, 4, 32, 4, [3, 1], [9, 64], 1e-5)
 
+    def test_qwen3_shape_bf16_and_fp16_with_large_blocks(self):
+        # head_dim 128, 8 query heads per KV head, 64-token blocks, a partial last block.
+        for dtype in (torch.bfloat16, torch.float16):
+            self.run_case(dtype, 16, 2, 128, 64, [1, 1, 30], [130, 64, 90], 2e-2)
+
+    def test_head_dim_without_a_vector_kernel(self):
+        # 48 is not a specialized head dim: the portable kernel runs.
+        self.run_case(torch.float32, 6, 2, 48, 16, [1, 7], [33, 7], 1e-5)
+
     def test_rejects_bad_shapes_with_a_clear_error(self):
         q = torch.zeros(2, 4, 8)
         cache = torch.zeros(4, 4, 4, 8)
@@ -106,6 +122,22 @@ class FusedOpsTest(unittest.TestCase):
         x = torch.randn(7, 2 * 48, generator=self.g)
         gate, up = x.chunk(2, dim=-1)
         torch.testing.assert_close(self.ops.silu_and_mul(x), torch.nn.functional.silu(gate) * up)
+
+    def test_silu_and_mul_rounds_like_hf_across_row_boundaries(self):
+        # 50 x 203 elements: threads split rows mid-way and 203 leaves a masked tail; large
+        # |gate| checks exp's range. HF: silu(gate) in the dtype, then times up.
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            x = (torch.randn(50, 2 * 203, generator=self.g) * 8).to(dtype)
+            gate, up = x.chunk(2, dim=-1)
+            torch.testing.assert_close(self.ops.silu_and_mul(x), torch.nn.functional.silu(gate) * up)
+
+    def test_fused_add_rms_norm_bf16_rounds_the_sum(self):
+        x, res = (torch.randn(9, 100, generator=self.g).to(torch.bfloat16) for _ in range(2))
+        w = torch.randn(100, generator=self.g).to(torch.bfloat16)
+        expected_res = res + x
+        out = self.ops.fused_add_rms_norm(x, res, w, 1e-6)
+        torch.testing.assert_close(res, expected_res, atol=0, rtol=0)
+        torch.testing.assert_close(out, reference_rms_norm(expected_res, w, 1e-6))
 
     def test_rotary_matches_hf_rotate_half(self):
         from rtp_llm.device.base import _rotate

@@ -1,0 +1,55 @@
+// AVX-512 versions of the CPU kernels' inner loops, on raw pointers. The portable kernels
+// (paged_attention.cc, fused_ops.cc, rms_norm.cc) call these when the running CPU has
+// AVX-512 (F, BW, DQ, VL) and fall back to their own loops elsewhere (AVX2, aarch64).
+// GCC does not vectorize the portable loops well: bf16 <-> fp32 bit casts and expf stay
+// scalar, and a dot product per key ends in a horizontal reduction.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include <c10/core/ScalarType.h>
+
+namespace rtp_llm::ops::avx512 {
+
+// Storage dtype of the tensors a kernel reads and writes; arithmetic is fp32.
+enum class Dtype { kF32, kBF16, kF16 };
+
+// The kernels' dtype for a tensor's, or nullopt when they have none for it.
+inline std::optional<Dtype> dtype_of(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat: return Dtype::kF32;
+    case c10::kBFloat16: return Dtype::kBF16;
+    case c10::kHalf: return Dtype::kF16;
+    default: return std::nullopt;
+  }
+}
+
+// The dtype for the AVX-512 kernels when this CPU runs them and they have the tensor's dtype.
+std::optional<Dtype> usable_for(c10::ScalarType t);
+
+// True when this process may call the functions below (checked once via CPUID).
+bool supported();
+
+// Head dims the attention kernel is specialized for; others use the portable kernel.
+bool attention_supports(int head_dim, int group, int block_size);
+
+// One (query token, KV head) item of paged attention: the `group` query heads at q (head
+// stride q_head_stride elements, head_dim contiguous) attend keys [0, pos] of the stream
+// whose blocks are block_table; caches are [blocks, block_size, num_kv_heads, head_dim].
+// Online softmax in fp32; writes group x head_dim to out (same strides as q).
+void attend(Dtype dtype, const void* q, const void* k_cache, const void* v_cache, const int32_t* block_table, int pos,
+            int kv_head, int num_kv_heads, int group, int head_dim, int block_size, float scale, void* out,
+            int64_t q_head_stride);
+
+// rows x dim, contiguous. out = round(round(x * rsqrt(mean(x^2) + eps)) * w) (HF's order).
+void rms_norm(Dtype dtype, const void* x, const void* w, void* out, int64_t rows, int64_t dim, float eps);
+
+// residual = round(residual + x) in place, then out = rms_norm(residual).
+void add_rms_norm(Dtype dtype, const void* x, void* residual, const void* w, void* out, int64_t rows, int64_t dim,
+                  float eps);
+
+// Elements [begin, end) of out: [rows, inter] = round(round(silu(gate)) * up), x: [rows, 2 inter].
+void silu_and_mul(Dtype dtype, const void* x, void* out, int64_t inter, int64_t begin, int64_t end);
+
+}  // namespace rtp_llm::ops::avx512
