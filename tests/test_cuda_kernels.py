@@ -87,6 +87,19 @@ def test_silu_and_mul(dtype):
                                **_elementwise_tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,n,k", [(1, 37, 300), (2, 16, 128), (3, 9, 200), (4, 20, 70)])
+def test_gemv_equals_the_matmul(dtype, rows, n, k):
+    # Ragged N and K: masked tiles.
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(n, k, generator=g).to(dtype).to(DEV)
+    x = torch.randn(rows, k, generator=g).to(dtype).to(DEV)
+    expected = (x.float() @ w.float().t()).to(dtype)
+    tol = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=2e-2)
+    for config in [(4, 64, 4), (1, 128, 4), K.gemv_config(n, k)]:
+        torch.testing.assert_close(K.gemv(x, w, config), expected, **tol)
+
+
 def _paged_case(dtype, ctx_lens, q_lens, hkv=2, group=3, d=32, page=16, seed=3):
     """A KV cache with the streams' tokens at scattered pages, and per-stream reference K/V."""
     g = torch.Generator().manual_seed(seed)

@@ -128,14 +128,17 @@ class CudaBackend(DeviceBackend):
                 qkv[:, q_size:q_size + kv_size].view(t, num_kv_heads, head_dim),
                 qkv[:, q_size + kv_size:].view(t, num_kv_heads, head_dim))
 
-    # Projections: bf16/fp16 weights as [in, out] applied as x @ w, whose cuBLAS GEMV kernels ran
-    # a Qwen3-0.6B batch-1 decode step 0.2 ms faster on an H200 than nn.Linear's [out, in];
-    # fp32 (the parity reference) keeps nn.Linear's layout and so HF's very kernels and sums.
+    # Projections: HF's [out, in] weights as they are. Decode batches of 1 (and 2-4 for narrow
+    # outputs) run the Triton gemv (faster than cuBLAS's GEMV kernels there: Qwen3-0.6B batch-1
+    # decode ~0.2 ms less per token on an H200), the rest cuBLAS via F.linear; fp32 (the parity
+    # reference) always runs F.linear, i.e. HF's very kernels and sums.
     def pack_linear(self, weight):
-        return weight.contiguous() if weight.dtype == torch.float32 else weight.t().contiguous()
+        return weight.contiguous()
 
     def linear(self, x, weight):
-        return torch.nn.functional.linear(x, weight) if weight.dtype == torch.float32 else x @ weight
+        if weight.dtype != torch.float32 and K.use_gemv(x, weight):
+            return K.gemv(x, weight)
+        return torch.nn.functional.linear(x, weight)
 
     def rms_norm(self, x, weight, eps):
         return K.rms_norm(x, weight, eps)
