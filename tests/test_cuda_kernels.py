@@ -168,10 +168,11 @@ def test_extend_attention_prefill_chunk_after_prefix_and_decode_rows(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("splits", [1, 4])
-def test_split_decode_attention_with_a_padding_stream(dtype, splits):
+@pytest.mark.parametrize("splits,longest", [(1, 130), (4, 130), (64, 2100)])
+def test_split_decode_attention_with_a_padding_stream(dtype, splits, longest):
+    # 64 splits over 2100 keys: 33 non-empty splits, merged in two tiles of 32.
     _skip_interpreted_bf16_dot(dtype)
-    ctx = [1, 37, 130]
+    ctx = [1, 37, longest]
     kv, tables, starts, ctx_t, q, ks, vs = _paged_case(dtype, ctx, [1, 1, 1], group=4)
     # a fourth, padding stream (context 0), as a captured graph has: its output must be zeros
     tables = torch.cat([tables, torch.zeros(1, tables.shape[1], dtype=torch.int32)])
@@ -179,11 +180,16 @@ def test_split_decode_attention_with_a_padding_stream(dtype, splits):
     starts = torch.arange(5, dtype=torch.int32)
     ctx_t = torch.tensor(ctx + [0], dtype=torch.int32)
     ws = K.DecodeWorkspace(4, q.shape[1], q.shape[2], splits, DEV)
-    out = torch.full_like(q, 7.0).to(DEV)
-    K.decode_attention(q.to(DEV), kv.to(DEV), tables.to(DEV), starts.to(DEV), ctx_t.to(DEV), 0.2, splits, ws, out)
     want = _reference(q[:3], ks, vs, starts[:4], ctx_t[:3], 0.2)
-    torch.testing.assert_close(out[:3].float().cpu(), want, **_tol(dtype))
-    assert torch.equal(out[3].cpu(), torch.zeros_like(out[3].cpu()))
+    # Twice on one workspace: the last split of each (stream, KV head) merges, and must leave
+    # its counter at 0 for the next launch (a graph replays with the same counters).
+    for _ in range(2):
+        out = torch.full_like(q, 7.0).to(DEV)
+        K.decode_attention(q.to(DEV), kv.to(DEV), tables.to(DEV), starts.to(DEV), ctx_t.to(DEV), 0.2, splits, ws,
+                           out)
+        torch.testing.assert_close(out[:3].float().cpu(), want, **_tol(dtype))
+        assert torch.equal(out[3].cpu(), torch.zeros_like(out[3].cpu()))
+        assert not ws.counters.any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -379,14 +379,17 @@ def _extend_attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, block_tables_ptr, q
 
 
 @triton.jit(do_not_specialize=["stride_bt"])
-def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_part_ptr, lse_part_ptr, block_tables_ptr, query_starts_ptr,
-                         context_lens_ptr, scale_log2, stride_qt, stride_qh, stride_bt, HKV,
-                         GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_part_ptr, lse_part_ptr, counter_ptr, out_ptr, block_tables_ptr,
+                         query_starts_ptr, context_lens_ptr, scale_log2, stride_qt, stride_qh, stride_ot, stride_oh,
+                         stride_bt, HKV, GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                         BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+                         NUM_SPLITS: tl.constexpr, GROUP_P2: tl.constexpr, SPLIT_TILE: tl.constexpr,
                          PREC: tl.constexpr):
     """One (stream, KV head, split): the group's G query heads (one token) against an equal
-    share of the context. Writes each head's partial output and base-2 log-sum-exp; an empty
-    split writes lse = -inf."""
+    share of the context. Writes each head's partial output and base-2 log-sum-exp (an empty
+    split: lse = -inf); the last split of a (stream, KV head) to finish, counted by an atomic,
+    merges them into out (one launch instead of a split kernel and a reduce kernel) and resets
+    the counter for the next launch."""
     s = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -421,30 +424,57 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_part_ptr, lse_part_ptr, block_
         m_i = m_new
     nonempty = l_i > 0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
-    lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
-    base = (s.to(tl.int64) * HKV * GROUP + heads) * NUM_SPLITS + sp  # o_part: [S, H, NUM_SPLITS, D]
-    tl.store(o_part_ptr + base[:, None] * D + offs_d[None, :], out, mask=gmask[:, None] & dmask[None, :])
-    tl.store(lse_part_ptr + base, lse, mask=gmask)
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
+    else:
+        lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+        base = (s.to(tl.int64) * HKV * GROUP + heads) * NUM_SPLITS + sp  # o_part: [S, H, NUM_SPLITS, D]
+        tl.store(o_part_ptr + base[:, None] * D + offs_d[None, :], out, mask=gmask[:, None] & dmask[None, :])
+        tl.store(lse_part_ptr + base, lse, mask=gmask)
+        # Every thread's stores precede the release of the count (the threadfence-reduction
+        # pattern); the acquire makes the other programs' partials visible to the last one.
+        tl.debug_barrier()
+        done = tl.atomic_add(counter_ptr + s * HKV + kvh, 1, sem="acq_rel", scope="gpu")
+        if done == NUM_SPLITS - 1:
+            _merge_splits(o_part_ptr, lse_part_ptr, out_ptr, row, stride_ot, stride_oh,
+                          (s.to(tl.int64) * HKV + kvh) * GROUP, kvh * GROUP, tl.cdiv(ctx, chunk), GROUP, D,
+                          BLOCK_D, NUM_SPLITS, GROUP_P2, SPLIT_TILE)
+            tl.atomic_xchg(counter_ptr + s * HKV + kvh, 0)
 
 
 @triton.jit
-def _decode_reduce_kernel(o_part_ptr, lse_part_ptr, out_ptr, query_starts_ptr, stride_ot, stride_oh, H,
-                          D: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
-    s = tl.program_id(0)
-    h = tl.program_id(1)
-    base = (s.to(tl.int64) * H + h) * NUM_SPLITS
-    sps = tl.arange(0, BLOCK_S)
-    smask = sps < NUM_SPLITS
+def _merge_splits(o_part_ptr, lse_part_ptr, out_ptr, row, stride_ot, stride_oh, part_head0, out_head0, used,
+                  GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                  GROUP_P2: tl.constexpr, SPLIT_TILE: tl.constexpr):
+    """The group's heads of out = the lse-weighted mean of the first `used` splits' partials
+    (the rest are empty), SPLIT_TILE splits at a time with an online rescale. Loads bypass L1
+    (.cg): other programs wrote the partials."""
+    offs_g = tl.arange(0, GROUP_P2)
+    gmask = offs_g < GROUP
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < D
-    lse = tl.load(lse_part_ptr + base + sps, mask=smask, other=float("-inf"))
-    m = tl.max(lse, 0)
-    w = tl.where(lse > float("-inf"), tl.exp2(lse - m), 0.0)  # all -inf (an empty padding row): zeros
-    o = tl.load(o_part_ptr + (base + sps)[:, None] * D + offs_d[None, :], mask=smask[:, None] & dmask[None, :],
-                other=0.0)
-    out = tl.sum(o * w[:, None], 0) / tl.maximum(tl.sum(w, 0), 1e-30)
-    row = tl.load(query_starts_ptr + s).to(tl.int64)
-    tl.store(out_ptr + row * stride_ot + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+    pbase = (part_head0 + offs_g) * NUM_SPLITS  # [G]
+    m = tl.full([GROUP_P2], float("-inf"), tl.float32)
+    l_sum = tl.zeros([GROUP_P2], tl.float32)
+    acc = tl.zeros([GROUP_P2, BLOCK_D], tl.float32)
+    for s0 in range(0, used, SPLIT_TILE):
+        sps = s0 + tl.arange(0, SPLIT_TILE)
+        smask = gmask[:, None] & (sps < used)[None, :]
+        lse = tl.load(lse_part_ptr + pbase[:, None] + sps[None, :], mask=smask, other=float("-inf"),
+                      cache_modifier=".cg")  # [G, T]
+        m_new = tl.maximum(m, tl.max(lse, 1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        w = tl.where(lse > float("-inf"), tl.exp2(lse - m_safe[:, None]), 0.0)
+        alpha = tl.where(m > float("-inf"), tl.exp2(m - m_safe), 0.0)
+        o = tl.load(o_part_ptr + (pbase[:, None, None] + sps[None, :, None]) * D + offs_d[None, None, :],
+                    mask=smask[:, :, None] & dmask[None, None, :], other=0.0, cache_modifier=".cg")  # [G, T, D]
+        acc = acc * alpha[:, None] + tl.sum(o * w[:, :, None], 1)
+        l_sum = l_sum * alpha + tl.sum(w, 1)
+        m = m_new
+    res = acc / tl.maximum(l_sum, 1e-30)[:, None]  # no non-empty split (a padding row): zeros
+    tl.store(out_ptr + row * stride_ot + (out_head0 + offs_g)[:, None] * stride_oh + offs_d[None, :],
+             res.to(out_ptr.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
 
 
 EXTEND_BLOCK_M = 64
@@ -492,11 +522,13 @@ def decode_splits(num_streams: int, num_kv_heads: int, max_context: int, num_sms
 
 
 class DecodeWorkspace:
-    """Partial outputs of split decode, preallocated for up to max_streams (graph-safe)."""
+    """Partial outputs of split decode and the per-(stream, KV head) split counters,
+    preallocated for up to max_streams (graph-safe; every launch leaves the counters at 0)."""
 
     def __init__(self, max_streams: int, num_heads: int, head_dim: int, max_splits: int, device):
         self.o_part = torch.empty(max_streams * num_heads * max_splits * head_dim, dtype=torch.float32, device=device)
         self.lse = torch.empty(max_streams * num_heads * max_splits, dtype=torch.float32, device=device)
+        self.counters = torch.zeros(max_streams * num_heads, dtype=torch.int32, device=device)
 
 
 def decode_attention(q: torch.Tensor, kv: torch.Tensor, block_tables: torch.Tensor, query_starts: torch.Tensor,
@@ -510,13 +542,10 @@ def decode_attention(q: torch.Tensor, kv: torch.Tensor, block_tables: torch.Tens
     if n_streams == 0:
         return
     group = h // hkv
-    o_part = ws.o_part[: n_streams * h * num_splits * d]
-    lse = ws.lse[: n_streams * h * num_splits]
+    group_p2 = triton.next_power_of_2(group)
+    split_tile = max(1, min(triton.next_power_of_2(num_splits), 4096 // (group_p2 * _pow2(d))))
     _decode_split_kernel[(n_streams, hkv, num_splits)](
-        q, kv[0], kv[1], o_part, lse, block_tables, query_starts, context_lens, scale * _LOG2E, q.stride(0),
-        q.stride(1), block_tables.stride(0), hkv, GROUP=group, D=d, PAGE=page, BLOCK_D=_pow2(d),
-        BLOCK_G=_pow2(group), BLOCK_N=64, NUM_SPLITS=num_splits, PREC=_dot_precision(q.dtype), num_warps=4,
-        num_stages=2)
-    _decode_reduce_kernel[(n_streams, h)](o_part, lse, out, query_starts, out.stride(0), out.stride(1), h, D=d,
-                                          BLOCK_D=triton.next_power_of_2(d), NUM_SPLITS=num_splits,
-                                          BLOCK_S=triton.next_power_of_2(num_splits))
+        q, kv[0], kv[1], ws.o_part, ws.lse, ws.counters, out, block_tables, query_starts, context_lens,
+        scale * _LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), hkv,
+        GROUP=group, D=d, PAGE=page, BLOCK_D=_pow2(d), BLOCK_G=_pow2(group), BLOCK_N=64, NUM_SPLITS=num_splits,
+        GROUP_P2=group_p2, SPLIT_TILE=split_tile, PREC=_dot_precision(q.dtype), num_warps=4, num_stages=2)
