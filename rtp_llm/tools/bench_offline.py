@@ -52,6 +52,30 @@ def ours_run(llm, prompts, gen_len):
     return elapsed
 
 
+def projection_flops(c, batch: int, prompt_len: int, gen_len: int) -> float:
+    """Multiply-add FLOPs of the run's projections and LM head (attention excluded, so a lower
+    bound): every prompt token goes through the layers, one per sequence through the LM head
+    at prefill; each later token through both."""
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    body, head = c.num_layers * layer, c.vocab_size * c.hidden_size
+    return 2.0 * batch * (prompt_len * body + head + (gen_len - 1) * (body + head))
+
+
+def best_gemm_gflops(c, dtype: torch.dtype) -> float:
+    """This machine's best measured GEMM rate on the model's widest prefill projection
+    (2048 tokens x hidden -> 2 x intermediate), in GFLOP/s: the compute roof of a CPU run."""
+    a = torch.randn(2048, c.hidden_size, dtype=dtype)
+    b = torch.randn(c.hidden_size, 2 * c.intermediate_size, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2.0 * a.shape[0] * a.shape[1] * b.shape[1] / best / 1e9
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="HF directory or .gguf file")
@@ -97,7 +121,12 @@ def main():
             full = statistics.median(run(args.gen_len) for _ in range(args.repeats))
             print(f"latency {name:>8}: TTFT {ttft * 1e3:8.2f} ms  TPOT {(full - ttft) / (args.gen_len - 1) * 1e3:7.3f} ms",
                   flush=True)
-    print(f"{'batch':>5} {'rtp_llm out tok/s':>18} {'total tok/s':>12} {'HF out tok/s':>13} {'ratio':>7}")
+    roof = best_gemm_gflops(llm.loaded.config, dtype) if args.device == "cpu" else None
+    if roof:
+        print(f"compute roof: {roof:.0f} GFLOP/s (best {args.act_type} GEMM here); 'floor' = the run's projection "
+              "FLOPs at that rate, 'max ratio' = HF's time / floor")
+    print(f"{'batch':>5} {'rtp_llm out tok/s':>18} {'total tok/s':>12} {'HF out tok/s':>13} {'ratio':>7}"
+          + (f" {'floor s':>8} {'max ratio':>9}" if roof else ""))
     for batch in batches:
         # Each repeat gets new prompts (repeated ones would hit our prefix cache); both sides
         # get the same ones.
@@ -114,7 +143,12 @@ def main():
         hf_run(hf, [q[:8] for q in prompts], 4)
         ref = statistics.median(hf_run(hf, r, args.gen_len) for r in runs)
         hf_tps = batch * args.gen_len / ref
-        print(f"{batch:>5} {ours_tps:>18.1f} {total_tps:>12.1f} {hf_tps:>13.1f} {ours_tps / hf_tps:>6.2f}x", flush=True)
+        bound = ""
+        if roof:
+            floor = projection_flops(llm.loaded.config, batch, args.prompt_len, args.gen_len) / (roof * 1e9)
+            bound = f" {floor:>8.2f} {ref / floor:>8.2f}x"
+        print(f"{batch:>5} {ours_tps:>18.1f} {total_tps:>12.1f} {hf_tps:>13.1f} {ours_tps / hf_tps:>6.2f}x{bound}",
+              flush=True)
     llm.close()
 
 
