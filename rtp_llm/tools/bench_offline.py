@@ -137,16 +137,16 @@ def main():
         ours = statistics.median(ours_run(llm, r, args.gen_len) for r in runs)
         ours_tps = batch * args.gen_len / ours
         total_tps = batch * (args.prompt_len + args.gen_len) / ours
+        floor = (projection_flops(llm.loaded.config, batch, args.prompt_len, args.gen_len) / (roof * 1e9)
+                 if roof else None)
         if hf is None:
-            print(f"{batch:>5} {ours_tps:>18.1f} {total_tps:>12.1f} {'-':>13} {'-':>7}", flush=True)
+            print(f"{batch:>5} {ours_tps:>18.1f} {total_tps:>12.1f} {'-':>13} {'-':>7}"
+                  + (f" {floor:>8.2f} {'-':>9}" if roof else ""), flush=True)
             continue
         hf_run(hf, [q[:8] for q in prompts], 4)
         ref = statistics.median(hf_run(hf, r, args.gen_len) for r in runs)
         hf_tps = batch * args.gen_len / ref
-        bound = ""
-        if roof:
-            floor = projection_flops(llm.loaded.config, batch, args.prompt_len, args.gen_len) / (roof * 1e9)
-            bound = f" {floor:>8.2f} {ref / floor:>8.2f}x"
+        bound = f" {floor:>8.2f} {ref / floor:>8.2f}x" if roof else ""
         print(f"{batch:>5} {ours_tps:>18.1f} {total_tps:>12.1f} {hf_tps:>13.1f} {ours_tps / hf_tps:>6.2f}x{bound}",
               flush=True)
     llm.close()

@@ -1,6 +1,7 @@
 """CUDA backend: Triton kernels (rtp_llm.device.cuda.kernels) for attention over the paged KV
-cache, the cache write, rotary, RMSNorm with fused residual add and SiLU-and-mul; cuBLAS (torch)
-for the GEMMs. A step's integer inputs reach the GPU in one copy from a pinned buffer."""
+cache, the cache write, rotary, RMSNorm with fused residual add, SiLU-and-mul and small-batch
+projections (GEMV); cuBLAS (torch) for the other GEMMs. A step's integer inputs reach the GPU in
+one copy from a pinned buffer."""
 
 from dataclasses import dataclass
 from typing import Optional
@@ -40,6 +41,9 @@ class CudaBackend(DeviceBackend):
         self._copied: Optional[torch.cuda.Event] = torch.cuda.Event()
         self._ws: Optional[K.DecodeWorkspace] = None
         self._ws_shape = (0, 0, 0, 0)
+        # Outgrown workspaces stay allocated: a captured graph may still use their buffers (its
+        # split counters must stay zeroed memory of its own).
+        self._retired_ws = []
 
     def host_copy_event(self):
         return torch.cuda.Event()
@@ -58,6 +62,8 @@ class CudaBackend(DeviceBackend):
         want = (max_streams, num_heads, head_dim, max_splits)
         if self._ws is None or any(w > h for w, h in zip(want, self._ws_shape)):
             self._ws_shape = tuple(max(w, h) for w, h in zip(want, self._ws_shape))
+            if self._ws is not None:
+                self._retired_ws.append(self._ws)
             self._ws = K.DecodeWorkspace(*self._ws_shape, self.device)
 
     # ------------------------------------------------------------------ step inputs
@@ -165,6 +171,7 @@ class CudaBackend(DeviceBackend):
 
         self._ws = None
         self._ws_shape = (0, 0, 0, 0)
+        self._retired_ws = []
         gc.collect()  # captured graphs hold their pool until collected
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()

@@ -207,9 +207,11 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     row, 8-200 MB weights: gemv 3.3-26.9 us against cuBLAS 5.2-30 us, except the 201 MB
     Qwen3-8B gate_up (50.6 against 48.3); 2 and 4 rows: only where N <= 1024 (Qwen3-0.6B's o
     and down projections: 4.7 / 7.5 us against F.linear's 10.5 / 10.1 us for o)."""
+    if x.dim() != 2 or x.dtype != weight.dtype or x.stride(1) != 1 or not weight.is_contiguous():
+        return False
     m = x.shape[0]
     n, k = weight.shape
-    if x.stride(1) != 1 or not weight.is_contiguous() or m == 0 or m > GEMV_MAX_ROWS:
+    if m == 0 or m > GEMV_MAX_ROWS:
         return False
     if m == 1:
         return n * k * weight.element_size() <= GEMV_MAX_WEIGHT_BYTES
@@ -438,7 +440,8 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_part_ptr, lse_part_ptr, counte
         done = tl.atomic_add(counter_ptr + s * HKV + kvh, 1, sem="acq_rel", scope="gpu")
         if done == NUM_SPLITS - 1:
             _merge_splits(o_part_ptr, lse_part_ptr, out_ptr, row, stride_ot, stride_oh,
-                          (s.to(tl.int64) * HKV + kvh) * GROUP, kvh * GROUP, tl.cdiv(ctx, chunk), GROUP, D,
+                          (s.to(tl.int64) * HKV + kvh) * GROUP, kvh * GROUP,
+                          tl.cdiv(ctx, tl.maximum(chunk, 1)), GROUP, D,  # a padding stream: chunk = 0, none used
                           BLOCK_D, NUM_SPLITS, GROUP_P2, SPLIT_TILE)
             tl.atomic_xchg(counter_ptr + s * HKV + kvh, 0)
 

@@ -12,6 +12,13 @@
 // Only the code below is compiled for AVX-512: the headers above keep their baseline code, so
 // no inline function of theirs is emitted with AVX-512 instructions (the linker could keep
 // that copy for the whole library).
+namespace rtp_llm::ops::avx512 {
+namespace {
+constexpr int kMaxGroup = 16;       // query heads per KV head
+constexpr int kMaxBlockSize = 64;   // tokens per KV block
+}  // namespace
+}  // namespace rtp_llm::ops::avx512
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
 // GCC 12's intrinsics start some results from a self-initialized `_mm512_undefined_*()`,
@@ -22,9 +29,6 @@
 namespace rtp_llm::ops::avx512 {
 
 namespace {
-
-constexpr int kMaxGroup = 16;
-constexpr int kMaxBlockSize = 64;
 
 inline __mmask16 tail_mask(int64_t remaining) {
   return remaining >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1);
@@ -207,7 +211,7 @@ void attend_impl(const typename E::T* q, const typename E::T* k_cache, const typ
     }
   }
   for (int g = 0; g < group; ++g) {
-    const __m512 inv = _mm512_set1_ps(1.f / l[g]);
+    const __m512 inv = _mm512_set1_ps(l[g] > 0.f ? 1.f / l[g] : 0.f);  // no keys (pos < 0): zeros
     for (int c = 0; c < C; ++c) E::store(out + g * q_head_stride + c * 16, _mm512_mul_ps(acc[g][c], inv));
   }
 }
@@ -291,11 +295,6 @@ void silu_and_mul_range(const typename E::T* x, typename E::T* out, int64_t inte
   }
 }
 
-bool disabled_by_env() {
-  const char* v = std::getenv("RTP_LLM_CPU_AVX512");
-  return v != nullptr && std::strcmp(v, "0") == 0;
-}
-
 // Calls f.template operator()<E>() for the storage type of dtype.
 template <class F>
 void with_type(Dtype dtype, F&& f) {
@@ -307,19 +306,6 @@ void with_type(Dtype dtype, F&& f) {
 }
 
 }  // namespace
-
-bool supported() {
-  // RTP_LLM_CPU_AVX512=0 runs the portable kernels (their tests; comparing speed).
-  static const bool ok = !disabled_by_env() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  return ok;
-}
-
-std::optional<Dtype> usable_for(c10::ScalarType t) { return supported() ? dtype_of(t) : std::nullopt; }
-
-bool attention_supports(int head_dim, int group, int block_size) {
-  return (head_dim == 32 || head_dim == 64 || head_dim == 128) && group <= kMaxGroup && block_size <= kMaxBlockSize;
-}
 
 void attend(Dtype dtype, const void* q, const void* k_cache, const void* v_cache, const int32_t* block_table, int pos,
             int kv_head, int num_kv_heads, int group, int head_dim, int block_size, float scale, void* out,
@@ -358,6 +344,34 @@ void silu_and_mul(Dtype dtype, const void* x, void* out, int64_t inter, int64_t 
 
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
+
+// Run on every CPU: compiled for the baseline ISA, outside the AVX-512 region above.
+namespace rtp_llm::ops::avx512 {
+
+namespace {
+
+bool disabled_by_env() {
+  const char* v = std::getenv("RTP_LLM_CPU_AVX512");
+  return v != nullptr && std::strcmp(v, "0") == 0;
+}
+
+}  // namespace
+
+bool supported() {
+  // RTP_LLM_CPU_AVX512=0 runs the portable kernels (their tests; comparing speed).
+  static const bool ok = !disabled_by_env() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  return ok;
+}
+
+std::optional<Dtype> usable_for(c10::ScalarType t) { return supported() ? dtype_of(t) : std::nullopt; }
+
+bool attention_supports(int head_dim, int group, int block_size) {
+  return (head_dim == 32 || head_dim == 64 || head_dim == 128) && group <= kMaxGroup &&
+         block_size <= kMaxBlockSize;
+}
+
+}  // namespace rtp_llm::ops::avx512
 
 #else  // not x86_64: the portable kernels run
 
