@@ -134,12 +134,13 @@ class CudaBackend(DeviceBackend):
                 qkv[:, q_size:q_size + kv_size].view(t, num_kv_heads, head_dim),
                 qkv[:, q_size + kv_size:].view(t, num_kv_heads, head_dim))
 
-    # Projections: HF's [out, in] weights as they are. Decode batches of 1 (and 2-4 for narrow
-    # outputs) run the Triton gemv (faster than cuBLAS's GEMV kernels there: Qwen3-0.6B batch-1
-    # decode ~0.2 ms less per token on an H200), the rest cuBLAS via F.linear; fp32 (the parity
-    # reference) always runs F.linear, i.e. HF's very kernels and sums.
+    # Projections: decode batches of 1 (and 2-4 for narrow outputs) run the Triton gemv over
+    # HF's [out, in] weights (faster than cuBLAS's GEMV kernels there: Qwen3-0.6B batch-1 decode
+    # ~0.1 ms less per token on an H200), the rest cuBLAS via F.linear; weights too large for
+    # gemv to win keep cuBLAS's faster [in, out] memory (kernels.pack_projection). fp32 (the
+    # parity reference) keeps nn.Linear's layout and kernels, i.e. HF's very sums.
     def pack_linear(self, weight):
-        return weight.contiguous()
+        return weight.contiguous() if weight.dtype == torch.float32 else K.pack_projection(weight)
 
     def linear(self, x, weight):
         if weight.dtype != torch.float32 and K.use_gemv(x, weight):

@@ -198,24 +198,34 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- small-batch projections
 
 GEMV_MAX_ROWS = 4
-GEMV_MAX_WEIGHT_BYTES = 128 << 20
+GEMV_MAX_WEIGHT_BYTES = 64 << 20
+
+
+def pack_projection(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16/fp16 projection weight, HF's [N, K] (out, in), in the layout its kernels want.
+    Up to GEMV_MAX_WEIGHT_BYTES: [N, K] contiguous, for gemv() at decode batch 1, F.linear
+    (cuBLAS) otherwise. Larger (Qwen3-8B's 100-200 MB gate_up and down): [K, N] memory seen as
+    an [N, K] view, i.e. F.linear runs x @ w over [K, N]. Measured on an H200 for those three
+    weights: cuBLAS over [K, N] as fast as over [N, K] or up to 11% faster at 1-16 rows; gemv
+    at one row 6% faster on one of them (8B down), equal or slower on the others."""
+    if weight.numel() * weight.element_size() > GEMV_MAX_WEIGHT_BYTES:
+        return weight.t().contiguous().t()
+    return weight.contiguous()
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether gemv() beats cuBLAS (F.linear on the same [N, K] weight) for this projection.
-    Measured on an H200 inside CUDA graphs over Qwen3-0.6B and 8B (TP 1 and 2) shapes: one
-    row, 8-200 MB weights: gemv 3.3-26.9 us against cuBLAS 5.2-30 us, except the 201 MB
-    Qwen3-8B gate_up (50.6 against 48.3); 2 and 4 rows: only where N <= 1024 (Qwen3-0.6B's o
-    and down projections: 4.7 / 7.5 us against F.linear's 10.5 / 10.1 us for o)."""
+    """Whether gemv() beats cuBLAS (F.linear on the same [N, K] weight, from
+    pack_projection) for this projection. Measured on an H200 inside CUDA graphs over
+    Qwen3-0.6B and 8B (TP 1 and 2) shapes: one row, 4-50 MB weights: gemv 3.3-15.0 us against
+    cuBLAS's 5.3-16.2 us; 2 and 4 rows: better only where N <= 1024 (Qwen3-0.6B's o
+    projection: 4.7 / 7.5 us against F.linear's 10.5 / 10.1 us)."""
     if x.dim() != 2 or x.dtype != weight.dtype or x.stride(1) != 1 or not weight.is_contiguous():
-        return False
+        return False  # includes the [K, N]-backed weights of pack_projection
     m = x.shape[0]
-    n, k = weight.shape
+    n = weight.shape[0]
     if m == 0 or m > GEMV_MAX_ROWS:
         return False
-    if m == 1:
-        return n * k * weight.element_size() <= GEMV_MAX_WEIGHT_BYTES
-    return n <= 1024
+    return m == 1 or n <= 1024
 
 
 @triton.jit
