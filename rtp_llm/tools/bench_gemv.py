@@ -1,0 +1,90 @@
+"""Decode-sized projections on the GPU: cuBLAS over [K, N] (x @ w) and over [N, K] (F.linear),
+the Triton gemv, and what the CUDA backend picks (kernels.pack_projection + use_gemv), each
+timed inside a CUDA graph of calls over distinct weights (so the 50 MB L2 does not hold them),
+as in a decode graph. Prints microseconds per call; --sweep also tries gemv block configs at
+one row (how kernels.gemv_config was chosen).
+
+    python -m rtp_llm.tools.bench_gemv [--arch qwen3-0.6b] [--tp 1] [--rows 1,2,4,8,16] [--sweep]"""
+
+import argparse
+import json
+
+import torch
+
+
+def projection_shapes(arch: str, tp: int):
+    """(name, K, N) of one rank's projections: column-parallel qkv and gate-up, row-parallel o
+    and down."""
+    from rtp_llm.tools.random_checkpoint import ARCHS
+
+    c = ARCHS[arch]
+    hidden, inter = c["hidden_size"], c["intermediate_size"]
+    d = c.get("head_dim", hidden // c["num_attention_heads"])
+    q, kv = c["num_attention_heads"] * d // tp, max(1, c["num_key_value_heads"] // tp) * d
+    return [("qkv", hidden, q + 2 * kv), ("o", q, hidden), ("gate_up", hidden, 2 * inter // tp),
+            ("down", inter // tp, hidden)]
+
+
+def graph_us(fn, calls: int, iters: int = 10) -> float:
+    """Microseconds per call of fn (which makes `calls` calls) replayed from a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    g.replay()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3 / (iters * calls))
+    return best
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", default="qwen3-0.6b")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--rows", default="1,2,4,8,16")
+    p.add_argument("--sweep", action="store_true", help="gemv block configs at one row")
+    p.add_argument("--weights_gb", type=float, default=2.0, help="distinct weights per graph, in GB")
+    a = p.parse_args()
+    from rtp_llm.device.cuda import kernels as K
+
+    torch.manual_seed(0)
+    dev = "cuda"
+    for name, k, n in projection_shapes(a.arch, a.tp):
+        copies = max(4, min(28, int(a.weights_gb * 1e9 // (k * n * 2))))
+        w_nk = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        w_kn = [w.t().contiguous() for w in w_nk]
+        picked = [K.pack_projection(w) for w in w_nk]
+        for m in (int(r) for r in a.rows.split(",")):
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            row = {"arch": a.arch, "tp": a.tp, "proj": name, "K": k, "N": n, "rows": m,
+                   "cublas_kn_us": graph_us(lambda: [x @ w for w in w_kn], copies),
+                   "cublas_nk_us": graph_us(lambda: [torch.nn.functional.linear(x, w) for w in w_nk], copies)}
+            if m <= K.GEMV_MAX_ROWS:
+                row["gemv_us"] = graph_us(lambda: [K.gemv(x, w) for w in w_nk], copies)
+            linear = (lambda w: K.gemv(x, w) if K.use_gemv(x, w) else torch.nn.functional.linear(x, w))
+            row["backend_us"] = graph_us(lambda: [linear(w) for w in picked], copies)
+            print(json.dumps(row), flush=True)
+        if a.sweep:
+            x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+            sweep = {}
+            for cfg in [(bn, bk, nw) for bn in (1, 2, 4, 8) for bk in (128, 256, 512) for nw in (4, 8)]:
+                sweep[str(cfg)] = graph_us(lambda: [K.gemv(x, w, cfg) for w in w_nk], copies)
+            best = sorted(sweep.items(), key=lambda kv: kv[1])[:3]
+            print(json.dumps({"arch": a.arch, "tp": a.tp, "proj": name, "K": k, "N": n, "rows": 1,
+                              "gemv_config": str(K.gemv_config(n, k)), "best_configs_us": best}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
