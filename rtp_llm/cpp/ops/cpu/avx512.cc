@@ -232,6 +232,21 @@ void attend_typed(const void* q, const void* k, const void* v, const int32_t* bt
   }
 }
 
+// 1 / rms of a row whose squares summed to sum_sq (lanes summed here).
+inline __m512 inv_rms(__m512 sum_sq, int64_t dim, float eps) {
+  return _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(sum_sq) / static_cast<float>(dim) + eps));
+}
+
+// out = round(w * round(row * inv)): HF's order (normalize, round to the dtype, scale).
+template <class E>
+void scale_row(const typename E::T* row, const typename E::T* w, typename E::T* out, int64_t dim, __m512 inv) {
+  for (int64_t i = 0; i < dim; i += 16) {
+    const __mmask16 mask = tail_mask(dim - i);
+    const __m512 normed = E::round(_mm512_mul_ps(E::load(row + i, mask), inv));
+    E::store(out + i, _mm512_mul_ps(E::load(w + i, mask), normed), mask);
+  }
+}
+
 template <class E>
 void rms_norm_rows(const typename E::T* x, const typename E::T* w, typename E::T* out, int64_t rows, int64_t dim,
                    float eps) {
@@ -242,13 +257,7 @@ void rms_norm_rows(const typename E::T* x, const typename E::T* w, typename E::T
       const __m512 v = E::load(row + i, tail_mask(dim - i));
       sq = _mm512_fmadd_ps(v, v, sq);
     }
-    const __m512 inv = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(dim) + eps));
-    typename E::T* o = out + r * dim;
-    for (int64_t i = 0; i < dim; i += 16) {
-      const __mmask16 mask = tail_mask(dim - i);
-      const __m512 normed = E::round(_mm512_mul_ps(E::load(row + i, mask), inv));
-      E::store(o + i, _mm512_mul_ps(E::load(w + i, mask), normed), mask);
-    }
+    scale_row<E>(row, w, out + r * dim, dim, inv_rms(sq, dim, eps));
   }
 }
 
@@ -265,13 +274,7 @@ void add_rms_norm_rows(const typename E::T* x, typename E::T* residual, const ty
       E::store(res + i, h, mask);
       sq = _mm512_fmadd_ps(h, h, sq);
     }
-    const __m512 inv = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(dim) + eps));
-    typename E::T* o = out + r * dim;
-    for (int64_t i = 0; i < dim; i += 16) {
-      const __mmask16 mask = tail_mask(dim - i);
-      const __m512 normed = E::round(_mm512_mul_ps(E::load(res + i, mask), inv));
-      E::store(o + i, _mm512_mul_ps(E::load(w + i, mask), normed), mask);
-    }
+    scale_row<E>(res, w, out + r * dim, dim, inv_rms(sq, dim, eps));
   }
 }
 
