@@ -100,6 +100,33 @@ def test_gemv_equals_the_matmul(dtype, rows, n, k):
         torch.testing.assert_close(K.gemv(x, w, config), expected, **tol)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,i,k", [(1, 37, 300), (2, 16, 128), (4, 20, 70)])
+def test_gated_gemv_equals_silu_and_mul_of_the_matmul(dtype, rows, i, k):
+    # gate_up [2 I, K]: SiLU-and-mul in the GEMV's epilogue rounds as the two kernels do.
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(2 * i, k, generator=g).to(dtype).to(DEV)
+    x = torch.randn(rows, k, generator=g).to(dtype).to(DEV)
+    expected = K.silu_and_mul((x.float() @ w.float().t()).to(dtype))
+    # bf16: three roundings (gate, act, product); a gate one unit off from another summation
+    # order ends up to ~3 units off.
+    tol = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=2 ** -5, atol=2e-2)
+    for config in [(4, 64, 4), (1, 128, 4), K.gemv_config(2 * i, k)]:
+        torch.testing.assert_close(K.gemv(x, w, config, gated=True), expected, **tol)
+
+
+def test_gemv_writes_into_the_given_buffer():
+    # The row-parallel projections write their partial sums into the all-reduce's buffer.
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(24, 64, generator=g).to(DEV)
+    x = torch.randn(2, 64, generator=g).to(DEV)
+    buf = torch.full((100,), 7.0, device=DEV)
+    out = K.gemv(x, w, out=buf[:48].view(2, 24))
+    assert out.data_ptr() == buf.data_ptr()
+    torch.testing.assert_close(out, x @ w.t(), rtol=1e-5, atol=1e-4)
+    assert torch.equal(buf[48:], torch.full((52,), 7.0, device=DEV))
+
+
 def test_projection_layout_picks_gemv_only_for_its_weights(monkeypatch):
     # Weights above the size limit live as [K, N] memory behind an [N, K] view: F.linear gives
     # the same product, and gemv (which wants contiguous [N, K]) is never chosen for them.

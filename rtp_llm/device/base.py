@@ -110,9 +110,14 @@ class DeviceBackend(ABC):
         batches)."""
         return weight.t().contiguous()
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x: [T, in] -> [T, out], weight from pack_linear()."""
-        return x @ weight
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: [T, in] -> [T, out], weight from pack_linear(); into `out` (contiguous) when given."""
+        return torch.matmul(x, weight, out=out)
+
+    def gate_up_silu(self, x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+        """The MLP's first half: silu(x gate^T) * (x up^T), [T, hidden] -> [T, I]; gate_up is
+        pack_linear() of [2 I, hidden] (gate rows, then up rows)."""
+        return self.silu_and_mul(self.linear(x, gate_up))
 
     def pack_lm_head(self, weight: torch.Tensor) -> torch.Tensor:
         """The LM head [vocab, hidden] in the layout lm_head() wants (default: as is, which

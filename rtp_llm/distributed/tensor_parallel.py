@@ -6,8 +6,11 @@ slice of the MLP's intermediate dimension, and a vocab slice of the embedding an
 Column-parallel projections (QKV, gate/up) need no communication; row-parallel ones (attention
 output, down) produce partial sums that an all-reduce completes; the embedding lookup is an
 all-reduce of masked local lookups, the logits an all-gather of vocab slices. On GPUs the
-small all-reduces of decode steps (a few KB per layer) go through symmetric memory in one
-kernel (OneShotAllReduce); NCCL's ring takes several times its latency at those sizes.
+small all-reduces of decode steps (a few KB per layer) go through symmetric memory
+(rtp_llm.device.cuda.all_reduce): the row-parallel projections write their partial sums
+straight into the symmetric buffer (send_buffer) and one kernel sums the ranks' buffers and
+applies the residual add and RMSNorm that follow (all_reduce_add_rms_norm); NCCL's ring takes
+several times its latency at those sizes.
 
 Rank 0 owns the C++ core and samples; every step it broadcasts the step batch (StepBroadcast)
 and all ranks run the model on it. Collectives time out (--dist_timeout_s) so that a dead rank
@@ -71,35 +74,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class OneShotAllReduce:
-    """All-reduce of up to MAX_BYTES through symmetric memory: every rank copies its part into
-    its own buffer and one kernel sums all ranks' buffers, read over NVLink (torch's
-    symm_mem.one_shot_all_reduce; it orders ranks with device-side barriers, so it runs inside
-    CUDA graphs). No multicast (NVLS) is used."""
-
-    MAX_BYTES = 1 << 20
-
-    def __init__(self, group, device: torch.device):
-        import torch.distributed._symmetric_memory as symm_mem
-
-        self.name = group.group_name
-        self.buffers = {}
-        for dtype in (torch.bfloat16, torch.float16, torch.float32):
-            buf = symm_mem.empty(self.MAX_BYTES // dtype.itemsize, dtype=dtype, device=device)
-            symm_mem.rendezvous(buf, self.name)
-            self.buffers[dtype] = buf
-
-    def __call__(self, x: torch.Tensor) -> bool:
-        """Reduces x in place; False (nothing done) when x is too large or of another dtype."""
-        buf = self.buffers.get(x.dtype)
-        if buf is None or x.numel() > buf.numel() or not x.is_contiguous():
-            return False
-        part = buf[:x.numel()].view(x.shape)
-        part.copy_(x)
-        torch.ops.symm_mem.one_shot_all_reduce_out(part, "sum", self.name, x)
-        return True
-
-
 @dataclass
 class TPShard:
     """This rank's place in the tensor-parallel group (size 1: no group, no communication)."""
@@ -108,7 +82,7 @@ class TPShard:
     size: int = 1
     group: Any = None       # the model's collectives (NCCL on GPUs, gloo on the CPU)
     cpu_group: Any = None   # step-batch broadcasts (always gloo: host arrays)
-    one_shot: Optional[OneShotAllReduce] = None  # small all-reduces on GPUs
+    one_shot: Any = None    # rtp_llm.device.cuda.all_reduce.OneShotAllReduce: small all-reduces on GPUs
     timeout_s: float = 0.0  # --dist_timeout_s: a step waiting longer on the device means a rank is gone
 
     def heads(self, num_heads: int, num_kv_heads: int) -> Tuple[int, int, int, int]:
@@ -146,9 +120,32 @@ class TPShard:
         return int(t.item())
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self.size > 1 and not (self.one_shot is not None and self.one_shot(x)):
-            _collective("all_reduce", dist.all_reduce, x, group=self.group)
+        """The sum of x over the ranks: x itself, reduced in place, unless x is the send buffer."""
+        if self.size == 1:
+            return x
+        if self.one_shot is not None:
+            y = self.one_shot(x)
+            if y is not None:
+                return y
+        _collective("all_reduce", dist.all_reduce, x, group=self.group)
         return x
+
+    def send_buffer(self, rows: int, cols: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """Where a row-parallel projection should write its [rows, cols] partial sum (the
+        all-reduce then starts without a copy); None: anywhere."""
+        if self.size == 1 or self.one_shot is None:
+            return None
+        return self.one_shot.send_buffer((rows, cols), dtype)
+
+    def all_reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                                backend) -> torch.Tensor:
+        """residual += all_reduce(x); returns backend.rms_norm(residual) (one kernel on GPUs
+        for decode-sized x)."""
+        if self.size > 1 and self.one_shot is not None:
+            y = self.one_shot.add_rms_norm(x, residual, weight, eps)
+            if y is not None:
+                return y
+        return backend.add_rms_norm(self.all_reduce(x), residual, weight, eps)
 
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0's `x` into every rank's `x` (same shape and dtype), on the device stream."""
@@ -181,21 +178,28 @@ def init_tensor_parallel(config: ParallelConfig, device: torch.device) -> TPShar
     cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
     one_shot = None
     want = device.type == "cuda" and os.environ.get("RTP_LLM_ONE_SHOT_ALL_REDUCE", "1") != "0"
+
+    def on_all_ranks(flag: bool) -> bool:
+        t = torch.tensor([int(flag)], dtype=torch.int64)
+        _collective("all_reduce", dist.all_reduce, t, op=dist.ReduceOp.MIN, group=cpu_group)
+        return bool(t.item())
+
     # torch numbers symmetric-memory rendezvous per process, so ranks of a second group in a
     # process that already had one would wait on keys the others never write: all or none.
-    agree = torch.tensor([int(want and not _symm_mem_used[0])], dtype=torch.int64)
-    _collective("all_reduce", dist.all_reduce, agree, op=dist.ReduceOp.MIN, group=cpu_group)
-    if agree.item():
+    if on_all_ranks(want and not _symm_mem_used[0]):
         _symm_mem_used[0] = True
         try:
+            from rtp_llm.device.cuda.all_reduce import OneShotAllReduce
+
             one_shot = OneShotAllReduce(dist.group.WORLD, device)
         except Exception as e:  # e.g. no peer access between the GPUs: NCCL does it all
             log.warning("symmetric-memory all-reduce unavailable (%s: %s); using NCCL", type(e).__name__, e)
-        # Every rank or none: a rank on NCCL and another in the one-shot kernel would wait forever.
-        agree.fill_(int(one_shot is not None))
-        _collective("all_reduce", dist.all_reduce, agree, op=dist.ReduceOp.MIN, group=cpu_group)
-        if not agree.item():
+        # Every rank or none, for the one-shot kernel and for the fused one: ranks in different
+        # kernels (NCCL, torch's one-shot, the fused one) would wait on each other forever.
+        if not on_all_ranks(one_shot is not None):
             one_shot = None
+        elif not on_all_ranks(one_shot.fused):
+            one_shot.fused = False
     elif want:
         log.info("symmetric-memory all-reduce not used: this process had a tensor-parallel group before; using NCCL")
     return TPShard(config.world_rank, config.tp_size, dist.group.WORLD, cpu_group, one_shot, config.dist_timeout_s)

@@ -105,6 +105,7 @@ class DecoderModel:
         c, be, tp = self.config, self.backend, self.tp
         T = token_ids.shape[0]
         residual = self._embed(token_ids)  # [T, hidden]; every layer adds into it in place
+        hidden = residual.shape[1]
         x = be.rms_norm(residual, self.layers[0].input_norm, c.rms_norm_eps)
         for i, layer in enumerate(self.layers):
             qkv = be.linear(x, layer.qkv)
@@ -113,10 +114,11 @@ class DecoderModel:
             q, k, v = be.qkv_to_cache(qkv, self.num_heads, self.num_kv_heads, c.head_dim, layer.q_norm, layer.k_norm,
                                       c.rms_norm_eps, positions, self.cos, self.sin, kv_cache[i], meta)
             o = be.attention(q, k, v, kv_cache[i], meta, self.scale)
-            attn = tp.all_reduce(be.linear(o.reshape(T, self.q_size), layer.o_proj))  # row-parallel
-            x = be.add_rms_norm(attn, residual, layer.post_norm, c.rms_norm_eps)
-            mlp = tp.all_reduce(be.linear(be.silu_and_mul(be.linear(x, layer.gate_up)), layer.down))
+            # Row-parallel: partial sums, written where the all-reduce reads them.
+            attn = be.linear(o.reshape(T, self.q_size), layer.o_proj, out=tp.send_buffer(T, hidden, residual.dtype))
+            x = tp.all_reduce_add_rms_norm(attn, residual, layer.post_norm, c.rms_norm_eps, be)
+            mlp = be.linear(be.gate_up_silu(x, layer.gate_up), layer.down, out=tp.send_buffer(T, hidden, residual.dtype))
             next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
-            x = be.add_rms_norm(mlp, residual, next_norm, c.rms_norm_eps)
+            x = tp.all_reduce_add_rms_norm(mlp, residual, next_norm, c.rms_norm_eps, be)
         h = x if sample_rows is None else x[sample_rows]
         return tp.gather_vocab(be.lm_head(h, self.lm_head).float(), c.vocab_size)

@@ -117,10 +117,11 @@ class CpuBackend(DeviceBackend):
             return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 16)
         return weight.t().contiguous()
 
-    def linear(self, x, weight):
+    def linear(self, x, weight, out=None):
         if weight.dtype == torch.bfloat16 and self._packed_bf16:
-            return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
-        return x @ weight
+            y = torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+            return y if out is None else out.copy_(y)
+        return torch.matmul(x, weight, out=out)
 
     def pack_lm_head(self, weight):
         # A packed copy even for tied embeddings (the lookup needs the plain table): the LM

@@ -5,12 +5,47 @@ Hkv KV heads (G = H / Hkv per group), D head_dim. KV cache of one layer: K and V
 Rounding follows HF transformers in the model dtype (e.g. RMSNorm normalizes in fp32, casts,
 then scales; rotary rounds each product) so that greedy tokens match HF's, not just nearly."""
 
+import functools
+import os
+
 import numpy as np
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _LOG2E = 1.4426950408889634
+
+
+# ---------------------------------------------------------------- programmatic dependent launch
+#
+# A decode step is ~9 short kernels per layer, so the gap between two kernels is a large part
+# of it. With PDL (Hopper and later) a kernel is launched while its predecessor still runs; it
+# waits in pdl_enter() (griddepcontrol.wait: the predecessor has completed and its writes are
+# visible) before touching anything the predecessor may write, and then lets its own successor
+# launch. Invariant: every kernel launched with launch_pdl calls pdl_enter() unconditionally,
+# before its first read of a predecessor's output and before its first write, so a kernel
+# completes only after its predecessor did and ordering stays transitive along the stream.
+
+
+@functools.lru_cache(maxsize=None)
+def pdl() -> bool:
+    """Whether the kernels launch with PDL: a Hopper or later GPU, not Triton's interpreter,
+    and RTP_LLM_CUDA_PDL not 0."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("RTP_LLM_CUDA_PDL", "1") == "0":
+        return False
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+def launch_options() -> dict:
+    return dict(PDL=True, launch_pdl=True) if pdl() else dict(PDL=False)
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 def _pow2(n: int, floor: int = 16) -> int:
@@ -26,21 +61,29 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, D, stride_x, stride_res, stride_out, eps,
-                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    m = cols < D
-    x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
-    if HAS_RES:  # residual += x, rounded to the dtype as torch's add does
-        r = tl.load(res_ptr + row * stride_res + cols, mask=m, other=0.0)
+def residual_rms_norm_row(x, res_row_ptr, w_ptr, out_row_ptr, cols, m, D, eps, HAS_RES: tl.constexpr):
+    """One row x [BLOCK] (masked by m): with HAS_RES, residual += x (rounded to the dtype as
+    torch's add does) and the norm is of the sum; out = weight * rms_norm."""
+    if HAS_RES:
+        r = tl.load(res_row_ptr + cols, mask=m, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(r.dtype)
-        tl.store(res_ptr + row * stride_res + cols, x, mask=m)
+        tl.store(res_row_ptr + cols, x, mask=m)
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=0) / D
     y = (xf * tl.rsqrt(var + eps)).to(x.dtype).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, (w * y).to(out_ptr.dtype.element_ty), mask=m)
+    tl.store(out_row_ptr + cols, (w * y).to(out_row_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, D, stride_x, stride_res, stride_out, eps,
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < D
+    x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
+    residual_rms_norm_row(x, res_ptr + row * stride_res, w_ptr, out_ptr + row * stride_out, cols, m, D, eps, HAS_RES)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor = None) -> torch.Tensor:
@@ -54,7 +97,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     res = residual if residual is not None else x
     _rms_norm_kernel[(n,)](x, res, weight, out, d, x.stride(0), res.stride(0), out.stride(0), eps,
                            HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(d),
-                           num_warps=4 if d <= 4096 else 8)
+                           num_warps=4 if d <= 4096 else 8, **launch_options())
     return out
 
 
@@ -99,7 +142,9 @@ def _norm_rotate_heads(ptr, stride_h, nh, w_ptr, eps, c, s, HAS_NORM: tl.constex
 
 @triton.jit
 def _rotary_kernel(q_ptr, k_ptr, pos_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_kt, stride_kh, H, HKV,
-                   HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                   HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                   PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     c, s = _cos_sin(cos_ptr, sin_ptr, pos, q_ptr.dtype.element_ty, HALF, BLOCK_HALF)
@@ -118,7 +163,8 @@ def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch
     half = d // 2
     _rotary_kernel[(t,)](q, k, positions, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), h,
                          k.shape[1], HALF=half, BLOCK_HQ=triton.next_power_of_2(h),
-                         BLOCK_HK=triton.next_power_of_2(k.shape[1]), BLOCK_HALF=triton.next_power_of_2(half))
+                         BLOCK_HK=triton.next_power_of_2(k.shape[1]), BLOCK_HALF=triton.next_power_of_2(half),
+                         **launch_options())
 
 
 # ---------------------------------------------------------------- fused: q/k norm, rotary, KV write in one launch
@@ -127,7 +173,8 @@ def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch
 @triton.jit
 def _qkv_to_cache_kernel(qkv_ptr, qw_ptr, kw_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr, stride_t, eps,
                          H, HKV, HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                         BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                         BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     row = qkv_ptr + t * stride_t
     D: tl.constexpr = 2 * HALF
@@ -165,14 +212,15 @@ def qkv_to_cache(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim:
                                kv[0], kv[1], slot_mapping, qkv.stride(0), eps, num_heads, num_kv_heads,
                                HAS_NORM=has_norm, HALF=half, BLOCK_HQ=triton.next_power_of_2(num_heads),
                                BLOCK_HK=triton.next_power_of_2(num_kv_heads),
-                               BLOCK_HALF=triton.next_power_of_2(half), num_warps=4)
+                               BLOCK_HALF=triton.next_power_of_2(half), num_warps=4, **launch_options())
 
 
 # ---------------------------------------------------------------- SiLU-and-mul
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, I, stride_x, stride_out, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, I, stride_x, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < I
@@ -191,7 +239,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if t == 0:
         return out
     block = min(1024, triton.next_power_of_2(i))
-    _silu_and_mul_kernel[(t, triton.cdiv(i, block))](x, out, i, x.stride(0), out.stride(0), BLOCK=block)
+    _silu_and_mul_kernel[(t, triton.cdiv(i, block))](x, out, i, x.stride(0), out.stride(0), BLOCK=block,
+                                                     **launch_options())
     return out
 
 
@@ -230,22 +279,50 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride_x, stride_out, M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+                 BLOCK_K: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr):
     """out[m, n] = sum_k x[m, k] w[n, k] for M (<= 4) rows: each program streams BLOCK_N weight
     rows, accumulating [BLOCK_N, BLOCK_K] fp32 products per x row and summing over k at the
-    end. Rows after the first re-read the program's weight slice, from L2."""
+    end. Rows after the first re-read the program's weight slice, from L2. GATED: w is
+    [2 N, K], gate rows then up rows, and out[m, n] = silu(gate) * up, rounded as HF rounds
+    gate_proj, act_fn and the product (silu_and_mul's roundings)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K
+    u_rows = w_ptr + (offs_n + N).to(tl.int64)[:, None] * K
+    # Weights are never written by a previous kernel: the first tile is loaded before the
+    # PDL wait, overlapping the previous kernel's tail.
+    offs_k = tl.arange(0, BLOCK_K)
+    wmask = nmask[:, None] & (offs_k < K)[None, :]
+    w_first = tl.load(w_rows + offs_k[None, :], mask=wmask, other=0.0)
+    u_first = w_first
+    if GATED:
+        u_first = tl.load(u_rows + offs_k[None, :], mask=wmask, other=0.0)
+    pdl_enter(PDL)
+    dt = out_ptr.dtype.element_ty
     for m in tl.static_range(M):
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            kmask = offs_k < K
-            x = tl.load(x_ptr + m * stride_x + offs_k, mask=kmask, other=0.0).to(tl.float32)
-            w = tl.load(w_rows + offs_k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-            acc += w.to(tl.float32) * x[None, :]
-        tl.store(out_ptr + m * stride_out + offs_n, tl.sum(acc, 1).to(out_ptr.dtype.element_ty), mask=nmask)
+        x = tl.load(x_ptr + m * stride_x + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
+        if m == 0:
+            acc = w_first.to(tl.float32) * x
+            acc_u = u_first.to(tl.float32) * x
+        else:
+            acc = tl.load(w_rows + offs_k[None, :], mask=wmask, other=0.0).to(tl.float32) * x
+            acc_u = acc
+            if GATED:
+                acc_u = tl.load(u_rows + offs_k[None, :], mask=wmask, other=0.0).to(tl.float32) * x
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            ks = k0 + offs_k
+            kmask = ks < K
+            x = tl.load(x_ptr + m * stride_x + ks, mask=kmask, other=0.0).to(tl.float32)[None, :]
+            mk = nmask[:, None] & kmask[None, :]
+            acc += tl.load(w_rows + ks[None, :], mask=mk, other=0.0).to(tl.float32) * x
+            if GATED:
+                acc_u += tl.load(u_rows + ks[None, :], mask=mk, other=0.0).to(tl.float32) * x
+        res = tl.sum(acc, 1)
+        if GATED:
+            g = res.to(dt).to(tl.float32)
+            a = (g * tl.sigmoid(g)).to(dt).to(tl.float32)
+            res = a * tl.sum(acc_u, 1).to(dt).to(tl.float32)
+        tl.store(out_ptr + m * stride_out + offs_n, res.to(dt), mask=nmask)
 
 
 def gemv_config(n: int, k: int):
@@ -261,18 +338,26 @@ def gemv_config(n: int, k: int):
     return 4, 128, 8
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, config=None) -> torch.Tensor:
+def gemv(x: torch.Tensor, weight: torch.Tensor, config=None, out: torch.Tensor = None,
+         gated: bool = False) -> torch.Tensor:
     """x: [M, K], M <= GEMV_MAX_ROWS, unit stride along K; weight: [N, K] contiguous (nn.Linear's
-    layout) -> [M, N] in x's dtype."""
+    layout) -> [M, N] in x's dtype, into `out` when given (contiguous). gated: weight is
+    [2 I, K] (gate then up) and the result silu(x gate^T) * (x up^T), [M, I]."""
     m = x.shape[0]
     n, k = weight.shape
     assert m <= GEMV_MAX_ROWS and x.shape[1] == k and x.stride(1) == 1 and weight.is_contiguous()
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_n, block_k, num_warps = config or gemv_config(n, k)
+    if gated:
+        assert n % 2 == 0, "gated: weight rows are gate then up, 2 I of them"
+        n //= 2
+        block_n = max(1, block_n // 2)  # a program streams BLOCK_N gate and BLOCK_N up rows
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    assert out.shape == (m, n) and out.is_contiguous() and out.dtype == x.dtype
     if m == 0:
         return out
-    block_n, block_k, num_warps = config or gemv_config(n, k)
     _gemv_kernel[(triton.cdiv(n, block_n),)](x, weight, out, n, k, x.stride(0), out.stride(0), M=m, BLOCK_N=block_n,
-                                             BLOCK_K=block_k, num_warps=num_warps)
+                                             BLOCK_K=block_k, GATED=gated, num_warps=num_warps, **launch_options())
     return out
 
 
@@ -280,7 +365,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config=None) -> torch.Tensor:
 
 
 @triton.jit(do_not_specialize=["n"])
-def _resolve_placeholders_kernel(ids_ptr, prev_ptr, n, BLOCK: tl.constexpr):
+def _resolve_placeholders_kernel(ids_ptr, prev_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     ids = tl.load(ids_ptr + offs, mask=m, other=0)
@@ -293,7 +379,8 @@ def resolve_placeholders(token_ids: torch.Tensor, prev_tokens: torch.Tensor) -> 
     """In place, one launch: ids -1 - r become prev_tokens[r]. token_ids [T], prev_tokens [N]."""
     n = token_ids.numel()
     if n:
-        _resolve_placeholders_kernel[(triton.cdiv(n, 1024),)](token_ids, prev_tokens, n, BLOCK=1024)
+        _resolve_placeholders_kernel[(triton.cdiv(n, 1024),)](token_ids, prev_tokens, n, BLOCK=1024,
+                                                                   **launch_options())
 
 
 # ---------------------------------------------------------------- KV cache write
@@ -301,7 +388,8 @@ def resolve_placeholders(token_ids: torch.Tensor, prev_tokens: torch.Tensor) -> 
 
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_kh, stride_vt, stride_vh, HKV,
-                     D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                     D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:  # padding rows of a captured graph
@@ -322,7 +410,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv: torch.Tensor, slot_mapping: t
     if t == 0:
         return
     _store_kv_kernel[(t,)](k, v, kv[0], kv[1], slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1), hkv,
-                           D=d, BLOCK_H=triton.next_power_of_2(hkv), BLOCK_D=triton.next_power_of_2(d))
+                           D=d, BLOCK_H=triton.next_power_of_2(hkv), BLOCK_D=triton.next_power_of_2(d),
+                           **launch_options())
 
 
 # ---------------------------------------------------------------- attention over the paged cache
@@ -343,11 +432,13 @@ def _load_kv_tile(cache_ptr, block_tables_ptr, offs_n, nmask, kvh, HKV, D: tl.co
 def _extend_attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, block_tables_ptr, query_starts_ptr, context_lens_ptr,
                              tile_stream_ptr, tile_start_ptr, scale_log2, stride_qt, stride_qh, stride_ot, stride_oh,
                              stride_bt, HKV, GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                             BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+                             BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+                             PDL: tl.constexpr):
     """One (tile of up to BLOCK_M query rows of one stream, head); the tile table says which
     stream and first row (stream < 0: a padding tile). Query row i of a stream with qlen rows
     and ctx context tokens sits at position ctx - qlen + i and sees keys 0..position; all of
     them, this step's included, are already in the cache."""
+    pdl_enter(PDL)
     tile = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.load(tile_stream_ptr + tile)
@@ -396,12 +487,13 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_part_ptr, lse_part_ptr, counte
                          stride_bt, HKV, GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
                          NUM_SPLITS: tl.constexpr, GROUP_P2: tl.constexpr, SPLIT_TILE: tl.constexpr,
-                         PREC: tl.constexpr):
+                         PREC: tl.constexpr, PDL: tl.constexpr):
     """One (stream, KV head, split): the group's G query heads (one token) against an equal
     share of the context. Writes each head's partial output and base-2 log-sum-exp (an empty
     split: lse = -inf); the last split of a (stream, KV head) to finish, counted by an atomic,
     merges them into out (one launch instead of a split kernel and a reduce kernel) and resets
     the counter for the next launch."""
+    pdl_enter(PDL)
     s = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -523,7 +615,7 @@ def extend_attention(q: torch.Tensor, kv: torch.Tensor, block_tables: torch.Tens
         q, kv[0], kv[1], out, block_tables, query_starts, context_lens, tiles[0], tiles[1], scale * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), hkv, GROUP=h // hkv, D=d,
         PAGE=page, BLOCK_D=_pow2(d), BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=64, PREC=_dot_precision(q.dtype), num_warps=4,
-        num_stages=2)
+        num_stages=2, **launch_options())
 
 
 def decode_splits(num_streams: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int = 64) -> int:
@@ -561,4 +653,5 @@ def decode_attention(q: torch.Tensor, kv: torch.Tensor, block_tables: torch.Tens
         q, kv[0], kv[1], ws.o_part, ws.lse, ws.counters, out, block_tables, query_starts, context_lens,
         scale * _LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), hkv,
         GROUP=group, D=d, PAGE=page, BLOCK_D=_pow2(d), BLOCK_G=_pow2(group), BLOCK_N=64, NUM_SPLITS=num_splits,
-        GROUP_P2=group_p2, SPLIT_TILE=split_tile, PREC=_dot_precision(q.dtype), num_warps=4, num_stages=2)
+        GROUP_P2=group_p2, SPLIT_TILE=split_tile, PREC=_dot_precision(q.dtype), num_warps=4, num_stages=2,
+        **launch_options())

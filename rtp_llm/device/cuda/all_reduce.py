@@ -1,0 +1,164 @@
+"""Small all-reduces of tensor parallelism on GPUs through symmetric memory (NVLink peer
+access, no multicast/NVLS): every rank's partial sum sits in its own symmetric buffer, and one
+kernel reads all ranks' buffers.
+
+- OneShotAllReduce.__call__: torch's symm_mem.one_shot_all_reduce (a copy into the buffer
+  first unless the producer wrote there: send_buffer()).
+- OneShotAllReduce.add_rms_norm: the decoder's `residual += all_reduce(x); rms_norm(residual)`
+  in one Triton kernel: a barrier with the peers, the sum over ranks, the residual add and the
+  RMSNorm, a second barrier. One launch instead of three (copy, all-reduce, add + norm).
+
+Barriers are per program (one program per token row): a program signals the same program on
+every peer through their signal pads and waits for theirs. A signal is a compare-and-swap
+0 -> 1 into the peer's slot (retried while a previous signal there is still unconsumed) and is
+consumed by a swap 1 -> 0, so the pads return to zeros and the kernels replay in CUDA graphs.
+Every rank runs the same kernels in the same order, so each signal is consumed by the kernel of
+the peer that matches the sender's."""
+
+import logging
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from rtp_llm.device.cuda.kernels import launch_options, pdl_enter, residual_rms_norm_row
+
+log = logging.getLogger(__name__)
+
+
+@triton.jit
+def _signal(pads_ptr, peer, slot):
+    pad = tl.load(pads_ptr + peer).to(tl.pointer_type(tl.int32))
+    while tl.atomic_cas(pad + slot, 0, 1, sem="release", scope="sys") != 0:
+        pass
+
+
+@triton.jit
+def _consume(pads_ptr, me, slot):
+    pad = tl.load(pads_ptr + me).to(tl.pointer_type(tl.int32))
+    while tl.atomic_cas(pad + slot, 1, 0, sem="acquire", scope="sys") != 1:
+        pass
+
+
+@triton.jit
+def _barrier(pads_ptr, slot0, RANK: tl.constexpr, WS: tl.constexpr):
+    """Returns once every rank's program has reached the barrier of slots [slot0, slot0 + WS):
+    slot slot0 + r of a rank's pad carries rank r's signal. One thread signals and waits: the
+    block barrier before it orders the other threads' accesses before the signal (its release
+    at system scope publishes them), the one after it orders their later loads after the
+    acquire, so they see the peers' writes from before their signals."""
+    pads = pads_ptr.to(tl.pointer_type(tl.uint64))
+    tl.debug_barrier()
+    for p in tl.static_range(WS):
+        if p != RANK:
+            _signal(pads, p, slot0 + RANK)
+    for p in tl.static_range(WS):
+        if p != RANK:
+            _consume(pads, RANK, slot0 + p)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _all_reduce_add_rms_norm_kernel(bufs_ptr, pads_ptr, res_ptr, w_ptr, out_ptr, D, stride_res, stride_out, eps,
+                                    RANK: tl.constexpr, WS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """One token row: x = sum over ranks of their buffers' row (fp32, in rank order, so that all
+    ranks get the same bits; for two ranks also the bits of NCCL's and torch's all-reduce),
+    rounded to the dtype; then
+    residual += x and out = rms_norm(residual) * weight (residual_rms_norm_row)."""
+    pdl_enter(PDL)
+    row = tl.program_id(0)
+    slot = row * (2 * WS)  # this row's start barrier: [slot, slot + WS); end barrier: the next WS
+    _barrier(pads_ptr, slot, RANK, WS)
+    bufs = bufs_ptr.to(tl.pointer_type(tl.uint64))
+    cols = tl.arange(0, BLOCK)
+    m = cols < D
+    dt = res_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK], tl.float32)
+    for p in tl.static_range(WS):
+        buf = tl.multiple_of(tl.load(bufs + p).to(tl.pointer_type(dt)), 16)  # symm_mem buffers: page-aligned
+        # .cg: from L2 (the owner's, for a peer's buffer), never a line L1 kept from earlier
+        acc += tl.load(buf + row * D + cols, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
+    residual_rms_norm_row(acc.to(dt), res_ptr + row * stride_res, w_ptr, out_ptr + row * stride_out, cols, m, D, eps,
+                          True)
+    # Peers may overwrite their buffers (the next layer's partial sums) only after every rank
+    # has read them.
+    _barrier(pads_ptr, slot + WS, RANK, WS)
+
+
+class OneShotAllReduce:
+    """All-reduces of up to MAX_BYTES through symmetric memory, one buffer per dtype."""
+
+    MAX_BYTES = 1 << 20
+    # One program per row; a row waits only on the same row of the peers, and 512 programs of
+    # <= 8 warps fit an H100/H200 in one wave.
+    MAX_FUSED_ROWS = 512
+    TORCH_DTYPES = (torch.bfloat16, torch.float32)  # symm_mem.one_shot_all_reduce's (no fp16)
+
+    def __init__(self, group, device: torch.device):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.name = group.group_name
+        self.buffers, self.handles = {}, {}
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            buf = symm_mem.empty(self.MAX_BYTES // dtype.itemsize, dtype=dtype, device=device)
+            self.handles[dtype] = h = symm_mem.rendezvous(buf, self.name)
+            self.buffers[dtype] = buf
+        self.rank, self.world_size = h.rank, h.world_size
+        # Two barriers of world_size int32 slots per row.
+        self.max_fused_rows = min(self.MAX_FUSED_ROWS, h.signal_pad_size // (2 * self.world_size * 4))
+        self.fused = os.environ.get("RTP_LLM_FUSED_ALL_REDUCE", "1") != "0" and all(
+            self.buffers[d].data_ptr() == self.handles[d].buffer_ptrs[self.rank] for d in self.buffers)
+
+    def send_buffer(self, shape, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """Where a producer writes its partial sum so that no copy precedes the all-reduce (a
+        view of this rank's buffer; None when it does not fit)."""
+        buf = self.buffers.get(dtype)
+        n = 1
+        for s in shape:
+            n *= s
+        if buf is None or n > buf.numel():
+            return None
+        return buf[:n].view(shape)
+
+    def _staged(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        part = self.send_buffer(x.shape, x.dtype)
+        if part is None or not x.is_contiguous():
+            return None
+        if part.data_ptr() != x.data_ptr():
+            part.copy_(x)
+        return part
+
+    def __call__(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """The sum of x over the ranks (x itself, reduced in place, unless x is the send
+        buffer); None (nothing done) when x does not fit."""
+        if x.dtype not in self.TORCH_DTYPES:
+            return None
+        part = self._staged(x)
+        if part is None:
+            return None
+        out = x if part.data_ptr() != x.data_ptr() else torch.empty_like(x)
+        torch.ops.symm_mem.one_shot_all_reduce_out(part, "sum", self.name, out)
+        return out
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> Optional[torch.Tensor]:
+        """residual += sum of x over the ranks; returns rms_norm(residual) * weight. x,
+        residual: [T, D]. None (nothing done) when the fused kernel does not apply."""
+        if (not self.fused or x.dim() != 2 or x.shape[0] > self.max_fused_rows or residual.dtype != x.dtype
+                or residual.stride(1) != 1 or not weight.is_contiguous()):
+            return None
+        part = self._staged(x)
+        if part is None:
+            return None
+        t, d = x.shape
+        out = torch.empty_like(x)
+        if t == 0:
+            return out
+        h = self.handles[x.dtype]
+        _all_reduce_add_rms_norm_kernel[(t,)](h.buffer_ptrs_dev, h.signal_pad_ptrs_dev, residual, weight, out, d,
+                                              residual.stride(0), out.stride(0), eps, RANK=self.rank,
+                                              WS=self.world_size, BLOCK=triton.next_power_of_2(d),
+                                              num_warps=4 if d <= 4096 else 8, **launch_options())
+        return out

@@ -1,0 +1,117 @@
+"""Tensor parallelism on two GPUs: the fused symmetric-memory all-reduce + residual add +
+RMSNorm against the composed ops (NCCL all-reduce, then the add + RMSNorm kernel), bit for bit,
+eager and replayed in a CUDA graph; and TP=2 greedy tokens equal to TP=1 on the tiny fixture
+models. Marked `gpu`: skipped with fewer than two GPUs."""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _fused_all_reduce_rank(rank: int, port: int, errors):
+    import torch.distributed as dist
+
+    from rtp_llm.device.cuda import kernels as K
+    from rtp_llm.distributed.tensor_parallel import ParallelConfig, init_tensor_parallel
+
+    try:
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+        tp = init_tensor_parallel(ParallelConfig(tp_size=2, world_size=2, world_rank=rank, master_port=port), dev)
+        assert tp.one_shot is not None and tp.one_shot.fused
+        for dtype in (torch.bfloat16, torch.float32):
+            for rows, d in ((1, 4096), (3, 1000), (64, 1024)):
+                g = torch.Generator().manual_seed(rows)
+                residual0 = torch.randn(rows, d, generator=g).to(dtype).to(dev)  # the same on both ranks
+                w = torch.randn(d, generator=g).to(dtype).to(dev)
+                parts = [torch.randn(rows, d, generator=g).to(dtype).to(dev) for _ in range(2)]
+                want_res = residual0.clone()
+                summed = parts[rank].clone()
+                dist.all_reduce(summed)
+                want = K.rms_norm(summed, w, 1e-6, residual=want_res)
+
+                # The producer writes into the send buffer, as the decoder's projections do.
+                res = residual0.clone()
+                x = tp.send_buffer(rows, d, dtype)
+                x.copy_(parts[rank])
+                got = tp.all_reduce_add_rms_norm(x, res, w, 1e-6, backend=None)
+                torch.cuda.synchronize()
+                assert torch.equal(got, want) and torch.equal(res, want_res), (dtype, rows, d, "eager")
+
+                # Replayed from a graph: the signal pads must come back to zeros every time.
+                res.copy_(residual0)
+                stream = torch.cuda.Stream(dev)
+                stream.wait_stream(torch.cuda.current_stream(dev))
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+                    out = None
+                    for _ in range(3):
+                        x = tp.send_buffer(rows, d, dtype)
+                        x.copy_(parts[rank])
+                        out = tp.all_reduce_add_rms_norm(x, res, w, 1e-6, backend=None)
+                torch.cuda.current_stream(dev).wait_stream(stream)
+                for _ in range(4):
+                    res.copy_(residual0)
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    want_res = residual0.clone()
+                    for _ in range(3):
+                        want = K.rms_norm(summed, w, 1e-6, residual=want_res)
+                    assert torch.equal(res, want_res) and torch.equal(out, want), (dtype, rows, d, "graph")
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as e:  # reported by the parent
+        errors.put(f"rank {rank}: {type(e).__name__}: {e}")
+        raise
+
+
+def test_fused_all_reduce_add_rms_norm_equals_the_composed_ops():
+    import torch.multiprocessing as mp
+
+    from rtp_llm.distributed.tensor_parallel import free_port
+
+    ctx = mp.get_context("spawn")
+    errors = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_fused_all_reduce_rank, args=(r, port, errors)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=180)
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, "a rank hung (barrier never released)"
+    assert errors.empty(), errors.get()
+    assert all(p.exitcode == 0 for p in procs)
+
+
+def test_tp2_greedy_tokens_equal_tp1():
+    import tempfile
+
+    from rtp_llm.llm import LLM
+
+    spec = importlib.util.spec_from_file_location("tiny_models", os.path.join(ROOT, "rtp_llm", "test", "tiny_models.py"))
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    g = torch.Generator().manual_seed(1)
+    batch = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (3, 17, 40, 9, 33)]
+    with tempfile.TemporaryDirectory() as root:
+        for name in ("qwen3_gqa_untied", "qwen2_mqa_tied"):
+            path = tiny.make_tiny(name, root)
+            runs = []
+            for tp in (1, 2):
+                llm = LLM(path, act_type="fp32", progress=False, device="cuda", tp_size=tp, max_seq_len=128)
+                try:
+                    outs = llm.generate(batch, {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
+                    runs.append([o.outputs[0].token_ids for o in outs])
+                finally:
+                    llm.close()
+            assert runs[1] == runs[0], name
