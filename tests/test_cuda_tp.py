@@ -1,7 +1,8 @@
 """Tensor parallelism on two GPUs: the fused symmetric-memory all-reduce + residual add +
 RMSNorm against the composed ops (NCCL all-reduce, then the add + RMSNorm kernel), bit for bit,
-eager and replayed in a CUDA graph; and TP=2 greedy tokens equal to TP=1 on the tiny fixture
-models. Marked `gpu`: skipped with fewer than two GPUs."""
+eager and replayed in a CUDA graph, alone and fed by the MLP's GEMVs as the decoder runs them
+in bf16; and TP=2 greedy tokens equal to TP=1 on the tiny fixture models (fp32). Marked `gpu`:
+skipped with fewer than two GPUs."""
 
 import importlib.util
 import os
@@ -65,6 +66,41 @@ def _fused_all_reduce_rank(rank: int, port: int, errors):
                     for _ in range(3):
                         want = K.rms_norm(summed, w, 1e-6, residual=want_res)
                     assert torch.equal(res, want_res) and torch.equal(out, want), (dtype, rows, d, "graph")
+
+        # A decoder layer's MLP under TP, as the backend runs it at batch 1: the gated GEMV,
+        # then the down GEMV writing into the send buffer (both PDL-launched on Hopper) feeding
+        # the fused kernel; against the same GEMVs into plain memory, NCCL, add + RMSNorm.
+        g = torch.Generator().manual_seed(11 + rank)
+        d, i = 1024, 384
+        x = torch.randn(1, d, generator=g).to(torch.bfloat16).to(dev)
+        gate_up = (torch.randn(2 * i, d, generator=g) / d ** 0.5).to(torch.bfloat16).to(dev)
+        down = (torch.randn(d, i, generator=g) / i ** 0.5).to(torch.bfloat16).to(dev)
+        w = torch.randn(d, generator=torch.Generator().manual_seed(12)).to(torch.bfloat16).to(dev)
+        residual0 = torch.randn(1, d, generator=torch.Generator().manual_seed(13)).to(torch.bfloat16).to(dev)
+        want_res = residual0.clone()
+        summed = K.gemv(K.gemv(x, gate_up, gated=True), down)
+        dist.all_reduce(summed)
+        want = K.rms_norm(summed, w, 1e-6, residual=want_res)
+
+        def mlp_tail(res):
+            part = K.gemv(K.gemv(x, gate_up, gated=True), down, out=tp.send_buffer(1, d, torch.bfloat16))
+            return tp.all_reduce_add_rms_norm(part, res, w, 1e-6, backend=None)
+
+        res = residual0.clone()
+        got = mlp_tail(res)
+        torch.cuda.synchronize()
+        assert torch.equal(got, want) and torch.equal(res, want_res), "gemv -> fused, eager"
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            out = mlp_tail(res)
+        torch.cuda.current_stream(dev).wait_stream(stream)
+        for _ in range(3):
+            res.copy_(residual0)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want) and torch.equal(res, want_res), "gemv -> fused, graph"
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as e:  # reported by the parent
