@@ -63,8 +63,9 @@ def projection_flops(c, batch: int, prompt_len: int, gen_len: int) -> float:
 
 
 def best_gemm_gflops(c, dtype: torch.dtype) -> float:
-    """This machine's best measured GEMM rate on the model's widest prefill projection
-    (2048 tokens x hidden -> 2 x intermediate), in GFLOP/s: the compute roof of a CPU run."""
+    """The best rate torch's GEMM (oneDNN) reaches here on the model's widest prefill projection
+    (2048 tokens x hidden -> 2 x intermediate), in GFLOP/s: what a run built on that GEMM can
+    reach. The cores' own peak is higher (cpu_bf16_peak_gflops)."""
     a = torch.randn(2048, c.hidden_size, dtype=dtype)
     b = torch.randn(c.hidden_size, 2 * c.intermediate_size, dtype=dtype)
     a @ b
@@ -74,6 +75,12 @@ def best_gemm_gflops(c, dtype: torch.dtype) -> float:
         a @ b
         best = min(best, time.perf_counter() - t)
     return 2.0 * a.shape[0] * a.shape[1] * b.shape[1] / best / 1e9
+
+
+def cpu_bf16_peak_gflops() -> float:
+    from rtp_llm.ops import ensure_compute_ops_loaded
+
+    return float(ensure_compute_ops_loaded().cpu_bf16_peak_gflops())
 
 
 def main():
@@ -122,11 +129,15 @@ def main():
             print(f"latency {name:>8}: TTFT {ttft * 1e3:8.2f} ms  TPOT {(full - ttft) / (args.gen_len - 1) * 1e3:7.3f} ms",
                   flush=True)
     roof = best_gemm_gflops(llm.loaded.config, dtype) if args.device == "cpu" else None
+    peak = cpu_bf16_peak_gflops() if roof and dtype == torch.bfloat16 else 0.0
     if roof:
-        print(f"compute roof: {roof:.0f} GFLOP/s (best {args.act_type} GEMM here); 'floor' = the run's projection "
-              "FLOPs at that rate, 'max ratio' = HF's time / floor")
+        print(f"compute: {roof:.0f} GFLOP/s (best {args.act_type} GEMM here, torch/oneDNN); 'floor' = the run's "
+              "projection FLOPs at that rate, 'max ratio' = HF's time / floor")
+    if peak:
+        print(f"         {peak:.0f} GFLOP/s (the cores' bf16 multiply-add peak, registers only); 'peak max' = HF's "
+              "time / the projection FLOPs at that rate: what no engine can exceed here")
     print(f"{'batch':>5} {'rtp_llm out tok/s':>18} {'total tok/s':>12} {'HF out tok/s':>13} {'ratio':>7}"
-          + (f" {'floor s':>8} {'max ratio':>9}" if roof else ""))
+          + (f" {'floor s':>8} {'max ratio':>9}" if roof else "") + (f" {'peak max':>9}" if peak else ""))
     for batch in batches:
         # Each repeat gets new prompts (repeated ones would hit our prefix cache); both sides
         # get the same ones.
@@ -137,16 +148,17 @@ def main():
         ours = statistics.median(ours_run(llm, r, args.gen_len) for r in runs)
         ours_tps = batch * args.gen_len / ours
         total_tps = batch * (args.prompt_len + args.gen_len) / ours
-        floor = (projection_flops(llm.loaded.config, batch, args.prompt_len, args.gen_len) / (roof * 1e9)
-                 if roof else None)
+        flops = projection_flops(llm.loaded.config, batch, args.prompt_len, args.gen_len)
+        floor = flops / (roof * 1e9) if roof else None
         if hf is None:
             print(f"{batch:>5} {ours_tps:>18.1f} {total_tps:>12.1f} {'-':>13} {'-':>7}"
-                  + (f" {floor:>8.2f} {'-':>9}" if roof else ""), flush=True)
+                  + (f" {floor:>8.2f} {'-':>9}" if roof else "") + (f" {'-':>9}" if peak else ""), flush=True)
             continue
         hf_run(hf, [q[:8] for q in prompts], 4)
         ref = statistics.median(hf_run(hf, r, args.gen_len) for r in runs)
         hf_tps = batch * args.gen_len / ref
-        bound = f" {floor:>8.2f} {ref / floor:>8.2f}x" if roof else ""
+        bound = (f" {floor:>8.2f} {ref / floor:>8.2f}x" if roof else "") + (
+            f" {ref * peak * 1e9 / flops:>8.2f}x" if peak else "")
         print(f"{batch:>5} {ours_tps:>18.1f} {total_tps:>12.1f} {hf_tps:>13.1f} {ours_tps / hf_tps:>6.2f}x{bound}",
               flush=True)
     llm.close()

@@ -16,6 +16,8 @@ PYBIND11_MODULE(librtp_compute_ops, m) {
   m.def("rotary_embedding", &rtp_llm::ops::rotary_embedding, "in-place rotary on q and k", pybind11::arg("q"),
         pybind11::arg("k"), pybind11::arg("positions"), pybind11::arg("cos"), pybind11::arg("sin"));
   m.def("silu_and_mul", &rtp_llm::ops::silu_and_mul, "x: [T, 2I] -> silu(gate) * up", pybind11::arg("x"));
+  m.def("cpu_bf16_peak_gflops", &rtp_llm::ops::cpu_bf16_peak_gflops,
+        "the cores' bf16 multiply-add peak (GFLOP/s; 0 without AVX512-BF16)");
   m.def("store_kv", &rtp_llm::ops::store_kv, "k, v into the paged cache at slot_mapping", pybind11::arg("k"),
         pybind11::arg("v"), pybind11::arg("kv_cache"), pybind11::arg("slot_mapping"));
 }

@@ -28,6 +28,10 @@ void rotary_embedding(at::Tensor& q, at::Tensor& k, const at::Tensor& positions,
 // x: [T, 2 I] (gate, then up) -> silu(gate) * up: [T, I].
 at::Tensor silu_and_mul(const at::Tensor& x);
 
+// The CPU cores' bf16 multiply-add peak in GFLOP/s (AVX512-BF16 on registers, on every intra-op
+// thread); 0 where the CPU has no bf16 dot-product instruction. A roof for benchmarks.
+double cpu_bf16_peak_gflops();
+
 // Writes k, v: [T, Hkv, D] to kv_cache: [2, blocks, block_size, Hkv, D] at slot_mapping: [T].
 void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& kv_cache, const at::Tensor& slot_mapping);
 

@@ -1,10 +1,14 @@
 #include "rtp_llm/cpp/ops/cpu/avx512.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <limits>
 #include <cstring>
+#include <limits>
+#include <vector>
+
+#include <ATen/Parallel.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -348,6 +352,49 @@ void silu_and_mul(Dtype dtype, const void* x, void* out, int64_t inter, int64_t 
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bf16")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"  // GCC 12's _mm512_set1_epi16: as above
+namespace rtp_llm::ops::avx512 {
+namespace {
+
+// 12 independent `vdpbf16ps` chains (more than latency x throughput) of `iters` steps each;
+// returns the sum so the work is kept.
+float bf16_dot_chains(int64_t iters) {
+  constexpr int kChains = 12;
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; i++) acc[i] = _mm512_setzero_ps();
+  __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80);  // 1.0
+  __m512bh b = (__m512bh)_mm512_set1_epi16(0x0001);  // tiny: the sums stay finite
+  for (int64_t it = 0; it < iters; it++) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; i++) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+    __asm__ volatile("" : "+v"(a), "+v"(b));  // not hoisted out of the loop
+  }
+  float s = 0.f;
+  for (int i = 0; i < kChains; i++) s += _mm512_reduce_add_ps(acc[i]);
+  return s;
+}
+
+double bf16_dot_peak_measure(int threads) {
+  constexpr int64_t kIters = 20'000'000;  // ~0.1 s per thread
+  std::vector<float> sink(threads);
+  const auto t0 = std::chrono::steady_clock::now();
+  at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i++) sink[i] = bf16_dot_chains(kIters);
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  volatile float keep = sink[0];
+  (void)keep;
+  return threads * static_cast<double>(kIters) * 12 * 32 * 2 * 2 / s / 1e9;  // 32 pairs, 2 FLOP each
+}
+
+}  // namespace
+}  // namespace rtp_llm::ops::avx512
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
 // Run on every CPU: compiled for the baseline ISA, outside the AVX-512 region above.
 namespace rtp_llm::ops::avx512 {
 
@@ -374,6 +421,11 @@ bool attention_supports(int head_dim, int group, int block_size) {
          block_size <= kMaxBlockSize;
 }
 
+double bf16_dot_peak_gflops() {
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bf16")) return 0.0;
+  return bf16_dot_peak_measure(at::get_num_threads());
+}
+
 }  // namespace rtp_llm::ops::avx512
 
 #else  // not x86_64: the portable kernels run
@@ -390,6 +442,7 @@ void attend(Dtype, const void*, const void*, const void*, const int32_t*, int, i
 void rms_norm(Dtype, const void*, const void*, void*, int64_t, int64_t, float) { std::abort(); }
 void add_rms_norm(Dtype, const void*, void*, const void*, void*, int64_t, int64_t, float) { std::abort(); }
 void silu_and_mul(Dtype, const void*, void*, int64_t, int64_t, int64_t) { std::abort(); }
+double bf16_dot_peak_gflops() { return 0.0; }
 
 }  // namespace rtp_llm::ops::avx512
 

@@ -52,4 +52,9 @@ void add_rms_norm(Dtype dtype, const void* x, void* residual, const void* w, voi
 // Elements [begin, end) of out: [rows, inter] = round(round(silu(gate)) * up), x: [rows, 2 inter].
 void silu_and_mul(Dtype dtype, const void* x, void* out, int64_t inter, int64_t begin, int64_t end);
 
+// The cores' bf16 multiply-add peak in GFLOP/s: `vdpbf16ps` on registers only (independent
+// accumulators, no memory), on every intra-op thread at once; 0 without AVX512-BF16. What a
+// bf16 GEMM could reach at best (a roof for benchmarks), not what a library's GEMM reaches.
+double bf16_dot_peak_gflops();
+
 }  // namespace rtp_llm::ops::avx512

@@ -142,4 +142,6 @@ void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& kv_cache, co
   }
 }
 
+double cpu_bf16_peak_gflops() { return avx512::bf16_dot_peak_gflops(); }
+
 }  // namespace rtp_llm::ops

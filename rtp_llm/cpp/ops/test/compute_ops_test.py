@@ -164,5 +164,18 @@ class FusedOpsTest(unittest.TestCase):
             self.ops.store_kv(k, v, cache, torch.tensor([0, 1, 16]))
 
 
+class CpuPeakTest(unittest.TestCase):
+    def test_bf16_peak_is_measured_where_the_cpu_has_the_instruction(self):
+        import platform
+
+        flags = open("/proc/cpuinfo").read() if platform.system() == "Linux" else ""
+        peak = ensure_compute_ops_loaded().cpu_bf16_peak_gflops()
+        if " avx512_bf16" in flags and " avx512f" in flags:
+            # At least 16 bf16 pairs per ns on every thread: far below any AVX512-BF16 core.
+            self.assertGreater(peak, 32.0 * torch.get_num_threads())
+        else:
+            self.assertEqual(peak, 0.0)
+
+
 if __name__ == "__main__":
     unittest.main()
