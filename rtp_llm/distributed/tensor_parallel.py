@@ -176,17 +176,12 @@ def init_tensor_parallel(config: ParallelConfig, device: torch.device) -> TPShar
     dist.init_process_group(backend, init_method=f"tcp://{config.master_addr}:{config.master_port}",
                             rank=config.world_rank, world_size=config.world_size, timeout=timeout)
     cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+    shard = TPShard(config.world_rank, config.tp_size, dist.group.WORLD, cpu_group, None, config.dist_timeout_s)
     one_shot = None
     want = device.type == "cuda" and os.environ.get("RTP_LLM_ONE_SHOT_ALL_REDUCE", "1") != "0"
-
-    def on_all_ranks(flag: bool) -> bool:
-        t = torch.tensor([int(flag)], dtype=torch.int64)
-        _collective("all_reduce", dist.all_reduce, t, op=dist.ReduceOp.MIN, group=cpu_group)
-        return bool(t.item())
-
     # torch numbers symmetric-memory rendezvous per process, so ranks of a second group in a
     # process that already had one would wait on keys the others never write: all or none.
-    if on_all_ranks(want and not _symm_mem_used[0]):
+    if shard.min_over_ranks(want and not _symm_mem_used[0]):
         _symm_mem_used[0] = True
         try:
             from rtp_llm.device.cuda.all_reduce import OneShotAllReduce
@@ -196,13 +191,14 @@ def init_tensor_parallel(config: ParallelConfig, device: torch.device) -> TPShar
             log.warning("symmetric-memory all-reduce unavailable (%s: %s); using NCCL", type(e).__name__, e)
         # Every rank or none, for the one-shot kernel and for the fused one: ranks in different
         # kernels (NCCL, torch's one-shot, the fused one) would wait on each other forever.
-        if not on_all_ranks(one_shot is not None):
+        if not shard.min_over_ranks(one_shot is not None):
             one_shot = None
-        elif not on_all_ranks(one_shot.fused):
+        elif not shard.min_over_ranks(one_shot.fused):
             one_shot.fused = False
     elif want:
         log.info("symmetric-memory all-reduce not used: this process had a tensor-parallel group before; using NCCL")
-    return TPShard(config.world_rank, config.tp_size, dist.group.WORLD, cpu_group, one_shot, config.dist_timeout_s)
+    shard.one_shot = one_shot
+    return shard
 
 
 # ------------------------------------------------------------------ step batch broadcast

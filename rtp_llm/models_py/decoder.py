@@ -105,7 +105,9 @@ class DecoderModel:
         c, be, tp = self.config, self.backend, self.tp
         T = token_ids.shape[0]
         residual = self._embed(token_ids)  # [T, hidden]; every layer adds into it in place
-        hidden = residual.shape[1]
+        # Where the row-parallel projections write their partial sums: the all-reduce's own
+        # buffer under TP on GPUs (no copy-in), else None (anywhere).
+        send = tp.send_buffer(T, residual.shape[1], residual.dtype)
         x = be.rms_norm(residual, self.layers[0].input_norm, c.rms_norm_eps)
         for i, layer in enumerate(self.layers):
             qkv = be.linear(x, layer.qkv)
@@ -114,10 +116,9 @@ class DecoderModel:
             q, k, v = be.qkv_to_cache(qkv, self.num_heads, self.num_kv_heads, c.head_dim, layer.q_norm, layer.k_norm,
                                       c.rms_norm_eps, positions, self.cos, self.sin, kv_cache[i], meta)
             o = be.attention(q, k, v, kv_cache[i], meta, self.scale)
-            # Row-parallel: partial sums, written where the all-reduce reads them.
-            attn = be.linear(o.reshape(T, self.q_size), layer.o_proj, out=tp.send_buffer(T, hidden, residual.dtype))
+            attn = be.linear(o.reshape(T, self.q_size), layer.o_proj, out=send)  # row-parallel
             x = tp.all_reduce_add_rms_norm(attn, residual, layer.post_norm, c.rms_norm_eps, be)
-            mlp = be.linear(be.gate_up_silu(x, layer.gate_up), layer.down, out=tp.send_buffer(T, hidden, residual.dtype))
+            mlp = be.linear(be.gate_up_silu(x, layer.gate_up), layer.down, out=send)
             next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
             x = tp.all_reduce_add_rms_norm(mlp, residual, next_norm, c.rms_norm_eps, be)
         h = x if sample_rows is None else x[sample_rows]

@@ -15,7 +15,7 @@ consumed by a swap 1 -> 0, so the pads return to zeros and the kernels replay in
 Every rank runs the same kernels in the same order, so each signal is consumed by the kernel of
 the peer that matches the sender's."""
 
-import logging
+import math
 import os
 from typing import Optional
 
@@ -24,8 +24,6 @@ import triton
 import triton.language as tl
 
 from rtp_llm.device.cuda.kernels import launch_options, pdl_enter, residual_rms_norm_row
-
-log = logging.getLogger(__name__)
 
 
 @triton.jit
@@ -115,9 +113,7 @@ class OneShotAllReduce:
         """Where a producer writes its partial sum so that no copy precedes the all-reduce (a
         view of this rank's buffer; None when it does not fit)."""
         buf = self.buffers.get(dtype)
-        n = 1
-        for s in shape:
-            n *= s
+        n = math.prod(shape)
         if buf is None or n > buf.numel():
             return None
         return buf[:n].view(shape)

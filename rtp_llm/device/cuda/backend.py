@@ -143,16 +143,16 @@ class CudaBackend(DeviceBackend):
         return weight.contiguous() if weight.dtype == torch.float32 else K.pack_projection(weight)
 
     def linear(self, x, weight, out=None):
-        if weight.dtype != torch.float32 and K.use_gemv(x, weight):
+        if K.use_gemv(x, weight):
             return K.gemv(x, weight, out=out)
         if out is None:
             return torch.nn.functional.linear(x, weight)
         return torch.mm(x, weight.t(), out=out)  # F.linear's very product
 
     def gate_up_silu(self, x, gate_up):
-        if gate_up.dtype != torch.float32 and K.use_gemv(x, gate_up):
+        if K.use_gemv(x, gate_up):
             return K.gemv(x, gate_up, gated=True)  # SiLU-and-mul in the GEMV's epilogue
-        return K.silu_and_mul(self.linear(x, gate_up))
+        return super().gate_up_silu(x, gate_up)
 
     def rms_norm(self, x, weight, eps):
         return K.rms_norm(x, weight, eps)

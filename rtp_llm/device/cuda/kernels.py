@@ -267,7 +267,10 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     pack_projection) for this projection. Measured on an H200 inside CUDA graphs over
     Qwen3-0.6B and 8B (TP 1 and 2) shapes: one row, 4-50 MB weights: gemv 3.3-15.0 us against
     cuBLAS's 5.3-16.2 us; 2 and 4 rows: better only where N <= 1024 (Qwen3-0.6B's o
-    projection: 4.7 / 7.5 us against F.linear's 10.5 / 10.1 us)."""
+    projection: 4.7 / 7.5 us against F.linear's 10.5 / 10.1 us). Never for fp32: the parity
+    reference keeps cuBLAS, i.e. HF's very sums."""
+    if weight.dtype == torch.float32:
+        return False
     if x.dim() != 2 or x.dtype != weight.dtype or x.stride(1) != 1 or not weight.is_contiguous():
         return False  # includes the [K, N]-backed weights of pack_projection
     m = x.shape[0]
