@@ -127,21 +127,16 @@ def test_gemv_writes_into_the_given_buffer():
     assert torch.equal(buf[48:], torch.full((52,), 7.0, device=DEV))
 
 
-def test_projection_layout_picks_gemv_only_for_its_weights(monkeypatch):
-    # Weights above the size limit live as [K, N] memory behind an [N, K] view: F.linear gives
-    # the same product, and gemv (which wants contiguous [N, K]) is never chosen for them.
-    monkeypatch.setattr(K, "GEMV_MAX_WEIGHT_BYTES", 64 * 48 * 2)
+def test_use_gemv_picks_it_for_decode_rows_of_half_precision_weights():
     g = torch.Generator().manual_seed(5)
-    small = torch.randn(64, 48, generator=g).to(torch.bfloat16)
-    large = torch.randn(64, 49, generator=g).to(torch.bfloat16)
-    ps, pl = K.pack_projection(small), K.pack_projection(large)
-    assert ps.is_contiguous() and not pl.is_contiguous() and pl.t().is_contiguous()
-    assert pl.shape == large.shape and torch.equal(pl, large)
-    x1, x8 = torch.randn(1, 49, generator=g).to(torch.bfloat16), torch.randn(8, 48).to(torch.bfloat16)
-    assert not K.use_gemv(x1, pl) and K.use_gemv(x1[:, :48].contiguous(), ps)
-    assert not K.use_gemv(x8, ps)  # 8 rows: cuBLAS
-    assert K.use_gemv(torch.randn(2, 48).to(torch.bfloat16), ps)  # 2 rows, N <= 1024
-    torch.testing.assert_close(torch.nn.functional.linear(x1, pl), x1 @ large.t())
+    w = torch.randn(64, 48, generator=g).to(torch.bfloat16)
+    x1, x8 = torch.randn(1, 48, generator=g).to(torch.bfloat16), torch.randn(8, 48).to(torch.bfloat16)
+    assert K.use_gemv(x1, w)
+    assert not K.use_gemv(x8, w)  # 8 rows: cuBLAS
+    assert K.use_gemv(torch.randn(2, 48).to(torch.bfloat16), w)  # 2 rows, N <= 1024
+    assert not K.use_gemv(torch.randn(2, 48).to(torch.bfloat16), torch.randn(2048, 48).to(torch.bfloat16))
+    assert not K.use_gemv(x1.float(), w.float())  # fp32: cuBLAS, HF's sums
+    assert not K.use_gemv(x1, w.t().contiguous().t())  # gemv wants [N, K] contiguous
 
 
 def _paged_case(dtype, ctx_lens, q_lens, hkv=2, group=3, d=32, page=16, seed=3):

@@ -1,8 +1,9 @@
 """Decode-sized projections on the GPU: cuBLAS over [K, N] (x @ w) and over [N, K] (F.linear),
-the Triton gemv, and what the CUDA backend picks (kernels.pack_projection + use_gemv), each
+the Triton gemv, and what the CUDA backend picks (kernels.use_gemv), each
 timed inside a CUDA graph of calls over distinct weights (so the 50 MB L2 does not hold them),
-as in a decode graph. Prints microseconds per call; --sweep also tries gemv block configs at
-one row (how kernels.gemv_config was chosen).
+as in a decode graph, and for gate-up also with SiLU-and-mul (cuBLAS then silu_and_mul, or
+the gated gemv). Prints microseconds per call; --sweep also tries gemv block configs at one
+row (how kernels.gemv_config was chosen), gated ones for gate-up.
 
     python -m rtp_llm.tools.bench_gemv [--arch qwen3-0.6b] [--tp 1] [--rows 1,2,4,8,16] [--sweep]"""
 
@@ -65,7 +66,6 @@ def main():
         copies = max(4, min(28, int(a.weights_gb * 1e9 // (k * n * 2))))
         w_nk = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
         w_kn = [w.t().contiguous() for w in w_nk]
-        picked = [K.pack_projection(w) for w in w_nk]
         for m in (int(r) for r in a.rows.split(",")):
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             row = {"arch": a.arch, "tp": a.tp, "proj": name, "K": k, "N": n, "rows": m,
@@ -74,16 +74,27 @@ def main():
             if m <= K.GEMV_MAX_ROWS:
                 row["gemv_us"] = graph_us(lambda: [K.gemv(x, w) for w in w_nk], copies)
             linear = (lambda w: K.gemv(x, w) if K.use_gemv(x, w) else torch.nn.functional.linear(x, w))
-            row["backend_us"] = graph_us(lambda: [linear(w) for w in picked], copies)
+            row["backend_us"] = graph_us(lambda: [linear(w) for w in w_nk], copies)
+            if name == "gate_up" and m <= K.GEMV_MAX_ROWS:
+                # With SiLU-and-mul: its own kernel after cuBLAS, or in the gated gemv's epilogue.
+                row["cublas_kn_silu_us"] = graph_us(lambda: [K.silu_and_mul(x @ w) for w in w_kn], copies)
+                row["gated_gemv_us"] = graph_us(lambda: [K.gemv(x, w, gated=True) for w in w_nk], copies)
+                row["gated_gemv_config"] = str(K.gemv_config(n, k, gated=True))
             print(json.dumps(row), flush=True)
         if a.sweep:
             x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
             sweep = {}
-            for cfg in [(bn, bk, nw) for bn in (1, 2, 4, 8) for bk in (128, 256, 512) for nw in (4, 8)]:
+            for cfg in [(bn, bk, nw) for bn in (1, 2, 4, 8) for bk in (128, 256, 512, 1024) for nw in (4, 8)]:
                 sweep[str(cfg)] = graph_us(lambda: [K.gemv(x, w, cfg) for w in w_nk], copies)
-            best = sorted(sweep.items(), key=lambda kv: kv[1])[:3]
+            best = sorted(sweep.items(), key=lambda kv: kv[1])[:4]
             print(json.dumps({"arch": a.arch, "tp": a.tp, "proj": name, "K": k, "N": n, "rows": 1,
                               "gemv_config": str(K.gemv_config(n, k)), "best_configs_us": best}), flush=True)
+            if name == "gate_up":  # the gated gemv: BLOCK_N gate rows and BLOCK_N up rows per program
+                gated = {}
+                for cfg in [(bn, bk, nw) for bn in (2, 4, 8) for bk in (256, 512, 1024) for nw in (4, 8)]:
+                    gated[str(cfg)] = graph_us(lambda: [K.gemv(x, w, cfg, gated=True) for w in w_nk], copies)
+                print(json.dumps({"arch": a.arch, "tp": a.tp, "proj": "gate_up_gated", "K": k, "N": n, "rows": 1,
+                                  "best_configs_us": sorted(gated.items(), key=lambda kv: kv[1])[:4]}), flush=True)
 
 
 if __name__ == "__main__":

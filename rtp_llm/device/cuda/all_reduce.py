@@ -85,6 +85,68 @@ def _all_reduce_add_rms_norm_kernel(bufs_ptr, pads_ptr, res_ptr, w_ptr, out_ptr,
     _barrier(pads_ptr, slot + WS, RANK, WS)
 
 
+@triton.jit
+def _push_poll_add_rms_norm_kernel(send_ptr, recv_ptrs_ptr, state_ptr, res_ptr, w_ptr, out_ptr, D, CAP, stride_res,
+                                   stride_out, eps, RANK: tl.constexpr, WS: tl.constexpr, BITS: tl.constexpr,
+                                   BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """One token row, one NVLink crossing: the row of this rank's partial sum (send_ptr, local)
+    is stored straight into every peer's receive buffer, then the peers' rows are polled for in
+    this rank's own receive buffer; the sum over ranks (fp32, rank order: the same bits on every
+    rank and as NCCL's for two ranks), residual += sum, out = rms_norm(residual) * weight.
+
+    The data is its own flag (Lamport): a receive buffer holds the sentinel -0.0 wherever no
+    row is pending, senders write -0.0 as +0.0 (equal in value), and the reader, once every
+    element of a peer's row differs from the sentinel, stores the sentinel back. Receive
+    buffers are [2 slots][WS senders][CAP elements] and every call flips the slot (state[0],
+    read by every program, flipped by the last to arrive, counted in state[1]). A peer writes
+    a slot again only two calls later, after it has seen this rank's row of the call between,
+    which this rank sends only after this call has finished, resets included: no barrier is
+    needed for reuse, and the buffers replay in CUDA graphs."""
+    pdl_enter(PDL)
+    row = tl.program_id(0)
+    epoch = tl.load(state_ptr, cache_modifier=".cg")
+    # The load above is ordered before this release; the last arrival's acquire then knows every
+    # program has its epoch before it flips it for the next call.
+    arrived = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    last = arrived == tl.num_programs(0) - 1
+    tl.store(state_ptr, epoch ^ 1, mask=last)
+    tl.store(state_ptr + 1, 0, mask=last)
+    if BITS == 16:
+        it = tl.int16
+        SENT: tl.constexpr = -32768  # bits of -0.0 in bf16 / fp16
+    else:
+        it = tl.int32
+        SENT: tl.constexpr = -2147483648  # -0.0 in fp32
+    dt = res_ptr.dtype.element_ty
+    cols = tl.arange(0, BLOCK)
+    m = cols < D
+    mine = tl.load(send_ptr + row * D + cols, mask=m, other=0.0)
+    bits = mine.to(it, bitcast=True)
+    bits = tl.where(bits == SENT, tl.zeros_like(bits), bits)
+    recvs = recv_ptrs_ptr.to(tl.pointer_type(tl.uint64))
+    slot = (epoch & 1) * WS
+    for p in tl.static_range(WS):
+        if p != RANK:
+            peer = tl.multiple_of(tl.load(recvs + p).to(tl.pointer_type(it)), 16)  # symm_mem: page-aligned
+            tl.store(peer + (slot + RANK) * CAP + row * D + cols, bits, mask=m)
+    inbox = tl.multiple_of(tl.load(recvs + RANK).to(tl.pointer_type(it)), 16)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for p in tl.static_range(WS):
+        if p == RANK:
+            acc += mine.to(tl.float32)
+        else:
+            src = inbox + (slot + p) * CAP + row * D + cols
+            got = tl.zeros([BLOCK], it)
+            pending = 1
+            while pending != 0:
+                got = tl.load(src, mask=m, other=0, volatile=True)
+                pending = tl.max((got == SENT).to(tl.int32), axis=0)
+            tl.store(src, tl.full([BLOCK], SENT, it), mask=m)
+            acc += got.to(dt, bitcast=True).to(tl.float32)
+    residual_rms_norm_row(acc.to(dt), res_ptr + row * stride_res, w_ptr, out_ptr + row * stride_out, cols, m, D, eps,
+                          True)
+
+
 class OneShotAllReduce:
     """All-reduces of up to MAX_BYTES through symmetric memory, one buffer per dtype."""
 
@@ -99,14 +161,26 @@ class OneShotAllReduce:
 
         self.name = group.group_name
         self.buffers, self.handles = {}, {}
+        self.inboxes, self.inbox_handles, self.inbox_state = {}, {}, {}
+        ws = group.size()
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             buf = symm_mem.empty(self.MAX_BYTES // dtype.itemsize, dtype=dtype, device=device)
             self.handles[dtype] = h = symm_mem.rendezvous(buf, self.name)
             self.buffers[dtype] = buf
+            # The push kernel's receive buffers, [2 slots][ws senders][MAX_BYTES], all sentinel
+            # (-0.0) before any peer can write (it needs this rank's rendezvous first).
+            inbox = symm_mem.empty(2 * ws * self.MAX_BYTES // dtype.itemsize, dtype=dtype, device=device)
+            inbox.fill_(-0.0)
+            torch.cuda.synchronize(device)
+            self.inbox_handles[dtype] = symm_mem.rendezvous(inbox, self.name)
+            self.inboxes[dtype] = inbox
+            self.inbox_state[dtype] = torch.zeros(2, dtype=torch.int32, device=device)  # [slot epoch, arrivals]
         self.rank, self.world_size = h.rank, h.world_size
         # Two barriers of world_size int32 slots per row.
         self.max_fused_rows = min(self.MAX_FUSED_ROWS, h.signal_pad_size // (2 * self.world_size * 4))
-        self.fused = os.environ.get("RTP_LLM_FUSED_ALL_REDUCE", "1") != "0" and all(
+        mode = os.environ.get("RTP_LLM_FUSED_ALL_REDUCE", "push")
+        self.push = mode != "barrier"
+        self.fused = mode != "0" and all(
             self.buffers[d].data_ptr() == self.handles[d].buffer_ptrs[self.rank] for d in self.buffers)
 
     def send_buffer(self, shape, dtype: torch.dtype) -> Optional[torch.Tensor]:
@@ -152,9 +226,17 @@ class OneShotAllReduce:
         out = torch.empty_like(x)
         if t == 0:
             return out
+        block, warps = triton.next_power_of_2(d), 4 if d <= 4096 else 8
+        if self.push:
+            inbox = self.inbox_handles[x.dtype]
+            _push_poll_add_rms_norm_kernel[(t,)](part, inbox.buffer_ptrs_dev, self.inbox_state[x.dtype], residual,
+                                                 weight, out, d, self.MAX_BYTES // x.element_size(),
+                                                 residual.stride(0), out.stride(0), eps, RANK=self.rank,
+                                                 WS=self.world_size, BITS=8 * x.element_size(), BLOCK=block,
+                                                 num_warps=warps, **launch_options())
+            return out
         h = self.handles[x.dtype]
         _all_reduce_add_rms_norm_kernel[(t,)](h.buffer_ptrs_dev, h.signal_pad_ptrs_dev, residual, weight, out, d,
                                               residual.stride(0), out.stride(0), eps, RANK=self.rank,
-                                              WS=self.world_size, BLOCK=triton.next_power_of_2(d),
-                                              num_warps=4 if d <= 4096 else 8, **launch_options())
+                                              WS=self.world_size, BLOCK=block, num_warps=warps, **launch_options())
         return out

@@ -135,12 +135,11 @@ class CudaBackend(DeviceBackend):
                 qkv[:, q_size + kv_size:].view(t, num_kv_heads, head_dim))
 
     # Projections: decode batches of 1 (and 2-4 for narrow outputs) run the Triton gemv over
-    # HF's [out, in] weights (faster than cuBLAS's GEMV kernels there: Qwen3-0.6B batch-1 decode
-    # ~0.1 ms less per token on an H200), the rest cuBLAS via F.linear; weights too large for
-    # gemv to win keep cuBLAS's faster [in, out] memory (kernels.pack_projection). fp32 (the
-    # parity reference) keeps nn.Linear's layout and kernels, i.e. HF's very sums.
+    # HF's [out, in] weights (faster than cuBLAS's GEMV kernels there: Qwen3-8B batch-1 decode
+    # 2-4 us less per projection on an H200), the rest cuBLAS via F.linear. fp32 (the parity
+    # reference) keeps cuBLAS, i.e. HF's very sums.
     def pack_linear(self, weight):
-        return weight.contiguous() if weight.dtype == torch.float32 else K.pack_projection(weight)
+        return weight.contiguous()
 
     def linear(self, x, weight, out=None):
         if K.use_gemv(x, weight):

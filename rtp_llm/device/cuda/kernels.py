@@ -247,32 +247,19 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- small-batch projections
 
 GEMV_MAX_ROWS = 4
-GEMV_MAX_WEIGHT_BYTES = 64 << 20
-
-
-def pack_projection(weight: torch.Tensor) -> torch.Tensor:
-    """A bf16/fp16 projection weight, HF's [N, K] (out, in), in the layout its kernels want.
-    Up to GEMV_MAX_WEIGHT_BYTES: [N, K] contiguous, for gemv() at decode batch 1, F.linear
-    (cuBLAS) otherwise. Larger (Qwen3-8B's 100-200 MB gate_up and down): [K, N] memory seen as
-    an [N, K] view, i.e. F.linear runs x @ w over [K, N]. Measured on an H200 for those three
-    weights: cuBLAS over [K, N] as fast as over [N, K] or up to 11% faster at 1-16 rows; gemv
-    at one row 6% faster on one of them (8B down), equal or slower on the others."""
-    if weight.numel() * weight.element_size() > GEMV_MAX_WEIGHT_BYTES:
-        return weight.t().contiguous().t()
-    return weight.contiguous()
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether gemv() beats cuBLAS (F.linear on the same [N, K] weight, from
-    pack_projection) for this projection. Measured on an H200 inside CUDA graphs over
-    Qwen3-0.6B and 8B (TP 1 and 2) shapes: one row, 4-50 MB weights: gemv 3.3-15.0 us against
-    cuBLAS's 5.3-16.2 us; 2 and 4 rows: better only where N <= 1024 (Qwen3-0.6B's o
-    projection: 4.7 / 7.5 us against F.linear's 10.5 / 10.1 us). Never for fp32: the parity
-    reference keeps cuBLAS, i.e. HF's very sums."""
+    """Whether gemv() beats cuBLAS (F.linear on the same [N, K] weight) for this projection.
+    Measured on an H200 inside CUDA graphs over Qwen3-0.6B and 8B (TP 1 and 2) shapes
+    (`bench_gemv`): one row, 4-200 MB weights: gemv 2.4-46 us against cuBLAS's 5.3-48 us (over
+    [N, K] or [K, N] memory alike); 2 and 4 rows: better only where N <= 1024 (Qwen3-0.6B's o
+    projection: 4.4 / 7.0 us against 5.8 us). Never for fp32: the parity reference keeps
+    cuBLAS, i.e. HF's very sums."""
     if weight.dtype == torch.float32:
         return False
     if x.dim() != 2 or x.dtype != weight.dtype or x.stride(1) != 1 or not weight.is_contiguous():
-        return False  # includes the [K, N]-backed weights of pack_projection
+        return False
     m = x.shape[0]
     n = weight.shape[0]
     if m == 0 or m > GEMV_MAX_ROWS:
@@ -328,17 +315,18 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride_x, stride_out, M: tl.conste
         tl.store(out_ptr + m * stride_out + offs_n, res.to(dt), mask=nmask)
 
 
-def gemv_config(n: int, k: int):
-    """(BLOCK_N, BLOCK_K, num_warps) for a [N, K] weight: the best measured on an H200 for the
-    Qwen3-0.6B / 8B projections (one weight row per program once N is small or K long; four
-    rows of short K otherwise)."""
+def gemv_config(n: int, k: int, gated: bool = False):
+    """(BLOCK_N, BLOCK_K, num_warps) for a [N, K] weight (gated: [2 I, K], BLOCK_N counting
+    gate and up rows). From an H200 sweep with PDL over the Qwen3-0.6B and 8B (TP 1 and 2)
+    projections (`bench_gemv --sweep`): long K tiles win everywhere (the first tile is loaded
+    before the PDL wait), and a program should stream ~8K weights: within 2-8% of each shape's
+    best, 1.2-1.6x faster than the sweep before PDL picked for the 8B shapes."""
+    block_k = min(1024, triton.next_power_of_2(k))
+    if gated:
+        return max(2, min(8, 8192 // k)), min(512, block_k), 4
     if n <= 1024:
-        return 1, 512, 8
-    if k >= 4096:
-        return 1, 256, 4
-    if n >= 6144:
-        return 4, 256, 4
-    return 4, 128, 8
+        return 1, block_k, 4  # few rows: one per program, or too few programs
+    return max(1, min(4, 8192 // k)), block_k, 4
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, config=None, out: torch.Tensor = None,
@@ -349,7 +337,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config=None, out: torch.Tensor =
     m = x.shape[0]
     n, k = weight.shape
     assert m <= GEMV_MAX_ROWS and x.shape[1] == k and x.stride(1) == 1 and weight.is_contiguous()
-    block_n, block_k, num_warps = config or gemv_config(n, k)
+    block_n, block_k, num_warps = config or gemv_config(n, k, gated)
     if gated:
         assert n % 2 == 0, "gated: weight rows are gate then up, 2 I of them"
         n //= 2
