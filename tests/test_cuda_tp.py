@@ -27,52 +27,49 @@ def _fused_all_reduce_rank(rank: int, port: int, errors):
         dev = torch.device("cuda", rank)
         tp = init_tensor_parallel(ParallelConfig(tp_size=2, world_size=2, world_rank=rank, master_port=port), dev)
         assert tp.one_shot is not None and tp.one_shot.fused
-        for push in (True, False):  # the push (Lamport) kernel and the two-barrier one
-            tp.one_shot.push = push
-            for dtype in (torch.bfloat16, torch.float32):
-                for rows, d in ((1, 4096), (3, 1000), (64, 1024)):
-                    g = torch.Generator().manual_seed(rows)
-                    residual0 = torch.randn(rows, d, generator=g).to(dtype).to(dev)  # the same on both ranks
-                    w = torch.randn(d, generator=g).to(dtype).to(dev)
-                    parts = [torch.randn(rows, d, generator=g).to(dtype).to(dev) for _ in range(2)]
-                    parts[0][:, ::5] = -0.0  # the push kernel's sentinel, sent as +0.0
-                    parts[1][:, ::3] = -0.0
-                    want_res = residual0.clone()
-                    summed = parts[rank].clone()
-                    dist.all_reduce(summed)
-                    want = K.rms_norm(summed, w, 1e-6, residual=want_res)
+        for dtype in (torch.bfloat16, torch.float32):
+            for rows, d in ((1, 4096), (3, 1000), (64, 1024)):
+                g = torch.Generator().manual_seed(rows)
+                residual0 = torch.randn(rows, d, generator=g).to(dtype).to(dev)  # the same on both ranks
+                w = torch.randn(d, generator=g).to(dtype).to(dev)
+                parts = [torch.randn(rows, d, generator=g).to(dtype).to(dev) for _ in range(2)]
+                parts[0][:, ::5] = -0.0  # the receive buffers' sentinel, sent as +0.0
+                parts[1][:, ::3] = -0.0
+                want_res = residual0.clone()
+                summed = parts[rank].clone()
+                dist.all_reduce(summed)
+                want = K.rms_norm(summed, w, 1e-6, residual=want_res)
 
-                    # The producer writes into the send buffer, as the decoder's projections do.
-                    res = residual0.clone()
-                    x = tp.send_buffer(rows, d, dtype)
-                    x.copy_(parts[rank])
-                    got = tp.all_reduce_add_rms_norm(x, res, w, 1e-6, backend=None)
-                    torch.cuda.synchronize()
-                    assert torch.equal(got, want) and torch.equal(res, want_res), (push, dtype, rows, d, "eager")
+                # The producer writes into the send buffer, as the decoder's projections do.
+                res = residual0.clone()
+                x = tp.send_buffer(rows, d, dtype)
+                x.copy_(parts[rank])
+                got = tp.all_reduce_add_rms_norm(x, res, w, 1e-6, backend=None)
+                torch.cuda.synchronize()
+                assert torch.equal(got, want) and torch.equal(res, want_res), (dtype, rows, d, "eager")
 
-                    # Replayed from a graph: the signal pads must come back to zeros and the receive
-                    # buffers to the sentinel every time.
+                # Replayed from a graph: the receive buffers must come back to the sentinel and the
+                # slots must keep alternating in step on both ranks.
+                res.copy_(residual0)
+                stream = torch.cuda.Stream(dev)
+                stream.wait_stream(torch.cuda.current_stream(dev))
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+                    out = None
+                    for _ in range(3):
+                        x = tp.send_buffer(rows, d, dtype)
+                        x.copy_(parts[rank])
+                        out = tp.all_reduce_add_rms_norm(x, res, w, 1e-6, backend=None)
+                torch.cuda.current_stream(dev).wait_stream(stream)
+                for _ in range(4):
                     res.copy_(residual0)
-                    stream = torch.cuda.Stream(dev)
-                    stream.wait_stream(torch.cuda.current_stream(dev))
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-                        out = None
-                        for _ in range(3):
-                            x = tp.send_buffer(rows, d, dtype)
-                            x.copy_(parts[rank])
-                            out = tp.all_reduce_add_rms_norm(x, res, w, 1e-6, backend=None)
-                    torch.cuda.current_stream(dev).wait_stream(stream)
-                    for _ in range(4):
-                        res.copy_(residual0)
-                        graph.replay()
-                        torch.cuda.synchronize()
-                        want_res = residual0.clone()
-                        for _ in range(3):
-                            want = K.rms_norm(summed, w, 1e-6, residual=want_res)
-                        assert torch.equal(res, want_res) and torch.equal(out, want), (push, dtype, rows, d, "graph")
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    want_res = residual0.clone()
+                    for _ in range(3):
+                        want = K.rms_norm(summed, w, 1e-6, residual=want_res)
+                    assert torch.equal(res, want_res) and torch.equal(out, want), (dtype, rows, d, "graph")
 
-        tp.one_shot.push = True
         # A decoder layer's MLP under TP, as the backend runs it at batch 1: the gated GEMV,
         # then the down GEMV writing into the send buffer (both PDL-launched on Hopper) feeding
         # the fused kernel; against the same GEMVs into plain memory, NCCL, add + RMSNorm.

@@ -8,9 +8,10 @@ output, down) produce partial sums that an all-reduce completes; the embedding l
 all-reduce of masked local lookups, the logits an all-gather of vocab slices. On GPUs the
 small all-reduces of decode steps (a few KB per layer) go through symmetric memory
 (rtp_llm.device.cuda.all_reduce): the row-parallel projections write their partial sums
-straight into the symmetric buffer (send_buffer) and one kernel sums the ranks' buffers and
-applies the residual add and RMSNorm that follow (all_reduce_add_rms_norm); NCCL's ring takes
-several times its latency at those sizes.
+straight into the symmetric buffer (send_buffer) and one kernel stores them into the peers'
+receive buffers, sums what the peers stored into its own, and applies the residual add and
+RMSNorm that follow (all_reduce_add_rms_norm); NCCL's ring takes several times its latency at
+those sizes.
 
 Rank 0 owns the C++ core and samples; every step it broadcasts the step batch (StepBroadcast)
 and all ranks run the model on it. Collectives time out (--dist_timeout_s) so that a dead rank

@@ -1,7 +1,7 @@
 """Latency of the tensor-parallel all-reduce of a decode step, inside a CUDA graph as the engine
 runs it: the symmetric-memory one-shot kernel (OneShotAllReduce) against NCCL in the same run,
-and the fused all-reduce + residual add + RMSNorm (the push kernel and the two-barrier one)
-against the all-reduce followed by the add + RMSNorm kernel. Prints microseconds per call for
+and the fused all-reduce + residual add + RMSNorm against the all-reduce followed by the add +
+RMSNorm kernel. Prints microseconds per call for
 each size (rows x hidden, bf16).
 
     python -m rtp_llm.tools.bench_allreduce [--tp 2] [--hidden 4096] [--rows 1,8,64,256] [--calls 72]
@@ -60,14 +60,12 @@ def _rank(rank: int, a, port: int, queue):
             if name == "nccl" or fits:
                 out[f"{name}_us"] = _time_graph(device, a.calls, a.iters, lambda: tp.all_reduce(x))
         tp.one_shot = one_shot
-        if fits and one_shot.fused and rows <= one_shot.max_fused_rows:
+        if fits and one_shot.fused and rows <= one_shot.MAX_FUSED_ROWS:
             # What a decoder layer runs after a row-parallel projection, the partial sum already
             # in the send buffer: the fused kernel against all-reduce, then add + RMSNorm.
             send = tp.send_buffer(rows, a.hidden, x.dtype)
-            for name, push in (("fused_push", True), ("fused_barrier", False)):
-                one_shot.push = push
-                out[f"{name}_us"] = _time_graph(
-                    device, a.calls, a.iters, lambda: tp.all_reduce_add_rms_norm(send, residual, w, 1e-6, None))
+            out["fused_add_rms_norm_us"] = _time_graph(
+                device, a.calls, a.iters, lambda: tp.all_reduce_add_rms_norm(send, residual, w, 1e-6, None))
             out["composed_add_rms_norm_us"] = _time_graph(
                 device, a.calls, a.iters, lambda: K.rms_norm(tp.all_reduce(send), w, 1e-6, residual=residual))
         if rank == 0:

@@ -1,19 +1,14 @@
 """Small all-reduces of tensor parallelism on GPUs through symmetric memory (NVLink peer
-access, no multicast/NVLS): every rank's partial sum sits in its own symmetric buffer, and one
-kernel reads all ranks' buffers.
+access, no multicast/NVLS).
 
-- OneShotAllReduce.__call__: torch's symm_mem.one_shot_all_reduce (a copy into the buffer
-  first unless the producer wrote there: send_buffer()).
+- OneShotAllReduce.__call__: torch's symm_mem.one_shot_all_reduce (every rank's partial sum in
+  its own symmetric buffer, copied there first unless the producer wrote there:
+  send_buffer(); one kernel reads all ranks' buffers).
 - OneShotAllReduce.add_rms_norm: the decoder's `residual += all_reduce(x); rms_norm(residual)`
-  in one Triton kernel: a barrier with the peers, the sum over ranks, the residual add and the
-  RMSNorm, a second barrier. One launch instead of three (copy, all-reduce, add + norm).
-
-Barriers are per program (one program per token row): a program signals the same program on
-every peer through their signal pads and waits for theirs. A signal is a compare-and-swap
-0 -> 1 into the peer's slot (retried while a previous signal there is still unconsumed) and is
-consumed by a swap 1 -> 0, so the pads return to zeros and the kernels replay in CUDA graphs.
-Every rank runs the same kernels in the same order, so each signal is consumed by the kernel of
-the peer that matches the sender's."""
+  in one Triton kernel that crosses NVLink once: each rank stores its rows straight into the
+  peers' receive buffers and polls its own for theirs (the data is its own flag), then adds
+  and normalizes. One launch instead of three (copy, all-reduce, add + norm), and no barrier.
+"""
 
 import math
 import os
@@ -23,66 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rtp_llm.device.cuda.kernels import launch_options, pdl_enter, residual_rms_norm_row
-
-
-@triton.jit
-def _signal(pads_ptr, peer, slot):
-    pad = tl.load(pads_ptr + peer).to(tl.pointer_type(tl.int32))
-    while tl.atomic_cas(pad + slot, 0, 1, sem="release", scope="sys") != 0:
-        pass
-
-
-@triton.jit
-def _consume(pads_ptr, me, slot):
-    pad = tl.load(pads_ptr + me).to(tl.pointer_type(tl.int32))
-    while tl.atomic_cas(pad + slot, 1, 0, sem="acquire", scope="sys") != 1:
-        pass
-
-
-@triton.jit
-def _barrier(pads_ptr, slot0, RANK: tl.constexpr, WS: tl.constexpr):
-    """Returns once every rank's program has reached the barrier of slots [slot0, slot0 + WS):
-    slot slot0 + r of a rank's pad carries rank r's signal. One thread signals and waits: the
-    block barrier before it orders the other threads' accesses before the signal (its release
-    at system scope publishes them), the one after it orders their later loads after the
-    acquire, so they see the peers' writes from before their signals."""
-    pads = pads_ptr.to(tl.pointer_type(tl.uint64))
-    tl.debug_barrier()
-    for p in tl.static_range(WS):
-        if p != RANK:
-            _signal(pads, p, slot0 + RANK)
-    for p in tl.static_range(WS):
-        if p != RANK:
-            _consume(pads, RANK, slot0 + p)
-    tl.debug_barrier()
-
-
-@triton.jit
-def _all_reduce_add_rms_norm_kernel(bufs_ptr, pads_ptr, res_ptr, w_ptr, out_ptr, D, stride_res, stride_out, eps,
-                                    RANK: tl.constexpr, WS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """One token row: x = sum over ranks of their buffers' row (fp32, in rank order, so that all
-    ranks get the same bits; for two ranks also the bits of NCCL's and torch's all-reduce),
-    rounded to the dtype; then
-    residual += x and out = rms_norm(residual) * weight (residual_rms_norm_row)."""
-    pdl_enter(PDL)
-    row = tl.program_id(0)
-    slot = row * (2 * WS)  # this row's start barrier: [slot, slot + WS); end barrier: the next WS
-    _barrier(pads_ptr, slot, RANK, WS)
-    bufs = bufs_ptr.to(tl.pointer_type(tl.uint64))
-    cols = tl.arange(0, BLOCK)
-    m = cols < D
-    dt = res_ptr.dtype.element_ty
-    acc = tl.zeros([BLOCK], tl.float32)
-    for p in tl.static_range(WS):
-        buf = tl.multiple_of(tl.load(bufs + p).to(tl.pointer_type(dt)), 16)  # symm_mem buffers: page-aligned
-        # .cg: from L2 (the owner's, for a peer's buffer), never a line L1 kept from earlier
-        acc += tl.load(buf + row * D + cols, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
-    residual_rms_norm_row(acc.to(dt), res_ptr + row * stride_res, w_ptr, out_ptr + row * stride_out, cols, m, D, eps,
-                          True)
-    # Peers may overwrite their buffers (the next layer's partial sums) only after every rank
-    # has read them.
-    _barrier(pads_ptr, slot + WS, RANK, WS)
+from rtp_llm.device.cuda.kernels import launch_options, pdl_enter, weighted_rms_norm
 
 
 @triton.jit
@@ -102,15 +38,11 @@ def _push_poll_add_rms_norm_kernel(send_ptr, recv_ptrs_ptr, state_ptr, res_ptr, 
     a slot again only two calls later, after it has seen this rank's row of the call between,
     which this rank sends only after this call has finished, resets included: no barrier is
     needed for reuse, and the buffers replay in CUDA graphs."""
-    pdl_enter(PDL)
     row = tl.program_id(0)
-    epoch = tl.load(state_ptr, cache_modifier=".cg")
-    # The load above is ordered before this release; the last arrival's acquire then knows every
-    # program has its epoch before it flips it for the next call.
-    arrived = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
-    last = arrived == tl.num_programs(0) - 1
-    tl.store(state_ptr, epoch ^ 1, mask=last)
-    tl.store(state_ptr + 1, 0, mask=last)
+    cols = tl.arange(0, BLOCK)
+    m = cols < D
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)  # never written by a kernel
+    pdl_enter(PDL)
     if BITS == 16:
         it = tl.int16
         SENT: tl.constexpr = -32768  # bits of -0.0 in bf16 / fp16
@@ -118,9 +50,9 @@ def _push_poll_add_rms_norm_kernel(send_ptr, recv_ptrs_ptr, state_ptr, res_ptr, 
         it = tl.int32
         SENT: tl.constexpr = -2147483648  # -0.0 in fp32
     dt = res_ptr.dtype.element_ty
-    cols = tl.arange(0, BLOCK)
-    m = cols < D
     mine = tl.load(send_ptr + row * D + cols, mask=m, other=0.0)
+    r = tl.load(res_ptr + row * stride_res + cols, mask=m, other=0.0)  # in flight while the peers' rows come
+    epoch = tl.load(state_ptr, cache_modifier=".cg")
     bits = mine.to(it, bitcast=True)
     bits = tl.where(bits == SENT, tl.zeros_like(bits), bits)
     recvs = recv_ptrs_ptr.to(tl.pointer_type(tl.uint64))
@@ -129,6 +61,13 @@ def _push_poll_add_rms_norm_kernel(send_ptr, recv_ptrs_ptr, state_ptr, res_ptr, 
         if p != RANK:
             peer = tl.multiple_of(tl.load(recvs + p).to(tl.pointer_type(it)), 16)  # symm_mem: page-aligned
             tl.store(peer + (slot + RANK) * CAP + row * D + cols, bits, mask=m)
+    # The epoch load is ordered before this release; the last arrival's acquire then knows every
+    # program has its epoch before it flips it for the next call. (After the stores: off the
+    # path to the peers.)
+    arrived = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    last = arrived == tl.num_programs(0) - 1
+    tl.store(state_ptr, epoch ^ 1, mask=last)
+    tl.store(state_ptr + 1, 0, mask=last)
     inbox = tl.multiple_of(tl.load(recvs + RANK).to(tl.pointer_type(it)), 16)
     acc = tl.zeros([BLOCK], tl.float32)
     for p in tl.static_range(WS):
@@ -143,16 +82,17 @@ def _push_poll_add_rms_norm_kernel(send_ptr, recv_ptrs_ptr, state_ptr, res_ptr, 
                 pending = tl.max((got == SENT).to(tl.int32), axis=0)
             tl.store(src, tl.full([BLOCK], SENT, it), mask=m)
             acc += got.to(dt, bitcast=True).to(tl.float32)
-    residual_rms_norm_row(acc.to(dt), res_ptr + row * stride_res, w_ptr, out_ptr + row * stride_out, cols, m, D, eps,
-                          True)
+    x = (acc.to(dt).to(tl.float32) + r.to(tl.float32)).to(dt)  # rounded as torch's add
+    tl.store(res_ptr + row * stride_res + cols, x, mask=m)
+    tl.store(out_ptr + row * stride_out + cols, weighted_rms_norm(x, w, D, eps).to(dt), mask=m)
 
 
 class OneShotAllReduce:
     """All-reduces of up to MAX_BYTES through symmetric memory, one buffer per dtype."""
 
     MAX_BYTES = 1 << 20
-    # One program per row; a row waits only on the same row of the peers, and 512 programs of
-    # <= 8 warps fit an H100/H200 in one wave.
+    # One program per row, and a row waits on the same row of the peers: every row of a call
+    # in one wave (512 programs of <= 8 warps fit an H100/H200).
     MAX_FUSED_ROWS = 512
     TORCH_DTYPES = (torch.bfloat16, torch.float32)  # symm_mem.one_shot_all_reduce's (no fp16)
 
@@ -161,27 +101,22 @@ class OneShotAllReduce:
 
         self.name = group.group_name
         self.buffers, self.handles = {}, {}
-        self.inboxes, self.inbox_handles, self.inbox_state = {}, {}, {}
+        self.inboxes, self.inbox_state = {}, {}
         ws = group.size()
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             buf = symm_mem.empty(self.MAX_BYTES // dtype.itemsize, dtype=dtype, device=device)
-            self.handles[dtype] = h = symm_mem.rendezvous(buf, self.name)
+            self.handles[dtype] = symm_mem.rendezvous(buf, self.name)
             self.buffers[dtype] = buf
-            # The push kernel's receive buffers, [2 slots][ws senders][MAX_BYTES], all sentinel
-            # (-0.0) before any peer can write (it needs this rank's rendezvous first).
+            # add_rms_norm's receive buffers, [2 slots][ws senders][MAX_BYTES], all sentinel
+            # (-0.0) before any peer can write there (which needs this rank's rendezvous).
             inbox = symm_mem.empty(2 * ws * self.MAX_BYTES // dtype.itemsize, dtype=dtype, device=device)
             inbox.fill_(-0.0)
             torch.cuda.synchronize(device)
-            self.inbox_handles[dtype] = symm_mem.rendezvous(inbox, self.name)
-            self.inboxes[dtype] = inbox
+            self.inboxes[dtype] = symm_mem.rendezvous(inbox, self.name)
             self.inbox_state[dtype] = torch.zeros(2, dtype=torch.int32, device=device)  # [slot epoch, arrivals]
+        h = self.handles[torch.bfloat16]
         self.rank, self.world_size = h.rank, h.world_size
-        # Two barriers of world_size int32 slots per row.
-        self.max_fused_rows = min(self.MAX_FUSED_ROWS, h.signal_pad_size // (2 * self.world_size * 4))
-        mode = os.environ.get("RTP_LLM_FUSED_ALL_REDUCE", "push")
-        self.push = mode != "barrier"
-        self.fused = mode != "0" and all(
-            self.buffers[d].data_ptr() == self.handles[d].buffer_ptrs[self.rank] for d in self.buffers)
+        self.fused = os.environ.get("RTP_LLM_FUSED_ALL_REDUCE", "1") != "0"
 
     def send_buffer(self, shape, dtype: torch.dtype) -> Optional[torch.Tensor]:
         """Where a producer writes its partial sum so that no copy precedes the all-reduce (a
@@ -216,7 +151,7 @@ class OneShotAllReduce:
                      eps: float) -> Optional[torch.Tensor]:
         """residual += sum of x over the ranks; returns rms_norm(residual) * weight. x,
         residual: [T, D]. None (nothing done) when the fused kernel does not apply."""
-        if (not self.fused or x.dim() != 2 or x.shape[0] > self.max_fused_rows or residual.dtype != x.dtype
+        if (not self.fused or x.dim() != 2 or x.shape[0] > self.MAX_FUSED_ROWS or residual.dtype != x.dtype
                 or residual.stride(1) != 1 or not weight.is_contiguous()):
             return None
         part = self._staged(x)
@@ -226,17 +161,10 @@ class OneShotAllReduce:
         out = torch.empty_like(x)
         if t == 0:
             return out
-        block, warps = triton.next_power_of_2(d), 4 if d <= 4096 else 8
-        if self.push:
-            inbox = self.inbox_handles[x.dtype]
-            _push_poll_add_rms_norm_kernel[(t,)](part, inbox.buffer_ptrs_dev, self.inbox_state[x.dtype], residual,
-                                                 weight, out, d, self.MAX_BYTES // x.element_size(),
-                                                 residual.stride(0), out.stride(0), eps, RANK=self.rank,
-                                                 WS=self.world_size, BITS=8 * x.element_size(), BLOCK=block,
-                                                 num_warps=warps, **launch_options())
-            return out
-        h = self.handles[x.dtype]
-        _all_reduce_add_rms_norm_kernel[(t,)](h.buffer_ptrs_dev, h.signal_pad_ptrs_dev, residual, weight, out, d,
-                                              residual.stride(0), out.stride(0), eps, RANK=self.rank,
-                                              WS=self.world_size, BLOCK=block, num_warps=warps, **launch_options())
+        _push_poll_add_rms_norm_kernel[(t,)](part, self.inboxes[x.dtype].buffer_ptrs_dev, self.inbox_state[x.dtype],
+                                             residual, weight, out, d, self.MAX_BYTES // x.element_size(),
+                                             residual.stride(0), out.stride(0), eps, RANK=self.rank,
+                                             WS=self.world_size, BITS=8 * x.element_size(),
+                                             BLOCK=triton.next_power_of_2(d), num_warps=4 if d <= 4096 else 8,
+                                             **launch_options())
         return out

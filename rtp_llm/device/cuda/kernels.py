@@ -61,6 +61,15 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 
 @triton.jit
+def weighted_rms_norm(x, w, D, eps):
+    """weight * rms_norm(x) of one row x [BLOCK] (the dtype; masked lanes 0), w [BLOCK] fp32:
+    the norm in fp32, rounded to the dtype before the weight multiplies, as HF's Qwen3RMSNorm."""
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=0) / D
+    return w * (xf * tl.rsqrt(var + eps)).to(x.dtype).to(tl.float32)
+
+
+@triton.jit
 def residual_rms_norm_row(x, res_row_ptr, w_ptr, out_row_ptr, cols, m, D, eps, HAS_RES: tl.constexpr):
     """One row x [BLOCK] (masked by m): with HAS_RES, residual += x (rounded to the dtype as
     torch's add does) and the norm is of the sum; out = weight * rms_norm."""
@@ -68,11 +77,8 @@ def residual_rms_norm_row(x, res_row_ptr, w_ptr, out_row_ptr, cols, m, D, eps, H
         r = tl.load(res_row_ptr + cols, mask=m, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(r.dtype)
         tl.store(res_row_ptr + cols, x, mask=m)
-    xf = x.to(tl.float32)
-    var = tl.sum(xf * xf, axis=0) / D
-    y = (xf * tl.rsqrt(var + eps)).to(x.dtype).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
-    tl.store(out_row_ptr + cols, (w * y).to(out_row_ptr.dtype.element_ty), mask=m)
+    tl.store(out_row_ptr + cols, weighted_rms_norm(x, w, D, eps).to(out_row_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
