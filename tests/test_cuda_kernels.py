@@ -111,8 +111,22 @@ def test_gated_gemv_equals_silu_and_mul_of_the_matmul(dtype, rows, i, k):
     # bf16: three roundings (gate, act, product); a gate one unit off from another summation
     # order ends up to ~3 units off.
     tol = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=2 ** -5, atol=2e-2)
-    for config in [(4, 64, 4), (1, 128, 4), K.gemv_config(2 * i, k)]:
+    for config in [(4, 64, 4), (1, 128, 4), K.gemv_config(2 * i, k, gated=True)]:
         torch.testing.assert_close(K.gemv(x, w, config, gated=True), expected, **tol)
+
+
+@pytest.mark.parametrize("n,k,gated", [(1056, 2560, False), (640, 2560, False), (1088, 1280, True),
+                                       (64, 3000, True)])
+def test_gemv_default_configs_compile_for_any_k(n, k, gated):
+    # Triton tiles must be powers of two, whatever K (e.g. Qwen3-4B's 2560) gives.
+    bn, bk, _ = K.gemv_config(n, k, gated)
+    assert bn & (bn - 1) == 0 and bk & (bk - 1) == 0 and (not gated or bn >= 2)
+    g = torch.Generator().manual_seed(8)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(torch.bfloat16).to(DEV)
+    x = torch.randn(1, k, generator=g).to(torch.bfloat16).to(DEV)
+    y = (x.float() @ w.float().t()).to(torch.bfloat16)
+    expected = K.silu_and_mul(y) if gated else y
+    torch.testing.assert_close(K.gemv(x, w, gated=gated), expected, rtol=2 ** -5, atol=2e-2)
 
 
 def test_gemv_writes_into_the_given_buffer():

@@ -1,8 +1,7 @@
 """Latency of the tensor-parallel all-reduce of a decode step, inside a CUDA graph as the engine
 runs it: the symmetric-memory one-shot kernel (OneShotAllReduce) against NCCL in the same run,
 and the fused all-reduce + residual add + RMSNorm against the all-reduce followed by the add +
-RMSNorm kernel. Prints microseconds per call for
-each size (rows x hidden, bf16).
+RMSNorm kernel. Prints microseconds per call for each size (rows x hidden, bf16).
 
     python -m rtp_llm.tools.bench_allreduce [--tp 2] [--hidden 4096] [--rows 1,8,64,256] [--calls 72]
 

@@ -28,7 +28,8 @@ def _push_poll_add_rms_norm_kernel(send_ptr, recv_ptrs_ptr, state_ptr, res_ptr, 
     """One token row, one NVLink crossing: the row of this rank's partial sum (send_ptr, local)
     is stored straight into every peer's receive buffer, then the peers' rows are polled for in
     this rank's own receive buffer; the sum over ranks (fp32, rank order: the same bits on every
-    rank and as NCCL's for two ranks), residual += sum, out = rms_norm(residual) * weight.
+    rank, and NCCL's values for two ranks, a zero's sign aside), residual += sum,
+    out = rms_norm(residual) * weight.
 
     The data is its own flag (Lamport): a receive buffer holds the sentinel -0.0 wherever no
     row is pending, senders write -0.0 as +0.0 (equal in value), and the reader, once every
@@ -61,9 +62,11 @@ def _push_poll_add_rms_norm_kernel(send_ptr, recv_ptrs_ptr, state_ptr, res_ptr, 
         if p != RANK:
             peer = tl.multiple_of(tl.load(recvs + p).to(tl.pointer_type(it)), 16)  # symm_mem: page-aligned
             tl.store(peer + (slot + RANK) * CAP + row * D + cols, bits, mask=m)
-    # The epoch load is ordered before this release; the last arrival's acquire then knows every
-    # program has its epoch before it flips it for the next call. (After the stores: off the
-    # path to the peers.)
+    # Every thread's epoch load is done (the stores above used it), and the block barrier orders
+    # it before thread 0's release here; the last arrival's acquire then knows every program's
+    # threads have their epoch before it flips it for the next call. After the stores: off the
+    # path to the peers.
+    tl.debug_barrier()
     arrived = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="gpu")
     last = arrived == tl.num_programs(0) - 1
     tl.store(state_ptr, epoch ^ 1, mask=last)
@@ -88,12 +91,15 @@ def _push_poll_add_rms_norm_kernel(send_ptr, recv_ptrs_ptr, state_ptr, res_ptr, 
 
 
 class OneShotAllReduce:
-    """All-reduces of up to MAX_BYTES through symmetric memory, one buffer per dtype."""
+    """All-reduces of up to MAX_BYTES through symmetric memory: per dtype, one send buffer and
+    add_rms_norm's receive buffers."""
 
     MAX_BYTES = 1 << 20
-    # One program per row, and a row waits on the same row of the peers: every row of a call
-    # in one wave (512 programs of <= 8 warps fit an H100/H200).
-    MAX_FUSED_ROWS = 512
+    # One program per row, and a row spins until the same row of every peer has arrived: all
+    # rows of a call must be resident at once on every rank, whatever order the GPUs schedule
+    # them in. 128 programs need one per SM of an H100/H200 (132 SMs); the kernel's ~124-168
+    # registers a thread allow 2-4.
+    MAX_FUSED_ROWS = 128
     TORCH_DTYPES = (torch.bfloat16, torch.float32)  # symm_mem.one_shot_all_reduce's (no fp16)
 
     def __init__(self, group, device: torch.device):

@@ -329,10 +329,14 @@ def gemv_config(n: int, k: int, gated: bool = False):
     best, 1.2-1.6x faster than the sweep before PDL picked for the 8B shapes."""
     block_k = min(1024, triton.next_power_of_2(k))
     if gated:
-        return max(2, min(8, 8192 // k)), min(512, block_k), 4
+        return _pow2_floor(max(2, min(8, 8192 // k))), min(512, block_k), 4
     if n <= 1024:
         return 1, block_k, 4  # few rows: one per program, or too few programs
-    return max(1, min(4, 8192 // k)), block_k, 4
+    return _pow2_floor(max(1, min(4, 8192 // k))), block_k, 4
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, config=None, out: torch.Tensor = None,
