@@ -43,3 +43,16 @@ def test_greedy_tokens_equal_hf_transformers(model):
         ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
                           do_sample=False)[0, ids.shape[1]:].tolist()
         assert out.outputs[0].token_ids == ref, out.prompt
+
+
+@pytest.mark.parametrize("name", ["smollm2", "qwen25"])
+def test_capital_of_france_in_bf16(name, request):
+    # bf16 projections take the compute ops' AVX512-BF16 GEMM where the CPU has it (decode
+    # batches and chunked prefill alike), oneDNN's elsewhere.
+    llm = LLM(request.getfixturevalue(name), act_type="bf16", progress=False, max_seq_len=512, kv_cache_mem_mb=256,
+              max_num_batched_tokens=32)
+    try:
+        outs = llm.generate(["The capital of France is"] * 3, {"max_new_tokens": 8, "temperature": 0})
+        assert all("Paris" in o.outputs[0].text for o in outs), [o.outputs[0].text for o in outs]
+    finally:
+        llm.close()

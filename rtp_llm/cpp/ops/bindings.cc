@@ -18,6 +18,12 @@ PYBIND11_MODULE(librtp_compute_ops, m) {
   m.def("silu_and_mul", &rtp_llm::ops::silu_and_mul, "x: [T, 2I] -> silu(gate) * up", pybind11::arg("x"));
   m.def("cpu_bf16_peak_gflops", &rtp_llm::ops::cpu_bf16_peak_gflops,
         "the cores' bf16 multiply-add peak (GFLOP/s; 0 without AVX512-BF16)");
+  m.def("bf16_linear_supported", &rtp_llm::ops::bf16_linear_supported,
+        "whether bf16_linear runs here (AVX512-BF16)");
+  m.def("pack_bf16_linear", &rtp_llm::ops::pack_bf16_linear, "bf16 [N, K] -> bf16_linear's packed weight",
+        pybind11::arg("weight"));
+  m.def("bf16_linear", &rtp_llm::ops::bf16_linear, "x: [M, K] bf16 @ packed weight -> [M, N]", pybind11::arg("x"),
+        pybind11::arg("packed"), pybind11::arg("out") = pybind11::none());
   m.def("store_kv", &rtp_llm::ops::store_kv, "k, v into the paged cache at slot_mapping", pybind11::arg("k"),
         pybind11::arg("v"), pybind11::arg("kv_cache"), pybind11::arg("slot_mapping"));
 }

@@ -2,6 +2,8 @@
 // Device-specific sources are selected by arch_config/arch_select.bzl:compute_ops_srcs.
 #pragma once
 
+#include <optional>
+
 #include <ATen/ATen.h>
 
 namespace rtp_llm::ops {
@@ -31,6 +33,14 @@ at::Tensor silu_and_mul(const at::Tensor& x);
 // The CPU cores' bf16 multiply-add peak in GFLOP/s (AVX512-BF16 on registers, on every intra-op
 // thread); 0 where the CPU has no bf16 dot-product instruction. A roof for benchmarks.
 double cpu_bf16_peak_gflops();
+
+// bf16 projections on the CPU's bf16 dot-product instruction (AVX512-BF16), where it has one.
+// pack_bf16_linear: HF's [N, K] weight (N % 16 == 0, K even) -> the kernel's packed layout,
+// [N / 16, K / 2, 16, 2]. bf16_linear: x [M, K] (unit stride along K) -> x @ W^T, [M, N], into
+// `out` (rows of unit stride) when given.
+bool bf16_linear_supported();
+at::Tensor pack_bf16_linear(const at::Tensor& weight);
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& out);
 
 // Writes k, v: [T, Hkv, D] to kv_cache: [2, blocks, block_size, Hkv, D] at slot_mapping: [T].
 void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& kv_cache, const at::Tensor& slot_mapping);

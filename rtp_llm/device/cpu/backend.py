@@ -48,6 +48,7 @@ class CpuBackend(DeviceBackend):
         from rtp_llm.ops import ensure_compute_ops_loaded
 
         self._ops = ensure_compute_ops_loaded()
+        self._bf16_gemm = self._ops.bf16_linear_supported()
         self._packed_bf16 = _mkldnn_packing_works()
 
     def available_memory_bytes(self) -> int:
@@ -109,15 +110,26 @@ class CpuBackend(DeviceBackend):
             out[start:start + n] = o[0].transpose(0, 1)
         return out
 
-    # bf16 projections: weights prepacked once into oneDNN's blocked layout (what torch's own
-    # CPU compiler does); measured 1.3-1.7x faster than x @ w for SmolLM2's shapes at 1-16 rows.
-    # fp32 (the parity reference) keeps x @ w over [in, out].
+    # bf16 projections, weights packed once at load: on CPUs with AVX512-BF16 into the compute
+    # ops' GEMM layout (ops.bf16_linear: 1.2-2.2x oneDNN's speed at 1-16 rows for Qwen2.5-0.5B's
+    # shapes, 0.8-0.95x at 2,048-row prefill chunks; one copy of the weights serves both),
+    # elsewhere into oneDNN's blocked layout (what torch's own CPU compiler does; 1.3-1.7x
+    # x @ w for SmolLM2's shapes at 1-16 rows). fp32 (the parity reference) keeps x @ w over
+    # [in, out].
+    def _bf16_gemm_packs(self, weight) -> bool:
+        return (weight.dtype == torch.bfloat16 and self._bf16_gemm and weight.shape[0] % 16 == 0
+                and weight.shape[1] % 2 == 0)
+
     def pack_linear(self, weight):
+        if self._bf16_gemm_packs(weight):
+            return self._ops.pack_bf16_linear(weight)
         if weight.dtype == torch.bfloat16 and self._packed_bf16:
             return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 16)
         return weight.t().contiguous()
 
     def linear(self, x, weight, out=None):
+        if weight.dim() == 4:  # pack_bf16_linear's layout
+            return self._ops.bf16_linear(x, weight, out)
         if weight.dtype == torch.bfloat16 and self._packed_bf16:
             y = torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
             return y if out is None else out.copy_(y)
@@ -126,13 +138,13 @@ class CpuBackend(DeviceBackend):
     def pack_lm_head(self, weight):
         # A packed copy even for tied embeddings (the lookup needs the plain table): the LM
         # head is the largest GEMV of a decode step (Qwen2.5-0.5B: 272 MB of ~1 GB).
-        if weight.dtype == torch.bfloat16 and self._packed_bf16:
-            return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 16)
+        if weight.dtype == torch.bfloat16 and (self._bf16_gemm_packs(weight) or self._packed_bf16):
+            return self.pack_linear(weight)
         return weight
 
     def lm_head(self, h, weight):
-        if weight.dtype == torch.bfloat16 and self._packed_bf16:
-            return torch.ops.mkldnn._linear_pointwise(h, weight, None, "none", [], "")
+        if weight.dim() == 4 or (weight.dtype == torch.bfloat16 and self._packed_bf16):
+            return self.linear(h, weight)
         return torch.nn.functional.linear(h, weight)
 
     def rms_norm(self, x, weight, eps):

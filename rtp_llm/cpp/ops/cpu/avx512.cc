@@ -390,6 +390,96 @@ double bf16_dot_peak_measure(int threads) {
   return threads * static_cast<double>(kIters) * 12 * 32 * 2 * 2 / s / 1e9;  // 32 pairs, 2 FLOP each
 }
 
+// MR rows x one 16-column block of out: an fp32 accumulator per row; per pair of k, one
+// 64-byte weight load and, per row, the row's two x values broadcast into a `vdpbf16ps`.
+// The weight stream is prefetched 2 KB ahead (the block's K / 2 lines are read once per tile).
+template <int MR>
+inline void gemm_tile(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_t K, uint16_t* out, int64_t ldo) {
+  __m512 acc[MR];
+  for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 2) {
+    const __m512bh w = (__m512bh)_mm512_loadu_si512(wb + k * 16);
+    _mm_prefetch(reinterpret_cast<const char*>(wb + k * 16 + 1024), _MM_HINT_T0);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++) {
+      int32_t pair;
+      std::memcpy(&pair, x + r * ldx + k, sizeof(pair));
+      acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(pair), w);
+    }
+  }
+  for (int r = 0; r < MR; r++) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), (__m256i)_mm512_cvtneps_pbh(acc[r]));
+  }
+}
+
+// MR rows x NB consecutive 16-column blocks (4 x 4: 16 accumulators fed by 4 weight loads
+// and 4 broadcasts per pair of k, where a 16 x 1 tile needs 1 + 16 loads: prefill-sized
+// batches, whose rows all reuse each block, run at ~1.1x the 16 x 1 tile's rate).
+template <int MR, int NB>
+inline void gemm_tile_wide(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_t K, uint16_t* out,
+                           int64_t ldo) {
+  __m512 acc[MR][NB];
+  for (int r = 0; r < MR; r++)
+    for (int c = 0; c < NB; c++) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 2) {
+    __m512bh w[NB];
+    for (int c = 0; c < NB; c++) w[c] = (__m512bh)_mm512_loadu_si512(wb + c * K * 16 + k * 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++) {
+      int32_t pair;
+      std::memcpy(&pair, x + r * ldx + k, sizeof(pair));
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
+      for (int c = 0; c < NB; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xb, w[c]);
+    }
+  }
+  for (int r = 0; r < MR; r++)
+    for (int c = 0; c < NB; c++)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo + c * 16), (__m256i)_mm512_cvtneps_pbh(acc[r][c]));
+}
+
+// Rows [m0, m1) of one 16-column block: the tallest tiles first.
+inline void gemm_block_rows(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_t K, uint16_t* o, int64_t ldo,
+                            int64_t m0, int64_t m1) {
+  int64_t m = m0;
+  for (; m + 16 <= m1; m += 16) gemm_tile<16>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
+  for (; m + 8 <= m1; m += 8) gemm_tile<8>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
+  for (; m + 4 <= m1; m += 4) gemm_tile<4>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
+  for (; m + 2 <= m1; m += 2) gemm_tile<2>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
+  for (; m < m1; m++) gemm_tile<1>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
+}
+
+void bf16_gemm_impl(const uint16_t* x, int64_t ldx, const uint16_t* wp, uint16_t* out, int64_t ldo, int64_t M,
+                    int64_t N, int64_t K) {
+  const int64_t blocks = N / 16;
+  if (M <= 16) {
+    // Decode batches: each block's weights stream from memory once, for all rows; the
+    // threads split the blocks.
+    at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t j = begin; j < end; j++) gemm_block_rows(x, ldx, wp + j * K * 16, K, out + j * 16, ldo, 0, M);
+    });
+    return;
+  }
+  // Prefill: panels of rows stay in L2 while groups of 4 blocks stream past; the threads
+  // split the groups.
+  constexpr int64_t kPanel = 256, kGroup = 4;
+  const int64_t groups = blocks / kGroup;
+  for (int64_t m0 = 0; m0 < M; m0 += kPanel) {
+    const int64_t m1 = std::min(M, m0 + kPanel);
+    at::parallel_for(0, groups, 2, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; g++) {
+        const uint16_t* wg = wp + g * kGroup * K * 16;
+        uint16_t* o = out + g * kGroup * 16;
+        int64_t m = m0;
+        for (; m + 4 <= m1; m += 4) gemm_tile_wide<4, kGroup>(x + m * ldx, ldx, wg, K, o + m * ldo, ldo);
+        for (; m < m1; m++) gemm_tile_wide<1, kGroup>(x + m * ldx, ldx, wg, K, o + m * ldo, ldo);
+      }
+    });
+    at::parallel_for(groups * kGroup, blocks, 1, [&](int64_t begin, int64_t end) {  // the last < 4 blocks
+      for (int64_t j = begin; j < end; j++) gemm_block_rows(x, ldx, wp + j * K * 16, K, out + j * 16, ldo, m0, m1);
+    });
+  }
+}
+
 }  // namespace
 }  // namespace rtp_llm::ops::avx512
 #pragma GCC diagnostic pop
@@ -426,6 +516,18 @@ double bf16_dot_peak_gflops() {
   return bf16_dot_peak_measure(at::get_num_threads());
 }
 
+bool bf16_gemm_supported() {
+  static const bool ok = !disabled_by_env() && __builtin_cpu_supports("avx512f") &&
+                         __builtin_cpu_supports("avx512bf16");
+  return ok;
+}
+
+void bf16_gemm(const uint16_t* x, int64_t ldx, const uint16_t* w_packed, uint16_t* out, int64_t ldo, int64_t M,
+               int64_t N, int64_t K) {
+  if (!bf16_gemm_supported()) std::abort();  // callers check bf16_gemm_supported()
+  bf16_gemm_impl(x, ldx, w_packed, out, ldo, M, N, K);
+}
+
 }  // namespace rtp_llm::ops::avx512
 
 #else  // not x86_64: the portable kernels run
@@ -443,6 +545,10 @@ void rms_norm(Dtype, const void*, const void*, void*, int64_t, int64_t, float) {
 void add_rms_norm(Dtype, const void*, void*, const void*, void*, int64_t, int64_t, float) { std::abort(); }
 void silu_and_mul(Dtype, const void*, void*, int64_t, int64_t, int64_t) { std::abort(); }
 double bf16_dot_peak_gflops() { return 0.0; }
+bool bf16_gemm_supported() { return false; }
+void bf16_gemm(const uint16_t*, int64_t, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t, int64_t) {
+  std::abort();
+}
 
 }  // namespace rtp_llm::ops::avx512
 

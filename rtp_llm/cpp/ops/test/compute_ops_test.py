@@ -179,3 +179,43 @@ class CpuPeakTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Bf16LinearTest(unittest.TestCase):
+    def setUp(self):
+        self.ops = ensure_compute_ops_loaded()
+        self.gen = torch.Generator().manual_seed(3)
+        if not self.ops.bf16_linear_supported():
+            self.skipTest("no AVX512-BF16 on this CPU")
+
+    def _case(self, m, n, k):
+        x = torch.randn(m, k, generator=self.gen).to(torch.bfloat16)
+        w = (torch.randn(n, k, generator=self.gen) / k ** 0.5).to(torch.bfloat16)
+        return x, w, (x.float() @ w.float().t()).to(torch.bfloat16)
+
+    def test_matches_the_fp32_product_rounded_to_bf16(self):
+        # Decode batches (<= 16 rows) on every tile height (16, 8, 4, 2, 1); prefill-sized ones
+        # on 4-row x 4-block tiles with the blocks and rows left over, across a 256-row panel.
+        for m, n, k in ((1, 48, 2), (3, 64, 30), (5, 16, 96), (16, 32, 64), (17, 64, 30), (31, 112, 128),
+                        (300, 80, 40)):
+            x, w, want = self._case(m, n, k)
+            got = self.ops.bf16_linear(x, self.ops.pack_bf16_linear(w))
+            # Exact products, fp32 sums in another order than the reference's: one bf16 unit.
+            torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-2, msg=f"{m}x{n}x{k}")
+
+    def test_strided_rows_and_a_given_output(self):
+        x, w, want = self._case(4, 32, 64)
+        wide = torch.zeros(4, 80, dtype=torch.bfloat16)
+        wide[:, 8:72] = x
+        out = torch.full((4, 40), 7.0, dtype=torch.bfloat16)
+        got = self.ops.bf16_linear(wide[:, 8:72], self.ops.pack_bf16_linear(w), out=out[:, 4:36])
+        torch.testing.assert_close(out[:, 4:36], want, rtol=2 ** -7, atol=1e-2)
+        self.assertEqual(got.data_ptr(), out[:, 4:36].data_ptr())
+        self.assertTrue(torch.equal(out[:, :4], torch.full((4, 4), 7.0, dtype=torch.bfloat16)))
+
+    def test_rejects_unpackable_and_mismatched_shapes_with_clear_errors(self):
+        with self.assertRaisesRegex(RuntimeError, r"N % 16 == 0"):
+            self.ops.pack_bf16_linear(torch.zeros(24, 8, dtype=torch.bfloat16))
+        packed = self.ops.pack_bf16_linear(torch.zeros(16, 8, dtype=torch.bfloat16))
+        with self.assertRaisesRegex(RuntimeError, r"x has K = 6, the weight 8"):
+            self.ops.bf16_linear(torch.zeros(2, 6, dtype=torch.bfloat16), packed)
