@@ -111,8 +111,8 @@ class CpuBackend(DeviceBackend):
         return out
 
     # bf16 projections, weights packed once at load: on CPUs with AVX512-BF16 into the compute
-    # ops' GEMM layout (ops.bf16_linear: 1.2-2.2x oneDNN's speed at 1-16 rows for Qwen2.5-0.5B's
-    # shapes, 0.8-0.95x at 2,048-row prefill chunks; one copy of the weights serves both),
+    # ops' GEMM layout (ops.bf16_linear: 1.15-2.2x oneDNN's speed at 1-16 rows for Qwen2.5-0.5B's
+    # shapes, 0.86-1.07x at 2,048-row prefill chunks; one copy of the weights serves both),
     # elsewhere into oneDNN's blocked layout (what torch's own CPU compiler does; 1.3-1.7x
     # x @ w for SmolLM2's shapes at 1-16 rows). fp32 (the parity reference) keeps x @ w over
     # [in, out].
