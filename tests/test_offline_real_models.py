@@ -47,12 +47,16 @@ def test_greedy_tokens_equal_hf_transformers(model):
 
 @pytest.mark.parametrize("name", ["smollm2", "qwen25"])
 def test_capital_of_france_in_bf16(name, request):
-    # bf16 projections take the compute ops' AVX512-BF16 GEMM where the CPU has it (decode
-    # batches and chunked prefill alike), oneDNN's elsewhere.
+    # bf16 projections take the compute ops' AVX512-BF16 GEMM where the CPU has it, oneDNN's
+    # elsewhere: prefill steps of > 16 rows (the long prompt) and decode batches of 2.
     llm = LLM(request.getfixturevalue(name), act_type="bf16", progress=False, max_seq_len=512, kv_cache_mem_mb=256,
-              max_num_batched_tokens=32)
+              max_num_batched_tokens=64)
+    prompts = ["The capital of France is",
+               "Paris, London, Berlin and Rome are famous European capitals. Each one of them is the seat of its "
+               "country's government. The capital of France is"]
     try:
-        outs = llm.generate(["The capital of France is"] * 3, {"max_new_tokens": 8, "temperature": 0})
+        outs = llm.generate(prompts, {"max_new_tokens": 8, "temperature": 0})
         assert all("Paris" in o.outputs[0].text for o in outs), [o.outputs[0].text for o in outs]
+        assert len(outs[1].prompt_token_ids) > 16
     finally:
         llm.close()

@@ -399,7 +399,8 @@ inline void gemm_tile(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_
   for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 2) {
     const __m512bh w = (__m512bh)_mm512_loadu_si512(wb + k * 16);
-    _mm_prefetch(reinterpret_cast<const char*>(wb + k * 16 + 1024), _MM_HINT_T0);
+    // (An address, not a pointer: it may lie past the buffer's end; prefetches never fault.)
+    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(wb + k * 16) + 2048), _MM_HINT_T0);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++) {
       int32_t pair;
@@ -454,7 +455,7 @@ void bf16_gemm_impl(const uint16_t* x, int64_t ldx, const uint16_t* wp, uint16_t
   if (M <= 16) {
     // Decode batches: each block's weights stream from memory once, for all rows; the
     // threads split the blocks.
-    at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, blocks, 2, [&](int64_t begin, int64_t end) {
       for (int64_t j = begin; j < end; j++) gemm_block_rows(x, ldx, wp + j * K * 16, K, out + j * 16, ldo, 0, M);
     });
     return;

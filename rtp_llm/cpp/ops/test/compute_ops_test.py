@@ -177,10 +177,6 @@ class CpuPeakTest(unittest.TestCase):
             self.assertEqual(peak, 0.0)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class Bf16LinearTest(unittest.TestCase):
     def setUp(self):
         self.ops = ensure_compute_ops_loaded()
@@ -195,9 +191,10 @@ class Bf16LinearTest(unittest.TestCase):
 
     def test_matches_the_fp32_product_rounded_to_bf16(self):
         # Decode batches (<= 16 rows) on every tile height (16, 8, 4, 2, 1); prefill-sized ones
-        # on 4-row x 4-block tiles with the blocks and rows left over, across a 256-row panel.
-        for m, n, k in ((1, 48, 2), (3, 64, 30), (5, 16, 96), (16, 32, 64), (17, 64, 30), (31, 112, 128),
-                        (300, 80, 40)):
+        # on 4-row x 4-block tiles with the blocks and rows left over, across a 256-row panel;
+        # 512 columns: 32 blocks, split over the threads.
+        for m, n, k in ((1, 48, 2), (3, 64, 30), (5, 16, 96), (12, 512, 64), (16, 32, 64), (17, 64, 30),
+                        (31, 112, 128), (70, 512, 32), (300, 80, 40)):
             x, w, want = self._case(m, n, k)
             got = self.ops.bf16_linear(x, self.ops.pack_bf16_linear(w))
             # Exact products, fp32 sums in another order than the reference's: one bf16 unit.
@@ -216,6 +213,21 @@ class Bf16LinearTest(unittest.TestCase):
     def test_rejects_unpackable_and_mismatched_shapes_with_clear_errors(self):
         with self.assertRaisesRegex(RuntimeError, r"N % 16 == 0"):
             self.ops.pack_bf16_linear(torch.zeros(24, 8, dtype=torch.bfloat16))
+        with self.assertRaisesRegex(RuntimeError, r"an even K"):
+            self.ops.pack_bf16_linear(torch.zeros(16, 7, dtype=torch.bfloat16))
         packed = self.ops.pack_bf16_linear(torch.zeros(16, 8, dtype=torch.bfloat16))
         with self.assertRaisesRegex(RuntimeError, r"x has K = 6, the weight 8"):
             self.ops.bf16_linear(torch.zeros(2, 6, dtype=torch.bfloat16), packed)
+        with self.assertRaisesRegex(RuntimeError, r"packed must come from pack_bf16_linear"):
+            self.ops.bf16_linear(torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(16, 8, dtype=torch.bfloat16))
+        with self.assertRaisesRegex(RuntimeError, r"out must be a bf16 \[2, 16\]"):
+            self.ops.bf16_linear(torch.zeros(2, 8, dtype=torch.bfloat16), packed,
+                                 out=torch.zeros(2, 8, dtype=torch.bfloat16))
+        x = torch.zeros(2, 16, dtype=torch.bfloat16)
+        square = self.ops.pack_bf16_linear(torch.zeros(16, 16, dtype=torch.bfloat16))
+        with self.assertRaisesRegex(RuntimeError, r"refer to a single memory location"):
+            self.ops.bf16_linear(x, square, out=x)  # out would overwrite x while it is read
+
+
+if __name__ == "__main__":
+    unittest.main()
