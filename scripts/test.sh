@@ -28,7 +28,9 @@ bazelisk test --config=asan //rtp_llm/cpp/...
 step "bazelisk build --config=ascend (strict link)"
 scripts/build_ascend.sh --shutdown  # own output base and venv; --shutdown frees its server
 step "installed wheel"
-VENV="$(mktemp -d)/venv"
+VENV_DIR=$(mktemp -d)
+trap 'rm -rf "$VENV_DIR"' EXIT  # ~2 GB a run (torch): not left behind
+VENV="$VENV_DIR/venv"
 scripts/check_wheel.sh "$VENV"
 step "integration tests (tests/) against the installed wheel"
 "$VENV/bin/python" -m pip install -q -r deps/requirements_test.txt
