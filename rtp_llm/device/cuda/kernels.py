@@ -70,18 +70,6 @@ def weighted_rms_norm(x, w, D, eps):
 
 
 @triton.jit
-def residual_rms_norm_row(x, res_row_ptr, w_ptr, out_row_ptr, cols, m, D, eps, HAS_RES: tl.constexpr):
-    """One row x [BLOCK] (masked by m): with HAS_RES, residual += x (rounded to the dtype as
-    torch's add does) and the norm is of the sum; out = weight * rms_norm."""
-    if HAS_RES:
-        r = tl.load(res_row_ptr + cols, mask=m, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(r.dtype)
-        tl.store(res_row_ptr + cols, x, mask=m)
-    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
-    tl.store(out_row_ptr + cols, weighted_rms_norm(x, w, D, eps).to(out_row_ptr.dtype.element_ty), mask=m)
-
-
-@triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, D, stride_x, stride_res, stride_out, eps,
                      HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
@@ -89,7 +77,12 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, D, stride_x, stride_res, st
     cols = tl.arange(0, BLOCK)
     m = cols < D
     x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
-    residual_rms_norm_row(x, res_ptr + row * stride_res, w_ptr, out_ptr + row * stride_out, cols, m, D, eps, HAS_RES)
+    if HAS_RES:  # residual += x, rounded to the dtype as torch's add does
+        r = tl.load(res_ptr + row * stride_res + cols, mask=m, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(r.dtype)
+        tl.store(res_ptr + row * stride_res + cols, x, mask=m)
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, weighted_rms_norm(x, w, D, eps).to(out_ptr.dtype.element_ty), mask=m)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor = None) -> torch.Tensor:

@@ -390,41 +390,23 @@ double bf16_dot_peak_measure(int threads) {
   return threads * static_cast<double>(kIters) * 12 * 32 * 2 * 2 / s / 1e9;  // 32 pairs, 2 FLOP each
 }
 
-// MR rows x one 16-column block of out: an fp32 accumulator per row; per pair of k, one
-// 64-byte weight load and, per row, the row's two x values broadcast into a `vdpbf16ps`.
-// The weight stream is prefetched 2 KB ahead (the block's K / 2 lines are read once per tile).
-template <int MR>
-inline void gemm_tile(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_t K, uint16_t* out, int64_t ldo) {
-  __m512 acc[MR];
-  for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 2) {
-    const __m512bh w = (__m512bh)_mm512_loadu_si512(wb + k * 16);
-    // (An address, not a pointer: it may lie past the buffer's end; prefetches never fault.)
-    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(wb + k * 16) + 2048), _MM_HINT_T0);
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; r++) {
-      int32_t pair;
-      std::memcpy(&pair, x + r * ldx + k, sizeof(pair));
-      acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(pair), w);
-    }
-  }
-  for (int r = 0; r < MR; r++) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), (__m256i)_mm512_cvtneps_pbh(acc[r]));
-  }
-}
-
-// MR rows x NB consecutive 16-column blocks (4 x 4: 16 accumulators fed by 4 weight loads
-// and 4 broadcasts per pair of k, where a 16 x 1 tile needs 1 + 16 loads: prefill-sized
-// batches, whose rows all reuse each block, run at ~1.1x the 16 x 1 tile's rate).
+// MR rows x NB consecutive 16-column blocks of out: an fp32 accumulator per (row, block); per
+// pair of k, one 64-byte weight load per block and, per row, the row's two x values broadcast
+// into NB `vdpbf16ps`. Decode tiles (NB = 1) stream their block once, from memory, prefetched
+// 2 KB ahead; prefill tiles (4 x 4: 4 + 4 loads per 16 `vdpbf16ps`, where 16 x 1 needs 1 + 16)
+// re-read their blocks from L2 for every 4 rows of the panel.
 template <int MR, int NB>
-inline void gemm_tile_wide(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_t K, uint16_t* out,
-                           int64_t ldo) {
+inline void gemm_tile(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_t K, uint16_t* out, int64_t ldo) {
   __m512 acc[MR][NB];
   for (int r = 0; r < MR; r++)
     for (int c = 0; c < NB; c++) acc[r][c] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 2) {
     __m512bh w[NB];
     for (int c = 0; c < NB; c++) w[c] = (__m512bh)_mm512_loadu_si512(wb + c * K * 16 + k * 16);
+    if constexpr (NB == 1) {
+      // (An address, not a pointer: it may lie past the buffer's end; prefetches never fault.)
+      _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(wb + k * 16) + 2048), _MM_HINT_T0);
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++) {
       int32_t pair;
@@ -442,11 +424,11 @@ inline void gemm_tile_wide(const uint16_t* x, int64_t ldx, const uint16_t* wb, i
 inline void gemm_block_rows(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_t K, uint16_t* o, int64_t ldo,
                             int64_t m0, int64_t m1) {
   int64_t m = m0;
-  for (; m + 16 <= m1; m += 16) gemm_tile<16>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
-  for (; m + 8 <= m1; m += 8) gemm_tile<8>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
-  for (; m + 4 <= m1; m += 4) gemm_tile<4>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
-  for (; m + 2 <= m1; m += 2) gemm_tile<2>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
-  for (; m < m1; m++) gemm_tile<1>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
+  for (; m + 16 <= m1; m += 16) gemm_tile<16, 1>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
+  for (; m + 8 <= m1; m += 8) gemm_tile<8, 1>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
+  for (; m + 4 <= m1; m += 4) gemm_tile<4, 1>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
+  for (; m + 2 <= m1; m += 2) gemm_tile<2, 1>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
+  for (; m < m1; m++) gemm_tile<1, 1>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
 }
 
 void bf16_gemm_impl(const uint16_t* x, int64_t ldx, const uint16_t* wp, uint16_t* out, int64_t ldo, int64_t M,
@@ -471,8 +453,8 @@ void bf16_gemm_impl(const uint16_t* x, int64_t ldx, const uint16_t* wp, uint16_t
         const uint16_t* wg = wp + g * kGroup * K * 16;
         uint16_t* o = out + g * kGroup * 16;
         int64_t m = m0;
-        for (; m + 4 <= m1; m += 4) gemm_tile_wide<4, kGroup>(x + m * ldx, ldx, wg, K, o + m * ldo, ldo);
-        for (; m < m1; m++) gemm_tile_wide<1, kGroup>(x + m * ldx, ldx, wg, K, o + m * ldo, ldo);
+        for (; m + 4 <= m1; m += 4) gemm_tile<4, kGroup>(x + m * ldx, ldx, wg, K, o + m * ldo, ldo);
+        for (; m < m1; m++) gemm_tile<1, kGroup>(x + m * ldx, ldx, wg, K, o + m * ldo, ldo);
       }
     });
     at::parallel_for(groups * kGroup, blocks, 1, [&](int64_t begin, int64_t end) {  // the last < 4 blocks

@@ -61,10 +61,10 @@ double bf16_dot_peak_gflops();
 bool bf16_gemm_supported();
 
 // out[M, N] = x[M, K] @ W^T in bf16 (fp32 sums of exact products, `vdpbf16ps`, which flushes
-// subnormal inputs and sums to zero; rounded to nearest even once), on every intra-op thread. x, out: rows of unit stride, row strides ldx,
-// ldo. W is packed [N / 16][K / 2][16][2]: per block of 16 output columns and pair of k, the
-// 16 columns' two weights side by side (one 64-byte line, one `vdpbf16ps` operand). N % 16 == 0,
-// K % 2 == 0.
+// subnormal inputs and sums to zero; rounded to nearest even once), on every intra-op thread.
+// x, out: rows of unit stride, row strides ldx, ldo. W is packed [N / 16][K / 2][16][2]: per
+// block of 16 output columns and pair of k, the 16 columns' two weights side by side (one
+// 64-byte line, one `vdpbf16ps` operand). N % 16 == 0, K % 2 == 0.
 void bf16_gemm(const uint16_t* x, int64_t ldx, const uint16_t* w_packed, uint16_t* out, int64_t ldo, int64_t M,
                int64_t N, int64_t K);
 
