@@ -144,6 +144,12 @@ def test_bad_input_is_a_400_naming_the_field(server, client):
     assert "max_tokens" in str(e.value)
     status, text = _post(server + "/", {"prompt": "x " * 3000, "generate_config": {"max_new_tokens": 4}})
     assert status == 400 and json.loads(text)["error_code"] == 511
+    # Text the tokenizer drops entirely ("\x04" is no token of SmolLM2's): the field, not the engine.
+    status, text = _post(server + "/", {"prompt_batch": ["hi", "\u0004"]})
+    assert status == 400 and json.loads(text)["message"].startswith("prompt_batch[1]:"), text
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="m", prompt="\u0004", max_tokens=4)
+    assert e.value.body["param"] == "prompt"
 
 
 def test_served_greedy_equals_offline(server, smollm2):

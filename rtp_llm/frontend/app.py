@@ -248,10 +248,12 @@ class Frontend:
         return self._tokenize(text, field, special)
 
     def _fit(self, prompt_ids: List[int], config: GenerateConfig, field: str) -> Tuple[GenerateConfig, Optional[int]]:
-        """Checks the prompt against the context and clamps max_new_tokens to what is left of
-        it; returns the config to run and the clamped value (None if unchanged). Also applies
+        """Checks the prompt (at least one token, fewer than the context holds) and clamps
+        max_new_tokens to what is left of the context; returns the config to run and the clamped value (None if unchanged). Also applies
         the server's default timeout and caps top_k at the vocabulary (larger means no cap)."""
         n, limit = len(prompt_ids), self.context_len
+        if n == 0:  # e.g. only control characters the tokenizer drops
+            raise RequestError(field, "has no tokens once tokenized; the engine needs at least one")
         if limit is not None and n >= limit:
             raise RequestError(field, f"has {n} tokens; the context holds {limit} (max_seq_len and KV cache), "
                                       f"and room for at least one new token is needed", 400, 511)
