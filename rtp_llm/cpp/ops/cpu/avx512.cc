@@ -1,11 +1,13 @@
 #include "rtp_llm/cpp/ops/cpu/avx512.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -20,6 +22,7 @@ namespace rtp_llm::ops::avx512 {
 namespace {
 constexpr int kMaxGroup = 16;       // query heads per KV head
 constexpr int kMaxBlockSize = 64;   // tokens per KV block
+constexpr int kMaxDecodeRows = 16;  // GEMM rows that run as decode tiles (one accumulator each)
 }  // namespace
 }  // namespace rtp_llm::ops::avx512
 
@@ -114,124 +117,132 @@ inline __m512 sum16(const __m512 v[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
 }
 
-// Brings one head row (head_dim elements) into L2 ahead of its use.
-template <class E, int C>
-inline void prefetch_row(const typename E::T* row) {
-  constexpr int kBytes = C * 16 * static_cast<int>(sizeof(typename E::T));
-  for (int off = 0; off < kBytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + off, _MM_HINT_T1);
+// Brings `bytes` of one token's K or V row into L2 ahead of their use.
+inline void prefetch_bytes(const void* row, int bytes) {
+  for (int off = 0; off < bytes; off += 64) _mm_prefetch(static_cast<const char*>(row) + off, _MM_HINT_T1);
 }
 
-// C = head_dim / 16 vectors per head row. Per key and KV head: C loads, group x C FMAs and
-// one horizontal sum per query head for the scores, group x C FMAs for the values; the
-// softmax runs 16 keys per instruction. Blocks sit anywhere in the pool and a head row is a
-// strided 128-256 bytes, which hardware prefetchers do not follow across blocks; without
-// software prefetch the loop waits on memory (the KV cache of all layers is far larger than
-// the caches).
+// C = head_dim / 16 vectors per head row. One query token, KV heads [kvh0, kvh1): per block,
+// each KV head in turn (so the block's token rows, kv_heads x head_dim contiguous, are read
+// whole while they are in cache, rather than one head's 128-256 byte slice of each). Per key
+// and KV head: C loads, group x C FMAs and one horizontal sum per query head for the scores,
+// group x C FMAs for the values; the softmax runs 16 keys per instruction. Blocks sit anywhere
+// in the pool, which hardware prefetchers do not follow; the next block's rows are prefetched
+// into L2 while this one is computed (the KV cache of all layers is far larger than the
+// caches).
 template <class E, int C>
 void attend_impl(const typename E::T* q, const typename E::T* k_cache, const typename E::T* v_cache,
-                 const int32_t* block_table, int pos, int kv_head, int num_kv_heads, int group, int block_size,
+                 const int32_t* block_table, int pos, int kvh0, int kvh1, int num_kv_heads, int group, int block_size,
                  float scale, typename E::T* out, int64_t q_head_stride) {
   constexpr int D = C * 16;
-  __m512 qf[kMaxGroup][C], acc[kMaxGroup][C];
+  const int heads = (kvh1 - kvh0) * group;  // query heads of the item, <= kMaxItemHeads
+  __m512 qf[kMaxItemHeads][C], acc[kMaxItemHeads][C];
   alignas(64) float s[kMaxGroup][kMaxBlockSize];
   alignas(64) float kf[16][C][16];  // 16 keys widened to fp32
-  float m[kMaxGroup], l[kMaxGroup];
+  float m[kMaxItemHeads], l[kMaxItemHeads];
   const __m512 vscale = _mm512_set1_ps(scale);
-  for (int g = 0; g < group; ++g) {
+  for (int h = 0; h < heads; ++h) {
     for (int c = 0; c < C; ++c) {
-      qf[g][c] = _mm512_mul_ps(E::load(q + g * q_head_stride + c * 16), vscale);
-      acc[g][c] = _mm512_setzero_ps();
+      qf[h][c] = _mm512_mul_ps(E::load(q + h * q_head_stride + c * 16), vscale);
+      acc[h][c] = _mm512_setzero_ps();
     }
-    m[g] = -std::numeric_limits<float>::infinity();
-    l[g] = 0.f;
+    m[h] = -std::numeric_limits<float>::infinity();
+    l[h] = 0.f;
   }
   const int64_t token_stride = int64_t{num_kv_heads} * D;
+  const int row_bytes = (kvh1 - kvh0) * D * static_cast<int>(sizeof(typename E::T));  // the item's part of a row
   const int num_keys = pos + 1;
   for (int start = 0; start < num_keys; start += block_size) {
     const int n = std::min(block_size, num_keys - start);
-    const int64_t base = int64_t{block_table[start / block_size]} * block_size * token_stride + int64_t{kv_head} * D;
-    const typename E::T* kb = k_cache + base;
-    const typename E::T* vb = v_cache + base;
-    // Prefetch one block ahead into L2, spread over the loops (a burst of a whole block's rows,
-    // or into L1, measured slower): the scores loop fetches the next block's K rows, the
-    // values loop its V rows.
+    const int64_t block = int64_t{block_table[start / block_size]} * block_size * token_stride + int64_t{kvh0} * D;
+    // Prefetch one block ahead into L2, spread over the first KV head's loops (a burst of a
+    // whole block's rows, or into L1, measured slower): its scores loop fetches the next
+    // block's K rows, its values loop the V rows.
     const int next_start = start + block_size;
     const int next_n = std::min(block_size, num_keys - next_start);  // <= 0 on the last block
-    const int64_t next_base =
-        next_n > 0 ? int64_t{block_table[next_start / block_size]} * block_size * token_stride + int64_t{kv_head} * D
-                   : 0;
+    const int64_t next_block =
+        next_n > 0 ? int64_t{block_table[next_start / block_size]} * block_size * token_stride + int64_t{kvh0} * D : 0;
     if (start == 0) {
-      for (int j = 0; j < n; ++j) prefetch_row<E, C>(kb + j * token_stride);
-      for (int j = 0; j < n; ++j) prefetch_row<E, C>(vb + j * token_stride);
+      for (int j = 0; j < n; ++j) prefetch_bytes(k_cache + block + j * token_stride, row_bytes);
+      for (int j = 0; j < n; ++j) prefetch_bytes(v_cache + block + j * token_stride, row_bytes);
     }
-    // Scores, 16 keys at a time: the keys are widened to fp32 once into kf (L1), then per
-    // query head 16 partial-dot vectors are summed by one tree.
-    for (int j0 = 0; j0 < n; j0 += 16) {
-      const int keys = std::min(16, n - j0);
-      for (int j = 0; j < keys; ++j) {
-        if (j0 + j < next_n) prefetch_row<E, C>(k_cache + next_base + (j0 + j) * token_stride);
-        for (int c = 0; c < C; ++c) _mm512_store_ps(kf[j][c], E::load(kb + (j0 + j) * token_stride + c * 16));
-      }
-      for (int j = keys; j < 16; ++j) {
-        for (int c = 0; c < C; ++c) _mm512_store_ps(kf[j][c], _mm512_setzero_ps());
-      }
-      for (int g = 0; g < group; ++g) {
-        __m512 dot[16];
-        for (int j = 0; j < 16; ++j) {
-          dot[j] = _mm512_mul_ps(qf[g][0], _mm512_load_ps(kf[j][0]));
-          for (int c = 1; c < C; ++c) dot[j] = _mm512_fmadd_ps(qf[g][c], _mm512_load_ps(kf[j][c]), dot[j]);
+    for (int kvh = 0; kvh < kvh1 - kvh0; ++kvh) {
+      const bool prefetching = kvh == 0;
+      const typename E::T* kb = k_cache + block + kvh * D;
+      const typename E::T* vb = v_cache + block + kvh * D;
+      __m512(*qg)[C] = qf + kvh * group;
+      __m512(*ag)[C] = acc + kvh * group;
+      float* mg = m + kvh * group;
+      float* lg = l + kvh * group;
+      // Scores, 16 keys at a time: the keys are widened to fp32 once into kf (L1), then per
+      // query head 16 partial-dot vectors are summed by one tree.
+      for (int j0 = 0; j0 < n; j0 += 16) {
+        const int keys = std::min(16, n - j0);
+        for (int j = 0; j < keys; ++j) {
+          if (prefetching && j0 + j < next_n) prefetch_bytes(k_cache + next_block + (j0 + j) * token_stride, row_bytes);
+          for (int c = 0; c < C; ++c) _mm512_store_ps(kf[j][c], E::load(kb + (j0 + j) * token_stride + c * 16));
         }
-        _mm512_store_ps(s[g] + j0, sum16(dot));
+        for (int j = keys; j < 16; ++j) {
+          for (int c = 0; c < C; ++c) _mm512_store_ps(kf[j][c], _mm512_setzero_ps());
+        }
+        for (int g = 0; g < group; ++g) {
+          __m512 dot[16];
+          for (int j = 0; j < 16; ++j) {
+            dot[j] = _mm512_mul_ps(qg[g][0], _mm512_load_ps(kf[j][0]));
+            for (int c = 1; c < C; ++c) dot[j] = _mm512_fmadd_ps(qg[g][c], _mm512_load_ps(kf[j][c]), dot[j]);
+          }
+          _mm512_store_ps(s[g] + j0, sum16(dot));
+        }
       }
-    }
-    for (int g = 0; g < group; ++g) {
-      __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      for (int j = 0; j < n; j += 16) vmax = _mm512_mask_max_ps(vmax, tail_mask(n - j), vmax, _mm512_load_ps(s[g] + j));
-      const float block_max = std::max(m[g], _mm512_reduce_max_ps(vmax));
-      const __m512 bmax = _mm512_set1_ps(block_max);
-      __m512 sum = _mm512_setzero_ps();
-      for (int j = 0; j < n; j += 16) {
-        const __mmask16 mask = tail_mask(n - j);
-        const __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(s[g] + j), bmax));
-        _mm512_mask_store_ps(s[g] + j, mask, e);
-        sum = _mm512_mask_add_ps(sum, mask, sum, e);
-      }
-      const float rescale = std::exp(m[g] - block_max);  // 0 for the first block (m = -inf)
-      l[g] = l[g] * rescale + _mm512_reduce_add_ps(sum);
-      if (rescale != 1.f) {
-        const __m512 r = _mm512_set1_ps(rescale);
-        for (int c = 0; c < C; ++c) acc[g][c] = _mm512_mul_ps(acc[g][c], r);
-      }
-      m[g] = block_max;
-    }
-    for (int j = 0; j < n; ++j) {
-      if (j < next_n) prefetch_row<E, C>(v_cache + next_base + j * token_stride);
-      __m512 vf[C];
-      for (int c = 0; c < C; ++c) vf[c] = E::load(vb + j * token_stride + c * 16);
       for (int g = 0; g < group; ++g) {
-        const __m512 p = _mm512_set1_ps(s[g][j]);
-        for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(p, vf[c], acc[g][c]);
+        __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        for (int j = 0; j < n; j += 16) vmax = _mm512_mask_max_ps(vmax, tail_mask(n - j), vmax, _mm512_load_ps(s[g] + j));
+        const float block_max = std::max(mg[g], _mm512_reduce_max_ps(vmax));
+        const __m512 bmax = _mm512_set1_ps(block_max);
+        __m512 sum = _mm512_setzero_ps();
+        for (int j = 0; j < n; j += 16) {
+          const __mmask16 mask = tail_mask(n - j);
+          const __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(s[g] + j), bmax));
+          _mm512_mask_store_ps(s[g] + j, mask, e);
+          sum = _mm512_mask_add_ps(sum, mask, sum, e);
+        }
+        const float rescale = std::exp(mg[g] - block_max);  // 0 for the first block (m = -inf)
+        lg[g] = lg[g] * rescale + _mm512_reduce_add_ps(sum);
+        if (rescale != 1.f) {
+          const __m512 r = _mm512_set1_ps(rescale);
+          for (int c = 0; c < C; ++c) ag[g][c] = _mm512_mul_ps(ag[g][c], r);
+        }
+        mg[g] = block_max;
+      }
+      for (int j = 0; j < n; ++j) {
+        if (prefetching && j < next_n) prefetch_bytes(v_cache + next_block + j * token_stride, row_bytes);
+        __m512 vf[C];
+        for (int c = 0; c < C; ++c) vf[c] = E::load(vb + j * token_stride + c * 16);
+        for (int g = 0; g < group; ++g) {
+          const __m512 p = _mm512_set1_ps(s[g][j]);
+          for (int c = 0; c < C; ++c) ag[g][c] = _mm512_fmadd_ps(p, vf[c], ag[g][c]);
+        }
       }
     }
   }
-  for (int g = 0; g < group; ++g) {
-    const __m512 inv = _mm512_set1_ps(l[g] > 0.f ? 1.f / l[g] : 0.f);  // no keys (pos < 0): zeros
-    for (int c = 0; c < C; ++c) E::store(out + g * q_head_stride + c * 16, _mm512_mul_ps(acc[g][c], inv));
+  for (int h = 0; h < heads; ++h) {
+    const __m512 inv = _mm512_set1_ps(l[h] > 0.f ? 1.f / l[h] : 0.f);  // no keys (pos < 0): zeros
+    for (int c = 0; c < C; ++c) E::store(out + h * q_head_stride + c * 16, _mm512_mul_ps(acc[h][c], inv));
   }
 }
 
 template <class E>
-void attend_typed(const void* q, const void* k, const void* v, const int32_t* bt, int pos, int kvh, int nkv, int group,
-                  int head_dim, int bs, float scale, void* out, int64_t qs) {
+void attend_typed(const void* q, const void* k, const void* v, const int32_t* bt, int pos, int kvh0, int kvh1, int nkv,
+                  int group, int head_dim, int bs, float scale, void* out, int64_t qs) {
   using T = typename E::T;
   const auto* qp = static_cast<const T*>(q);
   const auto* kp = static_cast<const T*>(k);
   const auto* vp = static_cast<const T*>(v);
   auto* op = static_cast<T*>(out);
   switch (head_dim) {
-    case 32: return attend_impl<E, 2>(qp, kp, vp, bt, pos, kvh, nkv, group, bs, scale, op, qs);
-    case 64: return attend_impl<E, 4>(qp, kp, vp, bt, pos, kvh, nkv, group, bs, scale, op, qs);
-    case 128: return attend_impl<E, 8>(qp, kp, vp, bt, pos, kvh, nkv, group, bs, scale, op, qs);
+    case 32: return attend_impl<E, 2>(qp, kp, vp, bt, pos, kvh0, kvh1, nkv, group, bs, scale, op, qs);
+    case 64: return attend_impl<E, 4>(qp, kp, vp, bt, pos, kvh0, kvh1, nkv, group, bs, scale, op, qs);
+    case 128: return attend_impl<E, 8>(qp, kp, vp, bt, pos, kvh0, kvh1, nkv, group, bs, scale, op, qs);
     default: std::abort();  // attention_supports() said no
   }
 }
@@ -315,11 +326,11 @@ void with_type(Dtype dtype, F&& f) {
 }  // namespace
 
 void attend(Dtype dtype, const void* q, const void* k_cache, const void* v_cache, const int32_t* block_table, int pos,
-            int kv_head, int num_kv_heads, int group, int head_dim, int block_size, float scale, void* out,
-            int64_t q_head_stride) {
+            int kv_head_begin, int kv_head_end, int num_kv_heads, int group, int head_dim, int block_size, float scale,
+            void* out, int64_t q_head_stride) {
   with_type(dtype, [&](auto e) {
-    attend_typed<decltype(e)>(q, k_cache, v_cache, block_table, pos, kv_head, num_kv_heads, group, head_dim,
-                              block_size, scale, out, q_head_stride);
+    attend_typed<decltype(e)>(q, k_cache, v_cache, block_table, pos, kv_head_begin, kv_head_end, num_kv_heads, group,
+                              head_dim, block_size, scale, out, q_head_stride);
   });
 }
 
@@ -387,14 +398,13 @@ double bf16_dot_peak_measure(int threads) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   volatile float keep = sink[0];
   (void)keep;
-  return threads * static_cast<double>(kIters) * 12 * 32 * 2 * 2 / s / 1e9;  // 32 pairs, 2 FLOP each
+  return threads * static_cast<double>(kIters) * 12 * 64 / s / 1e9;  // 16 lanes x 2 products x 2 FLOP
 }
 
-// MR rows x NB consecutive 16-column blocks of out: an fp32 accumulator per (row, block); per
-// pair of k, one 64-byte weight load per block and, per row, the row's two x values broadcast
-// into NB `vdpbf16ps`. Decode tiles (NB = 1) stream their block once, from memory, prefetched
-// 2 KB ahead; prefill tiles (4 x 4: 4 + 4 loads per 16 `vdpbf16ps`, where 16 x 1 needs 1 + 16)
-// re-read their blocks from L2 for every 4 rows of the panel.
+// Prefill: MR rows x NB consecutive 16-column blocks of out, an fp32 accumulator per (row,
+// block); per pair of k, one 64-byte weight load per block and, per row, the row's two x values
+// broadcast into NB `vdpbf16ps` (4 x 4: 4 + 4 loads per 16). The blocks are re-read from L2 for
+// every MR rows of a panel.
 template <int MR, int NB>
 inline void gemm_tile(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_t K, uint16_t* out, int64_t ldo) {
   __m512 acc[MR][NB];
@@ -403,10 +413,6 @@ inline void gemm_tile(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_
   for (int64_t k = 0; k < K; k += 2) {
     __m512bh w[NB];
     for (int c = 0; c < NB; c++) w[c] = (__m512bh)_mm512_loadu_si512(wb + c * K * 16 + k * 16);
-    if constexpr (NB == 1) {
-      // (An address, not a pointer: it may lie past the buffer's end; prefetches never fault.)
-      _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(wb + k * 16) + 2048), _MM_HINT_T0);
-    }
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++) {
       int32_t pair;
@@ -420,26 +426,113 @@ inline void gemm_tile(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo + c * 16), (__m256i)_mm512_cvtneps_pbh(acc[r][c]));
 }
 
-// Rows [m0, m1) of one 16-column block: the tallest tiles first.
+// Prefill rows [m0, m1) of one 16-column block (the last blocks of an N % 64 != 0).
 inline void gemm_block_rows(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_t K, uint16_t* o, int64_t ldo,
                             int64_t m0, int64_t m1) {
   int64_t m = m0;
-  for (; m + 16 <= m1; m += 16) gemm_tile<16, 1>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
-  for (; m + 8 <= m1; m += 8) gemm_tile<8, 1>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
   for (; m + 4 <= m1; m += 4) gemm_tile<4, 1>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
-  for (; m + 2 <= m1; m += 2) gemm_tile<2, 1>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
   for (; m < m1; m++) gemm_tile<1, 1>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
+}
+
+// Decode batches: MR (<= 16) rows, one 16-column block. xp holds the rows' pairs of k
+// interleaved ([K / 2][MR] int32, interleave_pairs), so one pointer walks every row (MR row
+// pointers spill at 16 rows); one accumulator per row. The block's weights stream once, from
+// memory, prefetched 2 KB ahead. Each weight byte feeds MR FLOP, so at 16 rows the tile needs
+// the cores' full bf16 peak and ~30 GB/s at once: on Qwen2.5-0.5B's decode step 326 GFLOP/s
+// (20 GB/s) against 286 for 8-row pointer tiles (two passes) and 230 for 16 spilled pointers.
+template <int MR>
+inline void decode_tile(const uint16_t* xp, const uint16_t* wb, int64_t K, uint16_t* out, int64_t ldo) {
+  __m512 acc[MR];
+  for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 2, xp += 2 * MR) {
+    const __m512bh w = (__m512bh)_mm512_loadu_si512(wb + k * 16);
+    // (An address, not a pointer: it may lie past the buffer's end; prefetches never fault.)
+    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(wb + k * 16) + 2048), _MM_HINT_T0);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++) {
+      int32_t pair;
+      std::memcpy(&pair, xp + 2 * r, sizeof(pair));
+      acc[r] = _mm512_dpbf16_ps(acc[r], w, (__m512bh)_mm512_set1_epi32(pair));
+    }
+  }
+  for (int r = 0; r < MR; r++)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), (__m256i)_mm512_cvtneps_pbh(acc[r]));
+}
+
+// In place: r[i] holds row i of a 16 x 16 int32 matrix on entry, column i on return.
+inline void transpose16x16(__m512i r[16]) {
+  // (The maskz forms with every lane set: the plain ones start from an undefined vector, which
+  // GCC 12 reports as maybe-uninitialized wherever they are inlined.)
+  constexpr __mmask16 kAll16 = 0xFFFF;
+  constexpr __mmask8 kAll8 = 0xFF;
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {  // t[2i], t[2i + 1], lane L: rows 2i, 2i + 1 of columns 4L..4L+3
+    t[i] = _mm512_maskz_unpacklo_epi32(kAll16, r[i], r[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_epi32(kAll16, r[i], r[i + 1]);
+  }
+  for (int q = 0; q < 16; q += 4) {  // r[4q + c], lane L: rows 4q..4q+3 of column 4L + c
+    r[q] = _mm512_maskz_unpacklo_epi64(kAll8, t[q], t[q + 2]);
+    r[q + 1] = _mm512_maskz_unpackhi_epi64(kAll8, t[q], t[q + 2]);
+    r[q + 2] = _mm512_maskz_unpacklo_epi64(kAll8, t[q + 1], t[q + 3]);
+    r[q + 3] = _mm512_maskz_unpackhi_epi64(kAll8, t[q + 1], t[q + 3]);
+  }
+  for (int c = 0; c < 4; c++) {  // gather lane L of r[c], r[4 + c], r[8 + c], r[12 + c]
+    const __m512i v0 = _mm512_maskz_shuffle_i32x4(kAll16, r[c], r[4 + c], 0x88);
+    const __m512i v1 = _mm512_maskz_shuffle_i32x4(kAll16, r[c], r[4 + c], 0xdd);
+    const __m512i w0 = _mm512_maskz_shuffle_i32x4(kAll16, r[8 + c], r[12 + c], 0x88);
+    const __m512i w1 = _mm512_maskz_shuffle_i32x4(kAll16, r[8 + c], r[12 + c], 0xdd);
+    t[c] = _mm512_maskz_shuffle_i32x4(kAll16, v0, w0, 0x88);
+    t[4 + c] = _mm512_maskz_shuffle_i32x4(kAll16, v1, w1, 0x88);
+    t[8 + c] = _mm512_maskz_shuffle_i32x4(kAll16, v0, w0, 0xdd);
+    t[12 + c] = _mm512_maskz_shuffle_i32x4(kAll16, v1, w1, 0xdd);
+  }
+  for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+// x's M (<= 16) rows as pairs of k interleaved, xp [K / 2][M][2]: xp[p][r] = row r's elements
+// 2p, 2p + 1; 16 pairs at a time through one register transpose (~70 cycles per 16 x 16).
+inline void interleave_pairs(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, int32_t* xp) {
+  const int64_t pairs = K / 2;
+  for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+    const __mmask16 m = tail_mask(pairs - p0);
+    __m512i r[16];
+    for (int64_t i = 0; i < 16; i++)
+      r[i] = i < M ? _mm512_maskz_loadu_epi32(m, x + i * ldx + 2 * p0) : _mm512_setzero_si512();
+    transpose16x16(r);
+    const __mmask16 rows = tail_mask(M);
+    for (int64_t i = 0; i < std::min<int64_t>(16, pairs - p0); i++) _mm512_mask_storeu_epi32(xp + (p0 + i) * M, rows, r[i]);
+  }
+}
+
+template <int MR>
+void decode_gemm(const uint16_t* xp, const uint16_t* wp, uint16_t* out, int64_t ldo, int64_t blocks, int64_t K) {
+  at::parallel_for(0, blocks, 2, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; j++) decode_tile<MR>(xp, wp + j * K * 16, K, out + j * 16, ldo);
+  });
+}
+
+using DecodeGemm = void (*)(const uint16_t*, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t);
+
+template <int... MR>
+constexpr std::array<DecodeGemm, sizeof...(MR)> decode_gemms(std::integer_sequence<int, MR...>) {
+  return {&decode_gemm<MR + 1>...};
 }
 
 void bf16_gemm_impl(const uint16_t* x, int64_t ldx, const uint16_t* wp, uint16_t* out, int64_t ldo, int64_t M,
                     int64_t N, int64_t K) {
   const int64_t blocks = N / 16;
-  if (M <= 16) {
+  if (M <= kMaxDecodeRows) {
     // Decode batches: each block's weights stream from memory once, for all rows; the
-    // threads split the blocks.
-    at::parallel_for(0, blocks, 2, [&](int64_t begin, int64_t end) {
-      for (int64_t j = begin; j < end; j++) gemm_block_rows(x, ldx, wp + j * K * 16, K, out + j * 16, ldo, 0, M);
-    });
+    // threads split the blocks. One row is its own interleaving.
+    static constexpr auto kDecode = decode_gemms(std::make_integer_sequence<int, kMaxDecodeRows>{});
+    const uint16_t* xs = x;
+    if (M > 1) {
+      thread_local std::vector<int32_t> xp;
+      if (static_cast<int64_t>(xp.size()) < K / 2 * M) xp.resize(K / 2 * M);
+      interleave_pairs(x, ldx, M, K, xp.data());
+      xs = reinterpret_cast<const uint16_t*>(xp.data());
+    }
+    kDecode[M - 1](xs, wp, out, ldo, blocks, K);
     return;
   }
   // Prefill: panels of rows stay in L2 while groups of 4 blocks stream past; the threads
@@ -520,8 +613,8 @@ namespace rtp_llm::ops::avx512 {
 bool supported() { return false; }
 std::optional<Dtype> usable_for(c10::ScalarType) { return std::nullopt; }
 bool attention_supports(int, int, int) { return false; }
-void attend(Dtype, const void*, const void*, const void*, const int32_t*, int, int, int, int, int, int, float, void*,
-            int64_t) {
+void attend(Dtype, const void*, const void*, const void*, const int32_t*, int, int, int, int, int, int, int, float,
+            void*, int64_t) {
   std::abort();
 }
 void rms_norm(Dtype, const void*, const void*, void*, int64_t, int64_t, float) { std::abort(); }

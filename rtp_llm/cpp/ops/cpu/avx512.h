@@ -34,13 +34,17 @@ bool supported();
 // Head dims the attention kernel is specialized for; others use the portable kernel.
 bool attention_supports(int head_dim, int group, int block_size);
 
-// One (query token, KV head) item of paged attention: the `group` query heads at q (head
-// stride q_head_stride elements, head_dim contiguous) attend keys [0, pos] of the stream
-// whose blocks are block_table; caches are [blocks, block_size, num_kv_heads, head_dim].
-// Online softmax in fp32; writes group x head_dim to out (same strides as q).
+// Query heads one attend() call takes at most: (kv_head_end - kv_head_begin) x group.
+constexpr int kMaxItemHeads = 32;
+
+// One item of paged attention, a query token and KV heads [kv_head_begin, kv_head_end): their
+// groups' query heads at q (head stride q_head_stride elements, head_dim contiguous; the first
+// is kv_head_begin's first) attend keys [0, pos] of the stream whose blocks are block_table;
+// caches are [blocks, block_size, num_kv_heads, head_dim]. Online softmax in fp32; writes the
+// heads to out (same strides as q).
 void attend(Dtype dtype, const void* q, const void* k_cache, const void* v_cache, const int32_t* block_table, int pos,
-            int kv_head, int num_kv_heads, int group, int head_dim, int block_size, float scale, void* out,
-            int64_t q_head_stride);
+            int kv_head_begin, int kv_head_end, int num_kv_heads, int group, int head_dim, int block_size, float scale,
+            void* out, int64_t q_head_stride);
 
 // rows x dim, contiguous. out = round(round(x * rsqrt(mean(x^2) + eps)) * w) (HF's order).
 void rms_norm(Dtype dtype, const void* x, const void* w, void* out, int64_t rows, int64_t dim, float eps);

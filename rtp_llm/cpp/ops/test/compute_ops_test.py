@@ -93,6 +93,17 @@ class PagedAttentionTest(unittest.TestCase):
         for dtype in (torch.bfloat16, torch.float16):
             self.run_case(dtype, 16, 2, 128, 64, [1, 1, 30], [130, 64, 90], 2e-2)
 
+    def test_items_of_kv_head_ranges_and_of_single_heads(self):
+        # 5 tokens: each item takes 4 of the 6 KV heads (32 query heads at most), then the
+        # other 2; 2 decode tokens: an item per KV head (fewer tokens than 2 x threads).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            self.run_case(torch.bfloat16, 48, 6, 64, 16, [1, 4], [40, 20], 2e-2)
+            self.run_case(torch.bfloat16, 48, 6, 64, 16, [1, 1], [40, 17], 2e-2)
+        finally:
+            torch.set_num_threads(threads)
+
     def test_head_dim_without_a_vector_kernel(self):
         # 48 is not a specialized head dim: the portable kernel runs.
         self.run_case(torch.float32, 6, 2, 48, 16, [1, 7], [33, 7], 1e-5)
@@ -190,25 +201,28 @@ class Bf16LinearTest(unittest.TestCase):
         return x, w, (x.float() @ w.float().t()).to(torch.bfloat16)
 
     def test_matches_the_fp32_product_rounded_to_bf16(self):
-        # Decode batches (<= 16 rows) on every tile height (16, 8, 4, 2, 1); prefill-sized ones
-        # on 4-row x 4-block tiles with the blocks and rows left over, across a 256-row panel;
-        # 512 columns: 32 blocks, split over the threads.
-        for m, n, k in ((1, 48, 2), (3, 64, 30), (5, 16, 96), (12, 512, 64), (16, 32, 64), (17, 64, 30),
-                        (31, 112, 128), (70, 512, 32), (300, 80, 40)):
+        # Decode batches (<= 16 rows): every row count, one decode tile each, with the rows'
+        # pairs of k interleaved 16 at a time (K = 70: two groups and 3 pairs left over).
+        # Prefill-sized ones on 4-row x 4-block tiles with the blocks and rows left over,
+        # across a 256-row panel; 512 columns: 32 blocks, split over the threads.
+        cases = [(m, 48, 70) for m in range(1, 17)] + [(1, 48, 2), (3, 64, 30), (12, 512, 64), (17, 64, 30),
+                                                      (31, 112, 128), (70, 512, 32), (300, 80, 40)]
+        for m, n, k in cases:
             x, w, want = self._case(m, n, k)
             got = self.ops.bf16_linear(x, self.ops.pack_bf16_linear(w))
             # Exact products, fp32 sums in another order than the reference's: one bf16 unit.
             torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-2, msg=f"{m}x{n}x{k}")
 
     def test_strided_rows_and_a_given_output(self):
-        x, w, want = self._case(4, 32, 64)
-        wide = torch.zeros(4, 80, dtype=torch.bfloat16)
-        wide[:, 8:72] = x
-        out = torch.full((4, 40), 7.0, dtype=torch.bfloat16)
-        got = self.ops.bf16_linear(wide[:, 8:72], self.ops.pack_bf16_linear(w), out=out[:, 4:36])
-        torch.testing.assert_close(out[:, 4:36], want, rtol=2 ** -7, atol=1e-2)
-        self.assertEqual(got.data_ptr(), out[:, 4:36].data_ptr())
-        self.assertTrue(torch.equal(out[:, :4], torch.full((4, 4), 7.0, dtype=torch.bfloat16)))
+        for m in (1, 4, 16, 20):  # rows starting at odd elements (2-byte aligned pairs of k)
+            x, w, want = self._case(m, 32, 64)
+            wide = torch.zeros(m, 80, dtype=torch.bfloat16)
+            wide[:, 7:71] = x
+            out = torch.full((m, 40), 7.0, dtype=torch.bfloat16)
+            got = self.ops.bf16_linear(wide[:, 7:71], self.ops.pack_bf16_linear(w), out=out[:, 4:36])
+            torch.testing.assert_close(out[:, 4:36], want, rtol=2 ** -7, atol=1e-2)
+            self.assertEqual(got.data_ptr(), out[:, 4:36].data_ptr())
+            self.assertTrue(torch.equal(out[:, :4], torch.full((m, 4), 7.0, dtype=torch.bfloat16)))
 
     def test_rejects_unpackable_and_mismatched_shapes_with_clear_errors(self):
         with self.assertRaisesRegex(RuntimeError, r"N % 16 == 0"):
