@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -122,6 +123,42 @@ inline void prefetch_bytes(const void* row, int bytes) {
   for (int off = 0; off < bytes; off += 64) _mm_prefetch(static_cast<const char*>(row) + off, _MM_HINT_T1);
 }
 
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")
+// Scores of `group` query heads against 16 keys with `vdpbf16ps` on the bf16 rows as stored
+// (exact products, fp32 sums, no widening): s[g * ld_s + j] = scale * q_g . k_j for j < keys,
+// 0 beyond. q: heads q_head_stride apart; k: rows token_stride apart; C2 = head_dim / 32.
+// Only where the CPU has AVX512-BF16 (bf16_gemm_supported()).
+template <int C2>
+void scores16_bf16_impl(const uint16_t* q, int64_t q_head_stride, int group, const uint16_t* k,
+                        int64_t token_stride, int keys, float scale, float* s, int ld_s) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int g = 0; g < group; ++g) {
+    __m512bh qb[C2];
+    for (int c = 0; c < C2; ++c) qb[c] = (__m512bh)_mm512_loadu_si512(q + g * q_head_stride + c * 32);
+    __m512 dot[16];
+    for (int j = 0; j < 16; ++j) {
+      dot[j] = _mm512_setzero_ps();
+      if (j < keys) {
+        for (int c = 0; c < C2; ++c)
+          dot[j] = _mm512_dpbf16_ps(dot[j], (__m512bh)_mm512_loadu_si512(k + j * token_stride + c * 32), qb[c]);
+      }
+    }
+    _mm512_store_ps(s + g * ld_s, _mm512_mul_ps(sum16(dot), vscale));
+  }
+}
+
+void scores16_bf16(int head_dim, const uint16_t* q, int64_t q_head_stride, int group, const uint16_t* k,
+                   int64_t token_stride, int keys, float scale, float* s, int ld_s) {
+  switch (head_dim) {
+    case 32: return scores16_bf16_impl<1>(q, q_head_stride, group, k, token_stride, keys, scale, s, ld_s);
+    case 64: return scores16_bf16_impl<2>(q, q_head_stride, group, k, token_stride, keys, scale, s, ld_s);
+    case 128: return scores16_bf16_impl<4>(q, q_head_stride, group, k, token_stride, keys, scale, s, ld_s);
+    default: std::abort();  // attention_supports() said no
+  }
+}
+#pragma GCC pop_options
+
 // C = head_dim / 16 vectors per head row. One query token, KV heads [kvh0, kvh1): per block,
 // each KV head in turn (so the block's token rows, kv_heads x head_dim contiguous, are read
 // whole while they are in cache, rather than one head's 128-256 byte slice of each). Per key
@@ -135,10 +172,12 @@ void attend_impl(const typename E::T* q, const typename E::T* k_cache, const typ
                  const int32_t* block_table, int pos, int kvh0, int kvh1, int num_kv_heads, int group, int block_size,
                  float scale, typename E::T* out, int64_t q_head_stride) {
   constexpr int D = C * 16;
+  static const bool bf16_dot = bf16_gemm_supported();
   const int heads = (kvh1 - kvh0) * group;  // query heads of the item, <= kMaxItemHeads
   __m512 qf[kMaxItemHeads][C], acc[kMaxItemHeads][C];
   alignas(64) float s[kMaxGroup][kMaxBlockSize];
-  alignas(64) float kf[16][C][16];  // 16 keys widened to fp32
+  alignas(64) float kf[16][C][16];              // 16 keys widened to fp32
+  alignas(64) float vf[kMaxBlockSize][C][16];  // the block's V rows widened to fp32
   float m[kMaxItemHeads], l[kMaxItemHeads];
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int h = 0; h < heads; ++h) {
@@ -175,9 +214,20 @@ void attend_impl(const typename E::T* q, const typename E::T* k_cache, const typ
       float* mg = m + kvh * group;
       float* lg = l + kvh * group;
       // Scores, 16 keys at a time: the keys are widened to fp32 once into kf (L1), then per
-      // query head 16 partial-dot vectors are summed by one tree.
+      // query head 16 partial-dot vectors are summed by one tree (bf16 rows with AVX512-BF16:
+      // `vdpbf16ps` on them as stored, scores16_bf16, ~2x fewer instructions).
       for (int j0 = 0; j0 < n; j0 += 16) {
         const int keys = std::min(16, n - j0);
+        if constexpr (std::is_same_v<E, BF16>) {
+          if (bf16_dot) {
+            for (int j = 0; prefetching && j < keys; ++j) {
+              if (j0 + j < next_n) prefetch_bytes(k_cache + next_block + (j0 + j) * token_stride, row_bytes);
+            }
+            scores16_bf16(D, q + kvh * group * q_head_stride, q_head_stride, group, kb + j0 * token_stride,
+                          token_stride, keys, scale, &s[0][j0], kMaxBlockSize);
+            continue;
+          }
+        }
         for (int j = 0; j < keys; ++j) {
           if (prefetching && j0 + j < next_n) prefetch_bytes(k_cache + next_block + (j0 + j) * token_stride, row_bytes);
           for (int c = 0; c < C; ++c) _mm512_store_ps(kf[j][c], E::load(kb + (j0 + j) * token_stride + c * 16));
@@ -214,14 +264,31 @@ void attend_impl(const typename E::T* q, const typename E::T* k_cache, const typ
         }
         mg[g] = block_max;
       }
+      // Values: the block's V rows widened once into vf (L1), then per query head register
+      // accumulators over the block, even and odd keys apart (2C FMA chains).
       for (int j = 0; j < n; ++j) {
         if (prefetching && j < next_n) prefetch_bytes(v_cache + next_block + j * token_stride, row_bytes);
-        __m512 vf[C];
-        for (int c = 0; c < C; ++c) vf[c] = E::load(vb + j * token_stride + c * 16);
-        for (int g = 0; g < group; ++g) {
-          const __m512 p = _mm512_set1_ps(s[g][j]);
-          for (int c = 0; c < C; ++c) ag[g][c] = _mm512_fmadd_ps(p, vf[c], ag[g][c]);
+        for (int c = 0; c < C; ++c) _mm512_store_ps(vf[j][c], E::load(vb + j * token_stride + c * 16));
+      }
+      for (int g = 0; g < group; ++g) {
+        __m512 even[C], odd[C];
+        for (int c = 0; c < C; ++c) {
+          even[c] = ag[g][c];
+          odd[c] = _mm512_setzero_ps();
         }
+        int j = 0;
+        for (; j + 2 <= n; j += 2) {
+          const __m512 p0 = _mm512_set1_ps(s[g][j]), p1 = _mm512_set1_ps(s[g][j + 1]);
+          for (int c = 0; c < C; ++c) {
+            even[c] = _mm512_fmadd_ps(p0, _mm512_load_ps(vf[j][c]), even[c]);
+            odd[c] = _mm512_fmadd_ps(p1, _mm512_load_ps(vf[j + 1][c]), odd[c]);
+          }
+        }
+        if (j < n) {
+          const __m512 p0 = _mm512_set1_ps(s[g][j]);
+          for (int c = 0; c < C; ++c) even[c] = _mm512_fmadd_ps(p0, _mm512_load_ps(vf[j][c]), even[c]);
+        }
+        for (int c = 0; c < C; ++c) ag[g][c] = _mm512_add_ps(even[c], odd[c]);
       }
     }
   }

@@ -87,6 +87,7 @@ class PagedAttentionTest(unittest.TestCase):
 
     def test_mha_small_blocks(self):
         self.run_case(torch.float32, 4, 4, 32, 4, [3, 1], [9, 64], 1e-5)
+        self.run_case(torch.bfloat16, 4, 4, 32, 4, [3, 1], [9, 64], 2e-2)  # bf16 scores by `vdpbf16ps`
 
     def test_qwen3_shape_bf16_and_fp16_with_large_blocks(self):
         # head_dim 128, 8 query heads per KV head, 64-token blocks, a partial last block.
