@@ -39,8 +39,10 @@ class ParityTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def check(self, name, batch, **engine_args):
+    def check(self, name, batch, paged_chunk_work=None, **engine_args):
         llm = LLM(self.paths[name], act_type="fp32", progress=False, max_seq_len=256, **engine_args)
+        if paged_chunk_work is not None:
+            llm.engine.backend.paged_chunk_work = paged_chunk_work
         try:
             config = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
             ours = llm.generate(batch, config)
@@ -60,6 +62,14 @@ class ParityTest(unittest.TestCase):
         for name in TINY:
             with self.subTest(name):
                 self.check(name, prompts(2, [50, 33, 7]), max_num_batched_tokens=16)
+
+    def test_prompt_chunks_on_sdpa(self):
+        # Short prompt chunks run on the paged kernel where it is faster; long ones on SDPA,
+        # forced here for whole prompts and for chunks after a prefix (chunked prefill).
+        for name in TINY:
+            with self.subTest(name):
+                self.check(name, prompts(1, [3, 17, 40, 9, 64]), paged_chunk_work=0)
+                self.check(name, prompts(2, [50, 33, 7]), paged_chunk_work=0, max_num_batched_tokens=16)
 
     def test_shared_prefix_hits_the_prefix_cache(self):
         for name in TINY:
