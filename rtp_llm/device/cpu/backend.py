@@ -44,11 +44,9 @@ class CpuBackend(DeviceBackend):
     name = "cpu"
     device = torch.device("cpu")
     block_sizes = (16, 32, 64)
-    # Prompt chunks of at most this many (query token, key) pairs run on the paged kernel on
-    # CPUs with AVX512-BF16 (where it was measured): 1.6-2x SDPA's speed for 16 x 128-token
-    # prompts, even at 512 x 512, slower beyond (1,024 x 1,024: 0.7x; SDPA's GEMMs win on long
-    # prompts). 0: every prompt chunk on SDPA.
-    paged_chunk_work = 512 * 512
+    # Prompt chunks of at most this many (query token, key) pairs run on the paged kernel, the
+    # others on SDPA; 0: every one on SDPA. Set by allocate_kv_cache.
+    paged_chunk_work = 0
 
     def __init__(self):
         from rtp_llm.ops import ensure_compute_ops_loaded
@@ -56,6 +54,20 @@ class CpuBackend(DeviceBackend):
         self._ops = ensure_compute_ops_loaded()
         self._bf16_gemm = self._ops.bf16_linear_supported()
         self._packed_bf16 = _mkldnn_packing_works()
+
+    def allocate_kv_cache(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                          dtype: torch.dtype) -> torch.Tensor:
+        # Where the paged kernel was measured against SDPA: bf16 on CPUs with AVX512-BF16 (its
+        # scores by `vdpbf16ps`), head dims it specializes. 1.6-2x SDPA's speed for 16 x
+        # 128-token prompts, even at 512 x 512, slower beyond (1,024 x 1,024: 0.7x; SDPA's GEMMs
+        # win on long prompts).
+        fast = self._bf16_gemm and dtype == torch.bfloat16 and head_dim in (32, 64, 128) and block_size <= 64
+        self.paged_chunk_work = 512 * 512 if fast else 0
+        return super().allocate_kv_cache(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype)
+
+    def bind_model(self, num_heads: int, num_kv_heads: int, head_dim: int, max_streams: int, max_seq_len: int):
+        if num_heads // num_kv_heads > 16:  # more query heads per KV head than the AVX-512 kernel takes
+            self.paged_chunk_work = 0
 
     def available_memory_bytes(self) -> int:
         try:
@@ -66,9 +78,7 @@ class CpuBackend(DeviceBackend):
 
     def prepare_attention(self, batch, block_size: int) -> CpuAttentionMetadata:
         q_lens = batch.query_lens
-        paged = q_lens == 1
-        if self._bf16_gemm:
-            paged |= q_lens.astype(np.int64) * batch.context_lens <= self.paged_chunk_work
+        paged = (q_lens == 1) | (q_lens.astype(np.int64) * batch.context_lens <= self.paged_chunk_work)
         if paged.all():  # zero-copy views of the core's step batch (valid for this step)
             meta = CpuAttentionMetadata(torch.from_numpy(batch.slot_mapping), None,
                                         torch.from_numpy(batch.block_tables), torch.from_numpy(batch.query_starts),

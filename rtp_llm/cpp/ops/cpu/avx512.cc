@@ -431,7 +431,7 @@ void silu_and_mul(Dtype dtype, const void* x, void* out, int64_t inter, int64_t 
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bf16")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"  // GCC 12's _mm512_set1_epi16: as above
 namespace rtp_llm::ops::avx512 {
@@ -660,8 +660,7 @@ double bf16_dot_peak_gflops() {
 }
 
 bool bf16_gemm_supported() {
-  static const bool ok = !disabled_by_env() && __builtin_cpu_supports("avx512f") &&
-                         __builtin_cpu_supports("avx512bf16");
+  static const bool ok = supported() && __builtin_cpu_supports("avx512bf16");
   return ok;
 }
 

@@ -215,12 +215,12 @@ class Bf16LinearTest(unittest.TestCase):
             torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-2, msg=f"{m}x{n}x{k}")
 
     def test_strided_rows_and_a_given_output(self):
-        for m in (1, 4, 16, 20):  # rows starting at odd elements (2-byte aligned pairs of k)
-            x, w, want = self._case(m, 32, 64)
+        for m in (1, 4, 16, 20):  # rows starting at odd elements (2-byte aligned pairs of k), K = 70
+            x, w, want = self._case(m, 32, 70)
             wide = torch.zeros(m, 80, dtype=torch.bfloat16)
-            wide[:, 7:71] = x
+            wide[:, 7:77] = x
             out = torch.full((m, 40), 7.0, dtype=torch.bfloat16)
-            got = self.ops.bf16_linear(wide[:, 7:71], self.ops.pack_bf16_linear(w), out=out[:, 4:36])
+            got = self.ops.bf16_linear(wide[:, 7:77], self.ops.pack_bf16_linear(w), out=out[:, 4:36])
             torch.testing.assert_close(out[:, 4:36], want, rtol=2 ** -7, atol=1e-2)
             self.assertEqual(got.data_ptr(), out[:, 4:36].data_ptr())
             self.assertTrue(torch.equal(out[:, :4], torch.full((m, 4), 7.0, dtype=torch.bfloat16)))
