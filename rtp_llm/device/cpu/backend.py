@@ -28,7 +28,6 @@ class CpuAttentionMetadata(AttentionMetadata):
     chunks: List[Tuple[int, int, Optional[torch.Tensor]]] = field(default_factory=list)
 
 
-
 def _mkldnn_packing_works() -> bool:
     """oneDNN's prepacked bf16 linear (torch.ops.mkldnn), where this torch build has it."""
     try:

@@ -162,8 +162,9 @@ void scores16_bf16(int head_dim, const uint16_t* q, int64_t q_head_stride, int g
 // C = head_dim / 16 vectors per head row. One query token, KV heads [kvh0, kvh1): per block,
 // each KV head in turn (so the block's token rows, kv_heads x head_dim contiguous, are read
 // whole while they are in cache, rather than one head's 128-256 byte slice of each). Per key
-// and KV head: C loads, group x C FMAs and one horizontal sum per query head for the scores,
-// group x C FMAs for the values; the softmax runs 16 keys per instruction. Blocks sit anywhere
+// and KV head: C loads, group x C FMAs and one horizontal sum per query head for the scores
+// (group x C / 2 `vdpbf16ps` for bf16 rows where the CPU has AVX512-BF16), group x C FMAs for
+// the values; the softmax runs 16 keys per instruction. Blocks sit anywhere
 // in the pool, which hardware prefetchers do not follow; the next block's rows are prefetched
 // into L2 while this one is computed (the KV cache of all layers is far larger than the
 // caches).
