@@ -249,8 +249,9 @@ class Frontend:
 
     def _fit(self, prompt_ids: List[int], config: GenerateConfig, field: str) -> Tuple[GenerateConfig, Optional[int]]:
         """Checks the prompt (at least one token, fewer than the context holds) and clamps
-        max_new_tokens to what is left of the context; returns the config to run and the clamped value (None if unchanged). Also applies
-        the server's default timeout and caps top_k at the vocabulary (larger means no cap)."""
+        max_new_tokens to what is left of the context; returns the config to run and the clamped
+        value (None if unchanged). Also applies the server's default timeout and caps top_k at
+        the vocabulary (larger means no cap)."""
         n, limit = len(prompt_ids), self.context_len
         if n == 0:  # e.g. only control characters the tokenizer drops
             raise RequestError(field, "has no tokens once tokenized; the engine needs at least one")

@@ -11,6 +11,9 @@ PYBIND11_MODULE(librtp_compute_ops, m) {
         "q: [T, H, D] over paged k/v caches [blocks, block_size, Hkv, D] -> [T, H, D]", pybind11::arg("q"),
         pybind11::arg("k_cache"), pybind11::arg("v_cache"), pybind11::arg("block_tables"),
         pybind11::arg("query_starts"), pybind11::arg("context_lens"), pybind11::arg("scale"));
+  m.def("paged_attention_vectorized", &rtp_llm::ops::paged_attention_vectorized,
+        "whether paged_attention runs its AVX-512 kernel here for these shapes", pybind11::arg("head_dim"),
+        pybind11::arg("group"), pybind11::arg("block_size"));
   m.def("fused_add_rms_norm", &rtp_llm::ops::fused_add_rms_norm, "residual += x; rms_norm(residual)",
         pybind11::arg("x"), pybind11::arg("residual"), pybind11::arg("weight"), pybind11::arg("eps"));
   m.def("rotary_embedding", &rtp_llm::ops::rotary_embedding, "in-place rotary on q and k", pybind11::arg("q"),

@@ -19,6 +19,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                            const at::Tensor& block_tables, const at::Tensor& query_starts,
                            const at::Tensor& context_lens, double scale);
 
+// Whether paged_attention runs its vectorized (AVX-512) kernel on this CPU for this head_dim,
+// query heads per KV head and block size (elsewhere, portable loops).
+bool paged_attention_vectorized(int64_t head_dim, int64_t group, int64_t block_size);
+
 // residual += x (in place), then returns rms_norm(residual, weight). x, residual: [N, D].
 at::Tensor fused_add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 

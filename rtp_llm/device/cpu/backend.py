@@ -44,7 +44,7 @@ class CpuBackend(DeviceBackend):
     device = torch.device("cpu")
     block_sizes = (16, 32, 64)
     # Prompt chunks of at most this many (query token, key) pairs run on the paged kernel, the
-    # others on SDPA; 0: every one on SDPA. Set by allocate_kv_cache.
+    # others on SDPA; 0: every one on SDPA. Set by bind_model.
     paged_chunk_work = 0
 
     def __init__(self):
@@ -53,20 +53,22 @@ class CpuBackend(DeviceBackend):
         self._ops = ensure_compute_ops_loaded()
         self._bf16_gemm = self._ops.bf16_linear_supported()
         self._packed_bf16 = _mkldnn_packing_works()
+        self._kv_format = (torch.float32, 0)  # (dtype, block_size) of the KV cache, once allocated
 
     def allocate_kv_cache(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                           dtype: torch.dtype) -> torch.Tensor:
-        # Where the paged kernel was measured against SDPA: bf16 on CPUs with AVX512-BF16 (its
-        # scores by `vdpbf16ps`), head dims it specializes. 1.6-2x SDPA's speed for 16 x
-        # 128-token prompts, even at 512 x 512, slower beyond (1,024 x 1,024: 0.7x; SDPA's GEMMs
-        # win on long prompts).
-        fast = self._bf16_gemm and dtype == torch.bfloat16 and head_dim in (32, 64, 128) and block_size <= 64
-        self.paged_chunk_work = 512 * 512 if fast else 0
+        self._kv_format = (dtype, block_size)  # for bind_model, which comes next
         return super().allocate_kv_cache(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype)
 
     def bind_model(self, num_heads: int, num_kv_heads: int, head_dim: int, max_streams: int, max_seq_len: int):
-        if num_heads // num_kv_heads > 16:  # more query heads per KV head than the AVX-512 kernel takes
-            self.paged_chunk_work = 0
+        # Where the paged kernel was measured against SDPA: bf16 through its vectorized kernel
+        # with scores by `vdpbf16ps` (CPUs with AVX512-BF16). 1.6-2x SDPA's speed for 16 x
+        # 128-token prompts, even at 512 x 512, slower beyond (1,024 x 1,024: 0.7x; SDPA's GEMMs
+        # win on long prompts).
+        dtype, block_size = self._kv_format
+        fast = (self._bf16_gemm and dtype == torch.bfloat16
+                and self._ops.paged_attention_vectorized(head_dim, num_heads // num_kv_heads, block_size))
+        self.paged_chunk_work = 512 * 512 if fast else 0
 
     def available_memory_bytes(self) -> int:
         try:

@@ -128,10 +128,11 @@ inline void prefetch_bytes(const void* row, int bytes) {
 // Scores of `group` query heads against 16 keys with `vdpbf16ps` on the bf16 rows as stored
 // (exact products, fp32 sums, no widening): s[g * ld_s + j] = scale * q_g . k_j for j < keys,
 // 0 beyond. q: heads q_head_stride apart; k: rows token_stride apart; C2 = head_dim / 32.
-// Only where the CPU has AVX512-BF16 (bf16_gemm_supported()).
+// Only where the CPU has AVX512-BF16 (bf16_gemm_supported()); called, not inlined, from
+// attend_impl (compiled without it).
 template <int C2>
-void scores16_bf16_impl(const uint16_t* q, int64_t q_head_stride, int group, const uint16_t* k,
-                        int64_t token_stride, int keys, float scale, float* s, int ld_s) {
+void scores16_bf16(const uint16_t* q, int64_t q_head_stride, int group, const uint16_t* k,
+                   int64_t token_stride, int keys, float scale, float* s, int ld_s) {
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int g = 0; g < group; ++g) {
     __m512bh qb[C2];
@@ -148,15 +149,6 @@ void scores16_bf16_impl(const uint16_t* q, int64_t q_head_stride, int group, con
   }
 }
 
-void scores16_bf16(int head_dim, const uint16_t* q, int64_t q_head_stride, int group, const uint16_t* k,
-                   int64_t token_stride, int keys, float scale, float* s, int ld_s) {
-  switch (head_dim) {
-    case 32: return scores16_bf16_impl<1>(q, q_head_stride, group, k, token_stride, keys, scale, s, ld_s);
-    case 64: return scores16_bf16_impl<2>(q, q_head_stride, group, k, token_stride, keys, scale, s, ld_s);
-    case 128: return scores16_bf16_impl<4>(q, q_head_stride, group, k, token_stride, keys, scale, s, ld_s);
-    default: std::abort();  // attention_supports() said no
-  }
-}
 #pragma GCC pop_options
 
 // C = head_dim / 16 vectors per head row. One query token, KV heads [kvh0, kvh1): per block,
@@ -224,8 +216,8 @@ void attend_impl(const typename E::T* q, const typename E::T* k_cache, const typ
             for (int j = 0; prefetching && j < keys; ++j) {
               if (j0 + j < next_n) prefetch_bytes(k_cache + next_block + (j0 + j) * token_stride, row_bytes);
             }
-            scores16_bf16(D, q + kvh * group * q_head_stride, q_head_stride, group, kb + j0 * token_stride,
-                          token_stride, keys, scale, &s[0][j0], kMaxBlockSize);
+            scores16_bf16<C / 2>(q + kvh * group * q_head_stride, q_head_stride, group, kb + j0 * token_stride,
+                                 token_stride, keys, scale, &s[0][j0], kMaxBlockSize);
             continue;
           }
         }

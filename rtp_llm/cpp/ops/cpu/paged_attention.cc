@@ -161,6 +161,11 @@ RTP_MULTIVERSION void run_items_f16(const Problem& p, const at::Half* q, const a
 
 }  // namespace
 
+bool paged_attention_vectorized(int64_t head_dim, int64_t group, int64_t block_size) {
+  return avx512::supported() &&
+         avx512::attention_supports(static_cast<int>(head_dim), static_cast<int>(group), static_cast<int>(block_size));
+}
+
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& query_starts,
                            const at::Tensor& context_lens, double scale) {
