@@ -149,23 +149,118 @@ void scores16_bf16(const uint16_t* q, int64_t q_head_stride, int group, const ui
   }
 }
 
+// Values of `group` query heads over one block's n keys with `vdpbf16ps`: acc[g * C + c] +=
+// sum_j bf16(p[g * ld_p + j]) * v_j, fp32 sums of exact products (torch's CPU flash attention
+// also rounds the probabilities to bf16 before multiplying by V). V rows (token_stride apart)
+// are interleaved in pairs of keys, a missing odd key as zeros, so acc's lanes hold the dims
+// in unpacklo/hi's order: lane 4L + i of acc[.., 2 c2] is dim 32 c2 + 8L + i, of
+// acc[.., 2 c2 + 1] dim 32 c2 + 8L + 4 + i (unpermute_values puts them back). A quarter of
+// the instructions of widening V and an FMA per key; 11% off the 16 x 192-key decode from
+// cache, none from memory, where the K/V stream bounds it.
+template <int C>
+void values_bf16(const uint16_t* v, int64_t token_stride, int n, const float* p, int ld_p, int group, __m512* acc) {
+  constexpr int C2 = C / 2;
+  alignas(64) __m512i vp[kMaxBlockSize / 2][C];
+  const int pairs = (n + 1) / 2;
+  for (int jp = 0; jp < pairs; ++jp) {
+    const uint16_t* r0 = v + 2 * jp * token_stride;
+    const bool odd = 2 * jp + 1 < n;
+    for (int c2 = 0; c2 < C2; ++c2) {
+      const __m512i a = _mm512_loadu_si512(r0 + c2 * 32);
+      const __m512i b = odd ? _mm512_loadu_si512(r0 + token_stride + c2 * 32) : _mm512_setzero_si512();
+      vp[jp][2 * c2] = _mm512_unpacklo_epi16(a, b);
+      vp[jp][2 * c2 + 1] = _mm512_unpackhi_epi16(a, b);
+    }
+  }
+  for (int g = 0; g < group; ++g) {
+    alignas(64) int32_t pb[kMaxBlockSize / 2];  // the probabilities' pairs in bf16, zeros past n
+    for (int j = 0; j < n; j += 16) {
+      const __m512 pr = _mm512_maskz_loadu_ps(tail_mask(n - j), p + g * ld_p + j);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pb + j / 2), (__m256i)_mm512_cvtneps_pbh(pr));
+    }
+    __m512 even[C], odd[C];  // 2C chains (vdpbf16ps' latency is ~6 cycles)
+    for (int c = 0; c < C; ++c) {
+      even[c] = acc[g * C + c];
+      odd[c] = _mm512_setzero_ps();
+    }
+    int jp = 0;
+    for (; jp + 2 <= pairs; jp += 2) {
+      const __m512bh p0 = (__m512bh)_mm512_set1_epi32(pb[jp]), p1 = (__m512bh)_mm512_set1_epi32(pb[jp + 1]);
+      for (int c = 0; c < C; ++c) {
+        even[c] = _mm512_dpbf16_ps(even[c], (__m512bh)vp[jp][c], p0);
+        odd[c] = _mm512_dpbf16_ps(odd[c], (__m512bh)vp[jp + 1][c], p1);
+      }
+    }
+    if (jp < pairs) {
+      const __m512bh p0 = (__m512bh)_mm512_set1_epi32(pb[jp]);
+      for (int c = 0; c < C; ++c) even[c] = _mm512_dpbf16_ps(even[c], (__m512bh)vp[jp][c], p0);
+    }
+    for (int c = 0; c < C; ++c) acc[g * C + c] = _mm512_add_ps(even[c], odd[c]);
+  }
+}
+
 #pragma GCC pop_options
+
+// K/V blocks prefetched ahead of the one being computed, counting on into the thread's next
+// item (so an item's first block is no longer fetched on demand). The caches of all layers
+// are far larger than L3 and blocks sit anywhere in the pool, which hardware prefetchers do
+// not follow. Still, from memory the 16 x 192-key decode at SmolLM2's shapes takes about its
+// time from cache plus the stream's at ~30 GB/s, as if the demand loads waited behind the
+// prefetches' misses; two or more blocks ahead, a burst at the block's start, L1 (T0) or
+// every other line measured the same or slower.
+constexpr int kBlocksAhead = 1;
+
+// values_bf16's accumulators back in the dims' order, for `heads` heads.
+template <int C>
+inline void unpermute_values(__m512 (*acc)[C], int heads) {
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int h = 0; h < heads; ++h) {
+    for (int c = 0; c < C; c += 2) {
+      const __m512 a = acc[h][c], b = acc[h][c + 1];
+      acc[h][c] = _mm512_permutex2var_ps(a, lo, b);
+      acc[h][c + 1] = _mm512_permutex2var_ps(a, hi, b);
+    }
+  }
+}
+
+// The token rows of one item's block b: offset of the first row's first head, rows (0 past
+// the item's keys) and bytes of each row's part that the item reads.
+struct BlockRows {
+  int64_t base = 0;
+  int rows = 0;
+  int row_bytes = 0;
+};
+
+template <class T>
+BlockRows block_rows(const AttendShape& sh, const AttendItem& it, int b) {
+  const int keys = it.pos + 1 - b * sh.block_size;
+  if (keys <= 0) return {};
+  const int64_t token_stride = int64_t{sh.num_kv_heads} * sh.head_dim;
+  return {int64_t{it.block_table[b]} * sh.block_size * token_stride + int64_t{it.kv_head_begin} * sh.head_dim,
+          std::min(sh.block_size, keys),
+          (it.kv_head_end - it.kv_head_begin) * sh.head_dim * static_cast<int>(sizeof(T))};
+}
 
 // C = head_dim / 16 vectors per head row. One query token, KV heads [kvh0, kvh1): per block,
 // each KV head in turn (so the block's token rows, kv_heads x head_dim contiguous, are read
 // whole while they are in cache, rather than one head's 128-256 byte slice of each). Per key
-// and KV head: C loads, group x C FMAs and one horizontal sum per query head for the scores
-// (group x C / 2 `vdpbf16ps` for bf16 rows where the CPU has AVX512-BF16), group x C FMAs for
-// the values; the softmax runs 16 keys per instruction. Blocks sit anywhere
-// in the pool, which hardware prefetchers do not follow; the next block's rows are prefetched
-// into L2 while this one is computed (the KV cache of all layers is far larger than the
-// caches).
+// and KV head: C loads, group x C FMAs and one horizontal sum per query head for the scores,
+// group x C FMAs for the values (bf16 rows where the CPU has AVX512-BF16: `vdpbf16ps` on them
+// as stored, scores16_bf16 and values_bf16); the softmax runs 16 keys per instruction. The
+// block kBlocksAhead blocks on is prefetched into L2 over the first KV head's loops (its K
+// rows in the scores loop, its V rows in the values loop).
 template <class E, int C>
-void attend_impl(const typename E::T* q, const typename E::T* k_cache, const typename E::T* v_cache,
-                 const int32_t* block_table, int pos, int kvh0, int kvh1, int num_kv_heads, int group, int block_size,
-                 float scale, typename E::T* out, int64_t q_head_stride) {
+void attend_impl(const typename E::T* k_cache, const typename E::T* v_cache, const AttendShape& sh,
+                 const AttendItem& it, const AttendItem* next, bool first) {
+  using T = typename E::T;
   constexpr int D = C * 16;
   static const bool bf16_dot = bf16_gemm_supported();
+  const T* q = static_cast<const T*>(it.q);
+  T* out = static_cast<T*>(it.out);
+  const int kvh0 = it.kv_head_begin, kvh1 = it.kv_head_end, group = sh.group, block_size = sh.block_size;
+  const int64_t q_head_stride = sh.q_head_stride;
+  const float scale = sh.scale;
   const int heads = (kvh1 - kvh0) * group;  // query heads of the item, <= kMaxItemHeads
   __m512 qf[kMaxItemHeads][C], acc[kMaxItemHeads][C];
   alignas(64) float s[kMaxGroup][kMaxBlockSize];
@@ -181,23 +276,24 @@ void attend_impl(const typename E::T* q, const typename E::T* k_cache, const typ
     m[h] = -std::numeric_limits<float>::infinity();
     l[h] = 0.f;
   }
-  const int64_t token_stride = int64_t{num_kv_heads} * D;
-  const int row_bytes = (kvh1 - kvh0) * D * static_cast<int>(sizeof(typename E::T));  // the item's part of a row
-  const int num_keys = pos + 1;
+  const int64_t token_stride = int64_t{sh.num_kv_heads} * D;
+  const int num_keys = it.pos + 1;
+  const int blocks = (num_keys + block_size - 1) / block_size;
+  auto prefetch_rows = [&](const BlockRows& b, int j0, int j1) {
+    for (int j = j0; j < std::min(j1, b.rows); ++j) {
+      prefetch_bytes(k_cache + b.base + j * token_stride, b.row_bytes);
+      prefetch_bytes(v_cache + b.base + j * token_stride, b.row_bytes);
+    }
+  };
+  if (first) {
+    for (int b = 0; b < kBlocksAhead; ++b) prefetch_rows(block_rows<T>(sh, it, b), 0, block_size);
+  }
   for (int start = 0; start < num_keys; start += block_size) {
     const int n = std::min(block_size, num_keys - start);
-    const int64_t block = int64_t{block_table[start / block_size]} * block_size * token_stride + int64_t{kvh0} * D;
-    // Prefetch one block ahead into L2, spread over the first KV head's loops (a burst of a
-    // whole block's rows, or into L1, measured slower): its scores loop fetches the next
-    // block's K rows, its values loop the V rows.
-    const int next_start = start + block_size;
-    const int next_n = std::min(block_size, num_keys - next_start);  // <= 0 on the last block
-    const int64_t next_block =
-        next_n > 0 ? int64_t{block_table[next_start / block_size]} * block_size * token_stride + int64_t{kvh0} * D : 0;
-    if (start == 0) {
-      for (int j = 0; j < n; ++j) prefetch_bytes(k_cache + block + j * token_stride, row_bytes);
-      for (int j = 0; j < n; ++j) prefetch_bytes(v_cache + block + j * token_stride, row_bytes);
-    }
+    const int64_t block = int64_t{it.block_table[start / block_size]} * block_size * token_stride + int64_t{kvh0} * D;
+    const int ahead = start / block_size + kBlocksAhead;
+    const BlockRows pf = ahead < blocks ? block_rows<T>(sh, it, ahead)
+                                        : next ? block_rows<T>(sh, *next, ahead - blocks) : BlockRows{};
     for (int kvh = 0; kvh < kvh1 - kvh0; ++kvh) {
       const bool prefetching = kvh == 0;
       const typename E::T* kb = k_cache + block + kvh * D;
@@ -213,16 +309,15 @@ void attend_impl(const typename E::T* q, const typename E::T* k_cache, const typ
         const int keys = std::min(16, n - j0);
         if constexpr (std::is_same_v<E, BF16>) {
           if (bf16_dot) {
-            for (int j = 0; prefetching && j < keys; ++j) {
-              if (j0 + j < next_n) prefetch_bytes(k_cache + next_block + (j0 + j) * token_stride, row_bytes);
-            }
+            for (int j = j0; prefetching && j < std::min(j0 + keys, pf.rows); ++j)
+              prefetch_bytes(k_cache + pf.base + j * token_stride, pf.row_bytes);
             scores16_bf16<C / 2>(q + kvh * group * q_head_stride, q_head_stride, group, kb + j0 * token_stride,
                                  token_stride, keys, scale, &s[0][j0], kMaxBlockSize);
             continue;
           }
         }
         for (int j = 0; j < keys; ++j) {
-          if (prefetching && j0 + j < next_n) prefetch_bytes(k_cache + next_block + (j0 + j) * token_stride, row_bytes);
+          if (prefetching && j0 + j < pf.rows) prefetch_bytes(k_cache + pf.base + (j0 + j) * token_stride, pf.row_bytes);
           for (int c = 0; c < C; ++c) _mm512_store_ps(kf[j][c], E::load(kb + (j0 + j) * token_stride + c * 16));
         }
         for (int j = keys; j < 16; ++j) {
@@ -257,10 +352,18 @@ void attend_impl(const typename E::T* q, const typename E::T* k_cache, const typ
         }
         mg[g] = block_max;
       }
+      if constexpr (std::is_same_v<E, BF16>) {
+        if (bf16_dot) {
+          for (int j = 0; prefetching && j < pf.rows; ++j)
+            prefetch_bytes(v_cache + pf.base + j * token_stride, pf.row_bytes);
+          values_bf16<C>(vb, token_stride, n, s[0], kMaxBlockSize, group, &ag[0][0]);
+          continue;
+        }
+      }
       // Values: the block's V rows widened once into vf (L1), then per query head register
       // accumulators over the block, even and odd keys apart (2C FMA chains).
       for (int j = 0; j < n; ++j) {
-        if (prefetching && j < next_n) prefetch_bytes(v_cache + next_block + j * token_stride, row_bytes);
+        if (prefetching && j < pf.rows) prefetch_bytes(v_cache + pf.base + j * token_stride, pf.row_bytes);
         for (int c = 0; c < C; ++c) _mm512_store_ps(vf[j][c], E::load(vb + j * token_stride + c * 16));
       }
       for (int g = 0; g < group; ++g) {
@@ -284,6 +387,10 @@ void attend_impl(const typename E::T* q, const typename E::T* k_cache, const typ
         for (int c = 0; c < C; ++c) ag[g][c] = _mm512_add_ps(even[c], odd[c]);
       }
     }
+    prefetch_rows(pf, n, block_size);  // a fuller block than this one (the next item's)
+  }
+  if constexpr (std::is_same_v<E, BF16>) {
+    if (bf16_dot) unpermute_values<C>(acc, heads);
   }
   for (int h = 0; h < heads; ++h) {
     const __m512 inv = _mm512_set1_ps(l[h] > 0.f ? 1.f / l[h] : 0.f);  // no keys (pos < 0): zeros
@@ -292,17 +399,15 @@ void attend_impl(const typename E::T* q, const typename E::T* k_cache, const typ
 }
 
 template <class E>
-void attend_typed(const void* q, const void* k, const void* v, const int32_t* bt, int pos, int kvh0, int kvh1, int nkv,
-                  int group, int head_dim, int bs, float scale, void* out, int64_t qs) {
+void attend_typed(const void* k, const void* v, const AttendShape& sh, const AttendItem& it, const AttendItem* next,
+                  bool first) {
   using T = typename E::T;
-  const auto* qp = static_cast<const T*>(q);
   const auto* kp = static_cast<const T*>(k);
   const auto* vp = static_cast<const T*>(v);
-  auto* op = static_cast<T*>(out);
-  switch (head_dim) {
-    case 32: return attend_impl<E, 2>(qp, kp, vp, bt, pos, kvh0, kvh1, nkv, group, bs, scale, op, qs);
-    case 64: return attend_impl<E, 4>(qp, kp, vp, bt, pos, kvh0, kvh1, nkv, group, bs, scale, op, qs);
-    case 128: return attend_impl<E, 8>(qp, kp, vp, bt, pos, kvh0, kvh1, nkv, group, bs, scale, op, qs);
+  switch (sh.head_dim) {
+    case 32: return attend_impl<E, 2>(kp, vp, sh, it, next, first);
+    case 64: return attend_impl<E, 4>(kp, vp, sh, it, next, first);
+    case 128: return attend_impl<E, 8>(kp, vp, sh, it, next, first);
     default: std::abort();  // attention_supports() said no
   }
 }
@@ -385,13 +490,9 @@ void with_type(Dtype dtype, F&& f) {
 
 }  // namespace
 
-void attend(Dtype dtype, const void* q, const void* k_cache, const void* v_cache, const int32_t* block_table, int pos,
-            int kv_head_begin, int kv_head_end, int num_kv_heads, int group, int head_dim, int block_size, float scale,
-            void* out, int64_t q_head_stride) {
-  with_type(dtype, [&](auto e) {
-    attend_typed<decltype(e)>(q, k_cache, v_cache, block_table, pos, kv_head_begin, kv_head_end, num_kv_heads, group,
-                              head_dim, block_size, scale, out, q_head_stride);
-  });
+void attend(Dtype dtype, const void* k_cache, const void* v_cache, const AttendShape& shape, const AttendItem& item,
+            const AttendItem* next, bool first) {
+  with_type(dtype, [&](auto e) { attend_typed<decltype(e)>(k_cache, v_cache, shape, item, next, first); });
 }
 
 void rms_norm(Dtype dtype, const void* x, const void* w, void* out, int64_t rows, int64_t dim, float eps) {
@@ -672,8 +773,7 @@ namespace rtp_llm::ops::avx512 {
 bool supported() { return false; }
 std::optional<Dtype> usable_for(c10::ScalarType) { return std::nullopt; }
 bool attention_supports(int, int, int) { return false; }
-void attend(Dtype, const void*, const void*, const void*, const int32_t*, int, int, int, int, int, int, int, float,
-            void*, int64_t) {
+void attend(Dtype, const void*, const void*, const AttendShape&, const AttendItem&, const AttendItem*, bool) {
   std::abort();
 }
 void rms_norm(Dtype, const void*, const void*, void*, int64_t, int64_t, float) { std::abort(); }

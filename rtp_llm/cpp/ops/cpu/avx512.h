@@ -37,14 +37,32 @@ bool attention_supports(int head_dim, int group, int block_size);
 // Query heads one attend() call takes at most: (kv_head_end - kv_head_begin) x group.
 constexpr int kMaxItemHeads = 32;
 
+// What every item of one paged-attention call shares. Caches are [blocks, block_size,
+// num_kv_heads, head_dim]; q and out have query heads q_head_stride elements apart, head_dim
+// contiguous.
+struct AttendShape {
+  int num_kv_heads, group, head_dim, block_size;
+  float scale;
+  int64_t q_head_stride;
+};
+
 // One item of paged attention, a query token and KV heads [kv_head_begin, kv_head_end): their
-// groups' query heads at q (head stride q_head_stride elements, head_dim contiguous; the first
-// is kv_head_begin's first) attend keys [0, pos] of the stream whose blocks are block_table;
-// caches are [blocks, block_size, num_kv_heads, head_dim]. Online softmax in fp32; writes the
-// heads to out (same strides as q).
-void attend(Dtype dtype, const void* q, const void* k_cache, const void* v_cache, const int32_t* block_table, int pos,
-            int kv_head_begin, int kv_head_end, int num_kv_heads, int group, int head_dim, int block_size, float scale,
-            void* out, int64_t q_head_stride);
+// groups' query heads at q (the first is kv_head_begin's first) attend keys [0, pos] of the
+// stream whose blocks are block_table; online softmax in fp32; out as q.
+struct AttendItem {
+  const void* q;
+  void* out;
+  const int32_t* block_table;
+  int pos;
+  int kv_head_begin, kv_head_end;
+};
+
+// Runs `item`. Its K/V blocks are prefetched into L2 ahead of their use: across items too, so
+// `next` is the item the calling thread runs after this one (nullptr: none), whose first
+// blocks this one's last blocks prefetch; `first`: no item before this one prefetched its
+// blocks.
+void attend(Dtype dtype, const void* k_cache, const void* v_cache, const AttendShape& shape, const AttendItem& item,
+            const AttendItem* next, bool first);
 
 // rows x dim, contiguous. out = round(round(x * rsqrt(mean(x^2) + eps)) * w) (HF's order).
 void rms_norm(Dtype dtype, const void* x, const void* w, void* out, int64_t rows, int64_t dim, float eps);

@@ -138,11 +138,20 @@ inline __attribute__((always_inline)) void run_items(const Problem& p, const T* 
 void run_items_avx512(const Problem& p, avx512::Dtype dtype, const at::Tensor& q, const at::Tensor& k,
                       const at::Tensor& v, at::Tensor& out, int64_t begin, int64_t end) {
   const int64_t elem = q.element_size();
-  for (int64_t item = begin; item < end; ++item) {
+  const avx512::AttendShape shape{p.kv_heads, p.group, static_cast<int>(p.D), p.block_size, p.scale, p.D};
+  auto attend_item = [&](int64_t item) {
     const Item it = item_at(p, item);
-    avx512::attend(dtype, static_cast<const char*>(q.data_ptr()) + it.offset * elem, k.data_ptr(), v.data_ptr(),
-                   it.block_table, it.pos, it.kv_head, it.kv_head_end, p.kv_heads, p.group, static_cast<int>(p.D),
-                   p.block_size, p.scale, static_cast<char*>(out.data_ptr()) + it.offset * elem, p.D);
+    return avx512::AttendItem{static_cast<const char*>(q.data_ptr()) + it.offset * elem,
+                              static_cast<char*>(out.data_ptr()) + it.offset * elem, it.block_table, it.pos,
+                              it.kv_head, it.kv_head_end};
+  };
+  if (begin >= end) return;
+  avx512::AttendItem cur = attend_item(begin);
+  for (int64_t item = begin; item < end; ++item) {
+    const bool last = item + 1 == end;
+    const avx512::AttendItem next = last ? cur : attend_item(item + 1);
+    avx512::attend(dtype, k.data_ptr(), v.data_ptr(), shape, cur, last ? nullptr : &next, item == begin);
+    cur = next;
   }
 }
 
