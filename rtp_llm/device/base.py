@@ -114,9 +114,14 @@ class DeviceBackend(ABC):
         """x: [T, in] -> [T, out], weight from pack_linear(); into `out` (contiguous) when given."""
         return torch.matmul(x, weight, out=out)
 
+    def pack_gate_up(self, weight: torch.Tensor) -> torch.Tensor:
+        """The MLP's gate and up projections, [2 I, hidden] (gate rows, then up rows), in the
+        layout gate_up_silu() wants. Default: pack_linear()."""
+        return self.pack_linear(weight)
+
     def gate_up_silu(self, x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
-        """The MLP's first half: silu(x gate^T) * (x up^T), [T, hidden] -> [T, I]; gate_up is
-        pack_linear() of [2 I, hidden] (gate rows, then up rows)."""
+        """The MLP's first half: silu(x gate^T) * (x up^T), [T, hidden] -> [T, I]; gate_up
+        from pack_gate_up()."""
         return self.silu_and_mul(self.linear(x, gate_up))
 
     def pack_lm_head(self, weight: torch.Tensor) -> torch.Tensor:

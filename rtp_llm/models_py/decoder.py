@@ -16,8 +16,9 @@ from rtp_llm.models_py.rotary import cos_sin_table
 
 @dataclass
 class Layer:
-    # Projection weights in the backend's layout (DeviceBackend.pack_linear), applied with
-    # backend.linear; shapes below are HF's [out, in].
+    # Projection weights in the backend's layout (DeviceBackend.pack_linear, gate_up by
+    # pack_gate_up), applied with backend.linear (gate_up by gate_up_silu); shapes below are
+    # HF's [out, in].
     input_norm: torch.Tensor
     qkv: torch.Tensor            # [(H + 2 Hkv) D, hidden]: q, k and v projections fused
     qkv_bias: Optional[torch.Tensor]
@@ -78,7 +79,8 @@ class DecoderModel:
                 k_norm=w(a + "k_norm.weight") if c.qk_norm else None,
                 o_proj=pack(w(a + "o_proj.weight", cols=q_rows)),
                 post_norm=w(p + "post_attention_layernorm.weight"),
-                gate_up=pack(torch.cat([w(p + "mlp.gate_proj.weight", (i0, ni)), w(p + "mlp.up_proj.weight", (i0, ni))])),
+                gate_up=backend.pack_gate_up(torch.cat([w(p + "mlp.gate_proj.weight", (i0, ni)),
+                                                        w(p + "mlp.up_proj.weight", (i0, ni))])),
                 down=pack(w(p + "mlp.down_proj.weight", cols=(i0, ni))),
             ))
         cos, sin = cos_sin_table(c, max_positions)

@@ -18,6 +18,12 @@ PYBIND11_MODULE(librtp_compute_ops, m) {
         pybind11::arg("x"), pybind11::arg("residual"), pybind11::arg("weight"), pybind11::arg("eps"));
   m.def("rotary_embedding", &rtp_llm::ops::rotary_embedding, "in-place rotary on q and k", pybind11::arg("q"),
         pybind11::arg("k"), pybind11::arg("positions"), pybind11::arg("cos"), pybind11::arg("sin"));
+  m.def("qkv_rope_store", &rtp_llm::ops::qkv_rope_store,
+        "qkv [T, (H + 2 Hkv) D]: q/k norm (optional), rotary in place, k/v into the paged cache -> (q, k, v) views",
+        pybind11::arg("qkv"), pybind11::arg("num_heads"), pybind11::arg("num_kv_heads"), pybind11::arg("positions"),
+        pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("kv_cache"), pybind11::arg("slot_mapping"),
+        pybind11::arg("q_norm") = pybind11::none(), pybind11::arg("k_norm") = pybind11::none(),
+        pybind11::arg("eps") = 0.0);
   m.def("silu_and_mul", &rtp_llm::ops::silu_and_mul, "x: [T, 2I] -> silu(gate) * up", pybind11::arg("x"));
   m.def("cpu_bf16_peak_gflops", &rtp_llm::ops::cpu_bf16_peak_gflops,
         "the cores' bf16 multiply-add peak (GFLOP/s; 0 without AVX512-BF16)");
@@ -27,6 +33,10 @@ PYBIND11_MODULE(librtp_compute_ops, m) {
         pybind11::arg("weight"));
   m.def("bf16_linear", &rtp_llm::ops::bf16_linear, "x: [M, K] bf16 @ packed weight -> [M, N]", pybind11::arg("x"),
         pybind11::arg("packed"), pybind11::arg("out") = pybind11::none());
+  m.def("pack_bf16_gate_up", &rtp_llm::ops::pack_bf16_gate_up,
+        "bf16 [2 I, K] (gate rows, then up rows) -> bf16_linear_silu's packed weight", pybind11::arg("weight"));
+  m.def("bf16_linear_silu", &rtp_llm::ops::bf16_linear_silu, "x: [M, K] bf16 -> silu(x gate^T) * (x up^T), [M, I]",
+        pybind11::arg("x"), pybind11::arg("packed"));
   m.def("store_kv", &rtp_llm::ops::store_kv, "k, v into the paged cache at slot_mapping", pybind11::arg("k"),
         pybind11::arg("v"), pybind11::arg("kv_cache"), pybind11::arg("slot_mapping"));
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <tuple>
 
 #include <ATen/ATen.h>
 
@@ -31,6 +32,17 @@ at::Tensor fused_add_rms_norm(const at::Tensor& x, at::Tensor& residual, const a
 void rotary_embedding(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const at::Tensor& cos,
                       const at::Tensor& sin);
 
+// The attention inputs of a fused projection, qkv: [T, (H + 2 Hkv) D] (rows of unit stride),
+// in one pass per token: optional per-head RMSNorm of q and k (Qwen3; weights [D]), rotary on
+// q and k in place (as rotary_embedding), then k and v into kv_cache at slot_mapping (as
+// store_kv). Returns views of qkv: q [T, H, D], k and v [T, Hkv, D].
+std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rope_store(const at::Tensor& qkv, int64_t num_heads,
+                                                              int64_t num_kv_heads, const at::Tensor& positions,
+                                                              const at::Tensor& cos, const at::Tensor& sin,
+                                                              at::Tensor& kv_cache, const at::Tensor& slot_mapping,
+                                                              const std::optional<at::Tensor>& q_norm,
+                                                              const std::optional<at::Tensor>& k_norm, double eps);
+
 // x: [T, 2 I] (gate, then up) -> silu(gate) * up: [T, I].
 at::Tensor silu_and_mul(const at::Tensor& x);
 
@@ -45,6 +57,11 @@ double cpu_bf16_peak_gflops();
 bool bf16_linear_supported();
 at::Tensor pack_bf16_linear(const at::Tensor& weight);
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& out);
+// The MLP's first half in one pass: pack_bf16_gate_up of [2 I, K] (gate rows, then up rows;
+// I % 16 == 0); bf16_linear_silu: x [M, K] -> silu(x gate^T) * (x up^T), [M, I], rounded as
+// bf16_linear then silu_and_mul.
+at::Tensor pack_bf16_gate_up(const at::Tensor& weight);
+at::Tensor bf16_linear_silu(const at::Tensor& x, const at::Tensor& packed);
 
 // Writes k, v: [T, Hkv, D] to kv_cache: [2, blocks, block_size, Hkv, D] at slot_mapping: [T].
 void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& kv_cache, const at::Tensor& slot_mapping);

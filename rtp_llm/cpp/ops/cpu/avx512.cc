@@ -478,6 +478,21 @@ void silu_and_mul_range(const typename E::T* x, typename E::T* out, int64_t inte
   }
 }
 
+template <class E>
+void rotate_heads_impl(typename E::T* x, int64_t heads, int64_t head_stride, int64_t half, const float* cos,
+                       const float* sin) {
+  for (int64_t h = 0; h < heads; ++h) {
+    typename E::T* v = x + h * head_stride;
+    for (int64_t i = 0; i < half; i += 16) {
+      const __mmask16 mask = tail_mask(half - i);
+      const __m512 x1 = E::load(v + i, mask), x2 = E::load(v + half + i, mask);
+      const __m512 c = _mm512_maskz_loadu_ps(mask, cos + i), s = _mm512_maskz_loadu_ps(mask, sin + i);
+      E::store(v + i, _mm512_fmsub_ps(x1, c, _mm512_mul_ps(x2, s)), mask);
+      E::store(v + half + i, _mm512_fmadd_ps(x2, c, _mm512_mul_ps(x1, s)), mask);
+    }
+  }
+}
+
 // Calls f.template operator()<E>() for the storage type of dtype.
 template <class F>
 void with_type(Dtype dtype, F&& f) {
@@ -509,6 +524,14 @@ void add_rms_norm(Dtype dtype, const void* x, void* residual, const void* w, voi
     using T = typename decltype(e)::T;
     add_rms_norm_rows<decltype(e)>(static_cast<const T*>(x), static_cast<T*>(residual), static_cast<const T*>(w),
                                    static_cast<T*>(out), rows, dim, eps);
+  });
+}
+
+void rotate_heads(Dtype dtype, void* x, int64_t heads, int64_t head_stride, int64_t half, const float* cos,
+                  const float* sin) {
+  with_type(dtype, [&](auto e) {
+    using T = typename decltype(e)::T;
+    rotate_heads_impl<decltype(e)>(static_cast<T*>(x), heads, head_stride, half, cos, sin);
   });
 }
 
@@ -562,11 +585,44 @@ double bf16_dot_peak_measure(int threads) {
   return threads * static_cast<double>(kIters) * 12 * 64 / s / 1e9;  // 16 lanes x 2 products x 2 FLOP
 }
 
+// Where a GEMM tile's fp32 sums go. A plain projection rounds each to bf16; kBlocksPerOut:
+// 16-column weight blocks per 16-column block of out.
+struct StoreBf16 {
+  static constexpr int kBlocksPerOut = 1;
+  template <int MR, int NB>
+  static void store(const __m512 (&acc)[MR][NB], uint16_t* out, int64_t ldo) {
+    for (int r = 0; r < MR; r++)
+      for (int c = 0; c < NB; c++)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo + c * 16), (__m256i)_mm512_cvtneps_pbh(acc[r][c]));
+  }
+};
+
+// The MLP's gate and up projections in one, their weight blocks interleaved (gate block j,
+// then up block j): out = silu(gate) * up with the roundings of a plain projection followed
+// by silu_and_mul (gate and up to bf16, silu's result to bf16, the product to bf16).
+struct SiluMulBf16 {
+  static constexpr int kBlocksPerOut = 2;
+  static __m256i combine(__m512 gate, __m512 up) {
+    const __m512 g = BF16::widen((__m256i)_mm512_cvtneps_pbh(gate));
+    const __m512 u = BF16::widen((__m256i)_mm512_cvtneps_pbh(up));
+    const __m512 act =
+        BF16::round(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+    return BF16::narrow(_mm512_mul_ps(act, u));
+  }
+  template <int MR, int NB>
+  static void store(const __m512 (&acc)[MR][NB], uint16_t* out, int64_t ldo) {
+    static_assert(NB % 2 == 0, "gate and up blocks come in pairs");
+    for (int r = 0; r < MR; r++)
+      for (int c = 0; c < NB / 2; c++)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo + c * 16), combine(acc[r][2 * c], acc[r][2 * c + 1]));
+  }
+};
+
 // Prefill: MR rows x NB consecutive 16-column blocks of out, an fp32 accumulator per (row,
 // block); per pair of k, one 64-byte weight load per block and, per row, the row's two x values
 // broadcast into NB `vdpbf16ps` (4 x 4: 4 + 4 loads per 16). The blocks are re-read from L2 for
 // every MR rows of a panel.
-template <int MR, int NB>
+template <int MR, int NB, class Ep>
 inline void gemm_tile(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_t K, uint16_t* out, int64_t ldo) {
   __m512 acc[MR][NB];
   for (int r = 0; r < MR; r++)
@@ -582,17 +638,17 @@ inline void gemm_tile(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_
       for (int c = 0; c < NB; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xb, w[c]);
     }
   }
-  for (int r = 0; r < MR; r++)
-    for (int c = 0; c < NB; c++)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo + c * 16), (__m256i)_mm512_cvtneps_pbh(acc[r][c]));
+  Ep::template store<MR, NB>(acc, out, ldo);
 }
 
-// Prefill rows [m0, m1) of one 16-column block (the last blocks of an N % 64 != 0).
+// Prefill rows [m0, m1) of one output block's weight blocks (the last blocks of an N % 64 != 0).
+template <class Ep>
 inline void gemm_block_rows(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_t K, uint16_t* o, int64_t ldo,
                             int64_t m0, int64_t m1) {
+  constexpr int U = Ep::kBlocksPerOut;
   int64_t m = m0;
-  for (; m + 4 <= m1; m += 4) gemm_tile<4, 1>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
-  for (; m < m1; m++) gemm_tile<1, 1>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
+  for (; m + 4 <= m1; m += 4) gemm_tile<4, U, Ep>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
+  for (; m < m1; m++) gemm_tile<1, U, Ep>(x + m * ldx, ldx, wb, K, o + m * ldo, ldo);
 }
 
 // Decode batches: MR (<= 16) rows, one 16-column block. xp holds the rows' pairs of k
@@ -602,7 +658,7 @@ inline void gemm_block_rows(const uint16_t* x, int64_t ldx, const uint16_t* wb, 
 // the cores' full bf16 peak and ~30 GB/s at once: on Qwen2.5-0.5B's decode step 326 GFLOP/s
 // (20 GB/s) against 286 for 8-row pointer tiles (two passes) and 230 for 16 spilled pointers.
 template <int MR>
-inline void decode_tile(const uint16_t* xp, const uint16_t* wb, int64_t K, uint16_t* out, int64_t ldo) {
+inline void decode_block(const uint16_t* xp, const uint16_t* wb, int64_t K, __m512 (&sums)[MR]) {
   __m512 acc[MR];
   for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 2, xp += 2 * MR) {
@@ -616,8 +672,7 @@ inline void decode_tile(const uint16_t* xp, const uint16_t* wb, int64_t K, uint1
       acc[r] = _mm512_dpbf16_ps(acc[r], w, (__m512bh)_mm512_set1_epi32(pair));
     }
   }
-  for (int r = 0; r < MR; r++)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), (__m256i)_mm512_cvtneps_pbh(acc[r]));
+  for (int r = 0; r < MR; r++) sums[r] = acc[r];
 }
 
 // In place: r[i] holds row i of a 16 x 16 int32 matrix on entry, column i on return.
@@ -665,27 +720,39 @@ inline void interleave_pairs(const uint16_t* x, int64_t ldx, int64_t M, int64_t 
   }
 }
 
-template <int MR>
+// The threads split the output blocks, each of Ep::kBlocksPerOut weight blocks.
+template <int MR, class Ep>
 void decode_gemm(const uint16_t* xp, const uint16_t* wp, uint16_t* out, int64_t ldo, int64_t blocks, int64_t K) {
-  at::parallel_for(0, blocks, 2, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; j++) decode_tile<MR>(xp, wp + j * K * 16, K, out + j * 16, ldo);
+  constexpr int U = Ep::kBlocksPerOut;
+  at::parallel_for(0, blocks / U, 2 / U, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; j++) {
+      __m512 acc[MR][U];
+      for (int u = 0; u < U; u++) {
+        __m512 sums[MR];
+        decode_block<MR>(xp, wp + (j * U + u) * K * 16, K, sums);
+        for (int r = 0; r < MR; r++) acc[r][u] = sums[r];
+      }
+      Ep::template store<MR, U>(acc, out + j * 16, ldo);
+    }
   });
 }
 
 using DecodeGemm = void (*)(const uint16_t*, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t);
 
-template <int... MR>
+template <class Ep, int... MR>
 constexpr std::array<DecodeGemm, sizeof...(MR)> decode_gemms(std::integer_sequence<int, MR...>) {
-  return {&decode_gemm<MR + 1>...};
+  return {&decode_gemm<MR + 1, Ep>...};
 }
 
+template <class Ep>
 void bf16_gemm_impl(const uint16_t* x, int64_t ldx, const uint16_t* wp, uint16_t* out, int64_t ldo, int64_t M,
                     int64_t N, int64_t K) {
+  constexpr int U = Ep::kBlocksPerOut;
   const int64_t blocks = N / 16;
   if (M <= kMaxDecodeRows) {
     // Decode batches: each block's weights stream from memory once, for all rows; the
     // threads split the blocks. One row is its own interleaving.
-    static constexpr auto kDecode = decode_gemms(std::make_integer_sequence<int, kMaxDecodeRows>{});
+    static constexpr auto kDecode = decode_gemms<Ep>(std::make_integer_sequence<int, kMaxDecodeRows>{});
     const uint16_t* xs = x;
     if (M > 1) {
       thread_local std::vector<int32_t> xp;
@@ -699,20 +766,23 @@ void bf16_gemm_impl(const uint16_t* x, int64_t ldx, const uint16_t* wp, uint16_t
   // Prefill: panels of rows stay in L2 while groups of 4 blocks stream past; the threads
   // split the groups.
   constexpr int64_t kPanel = 256, kGroup = 4;
+  static_assert(kGroup % U == 0, "a group holds whole output blocks");
   const int64_t groups = blocks / kGroup;
   for (int64_t m0 = 0; m0 < M; m0 += kPanel) {
     const int64_t m1 = std::min(M, m0 + kPanel);
     at::parallel_for(0, groups, 2, [&](int64_t begin, int64_t end) {
       for (int64_t g = begin; g < end; g++) {
         const uint16_t* wg = wp + g * kGroup * K * 16;
-        uint16_t* o = out + g * kGroup * 16;
+        uint16_t* o = out + g * kGroup / U * 16;
         int64_t m = m0;
-        for (; m + 4 <= m1; m += 4) gemm_tile<4, kGroup>(x + m * ldx, ldx, wg, K, o + m * ldo, ldo);
-        for (; m < m1; m++) gemm_tile<1, kGroup>(x + m * ldx, ldx, wg, K, o + m * ldo, ldo);
+        for (; m + 4 <= m1; m += 4) gemm_tile<4, kGroup, Ep>(x + m * ldx, ldx, wg, K, o + m * ldo, ldo);
+        for (; m < m1; m++) gemm_tile<1, kGroup, Ep>(x + m * ldx, ldx, wg, K, o + m * ldo, ldo);
       }
     });
-    at::parallel_for(groups * kGroup, blocks, 1, [&](int64_t begin, int64_t end) {  // the last < 4 blocks
-      for (int64_t j = begin; j < end; j++) gemm_block_rows(x, ldx, wp + j * K * 16, K, out + j * 16, ldo, m0, m1);
+    // The last < 4 blocks, an output block's worth at a time.
+    at::parallel_for(groups * kGroup / U, blocks / U, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t j = begin; j < end; j++)
+        gemm_block_rows<Ep>(x, ldx, wp + j * U * K * 16, K, out + j * 16, ldo, m0, m1);
     });
   }
 }
@@ -761,7 +831,13 @@ bool bf16_gemm_supported() {
 void bf16_gemm(const uint16_t* x, int64_t ldx, const uint16_t* w_packed, uint16_t* out, int64_t ldo, int64_t M,
                int64_t N, int64_t K) {
   if (!bf16_gemm_supported()) std::abort();  // callers check bf16_gemm_supported()
-  bf16_gemm_impl(x, ldx, w_packed, out, ldo, M, N, K);
+  bf16_gemm_impl<StoreBf16>(x, ldx, w_packed, out, ldo, M, N, K);
+}
+
+void bf16_gemm_silu(const uint16_t* x, int64_t ldx, const uint16_t* w_packed, uint16_t* out, int64_t ldo, int64_t M,
+                    int64_t N, int64_t K) {
+  if (!bf16_gemm_supported() || N % 32 != 0) std::abort();  // callers check both
+  bf16_gemm_impl<SiluMulBf16>(x, ldx, w_packed, out, ldo, M, N, K);
 }
 
 }  // namespace rtp_llm::ops::avx512
@@ -778,10 +854,14 @@ void attend(Dtype, const void*, const void*, const AttendShape&, const AttendIte
 }
 void rms_norm(Dtype, const void*, const void*, void*, int64_t, int64_t, float) { std::abort(); }
 void add_rms_norm(Dtype, const void*, void*, const void*, void*, int64_t, int64_t, float) { std::abort(); }
+void rotate_heads(Dtype, void*, int64_t, int64_t, int64_t, const float*, const float*) { std::abort(); }
 void silu_and_mul(Dtype, const void*, void*, int64_t, int64_t, int64_t) { std::abort(); }
 double bf16_dot_peak_gflops() { return 0.0; }
 bool bf16_gemm_supported() { return false; }
 void bf16_gemm(const uint16_t*, int64_t, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t, int64_t) {
+  std::abort();
+}
+void bf16_gemm_silu(const uint16_t*, int64_t, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t, int64_t) {
   std::abort();
 }
 

@@ -71,6 +71,12 @@ void rms_norm(Dtype dtype, const void* x, const void* w, void* out, int64_t rows
 void add_rms_norm(Dtype dtype, const void* x, void* residual, const void* w, void* out, int64_t rows, int64_t dim,
                   float eps);
 
+// In place, one token's `heads` head rows, head_stride elements apart: each half-pair (x1, x2)
+// -> (x1 cos - x2 sin, x2 cos + x1 sin) (HF's rotate_half layout), in fp32, rounded once;
+// cos, sin: [half] fp32.
+void rotate_heads(Dtype dtype, void* x, int64_t heads, int64_t head_stride, int64_t half, const float* cos,
+                  const float* sin);
+
 // Elements [begin, end) of out: [rows, inter] = round(round(silu(gate)) * up), x: [rows, 2 inter].
 void silu_and_mul(Dtype dtype, const void* x, void* out, int64_t inter, int64_t begin, int64_t end);
 
@@ -89,5 +95,11 @@ bool bf16_gemm_supported();
 // 64-byte line, one `vdpbf16ps` operand). N % 16 == 0, K % 2 == 0.
 void bf16_gemm(const uint16_t* x, int64_t ldx, const uint16_t* w_packed, uint16_t* out, int64_t ldo, int64_t M,
                int64_t N, int64_t K);
+
+// The MLP's first half in one GEMM: out[M, N / 2] = silu(x W_gate^T) * (x W_up^T), rounded as
+// bf16_gemm and then silu_and_mul would. W packed as bf16_gemm's, of the [N, K] weight whose
+// 16-row blocks alternate gate rows 16j.. and up rows 16j.. (pack_bf16_gate_up). N % 32 == 0.
+void bf16_gemm_silu(const uint16_t* x, int64_t ldx, const uint16_t* w_packed, uint16_t* out, int64_t ldo, int64_t M,
+                    int64_t N, int64_t K);
 
 }  // namespace rtp_llm::ops::avx512

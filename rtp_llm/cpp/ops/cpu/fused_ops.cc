@@ -59,40 +59,129 @@ at::Tensor fused_add_rms_norm(const at::Tensor& x, at::Tensor& residual, const a
   return out;
 }
 
+namespace {
+
+void check_rotary(const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
+                  const char* op) {
+  TORCH_CHECK(positions.scalar_type() == at::kLong && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
+              op, ": positions int64, cos/sin float32 expected");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.dim() == 2 && cos.sizes() == sin.sizes() &&
+                  cos.size(1) == head_dim / 2,
+              op, ": cos/sin must be contiguous [positions, head_dim / 2]");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t t = 0; t < positions.numel(); ++t) {
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < cos.size(0), op, ": position ", pos[t], " is outside the rotary table of ",
+                cos.size(0));
+  }
+}
+
+// Rotary of token t's head rows of x ([T, heads, D], head dim contiguous), in place.
+void rotate_token(at::Tensor& x, int64_t t, const float* cos, const float* sin) {
+  const int64_t heads = x.size(1), half = x.size(2) / 2;
+  if (const auto dtype = avx512::usable_for(x.scalar_type())) {
+    avx512::rotate_heads(*dtype, static_cast<char*>(x.data_ptr()) + t * x.stride(0) * x.element_size(), heads,
+                         x.stride(1), half, cos, sin);
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rotary", [&] {
+    for (int64_t h = 0; h < heads; ++h) {
+      scalar_t* v = x.data_ptr<scalar_t>() + t * x.stride(0) + h * x.stride(1);
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = static_cast<float>(v[i]), x2 = static_cast<float>(v[i + half]);
+        v[i] = static_cast<scalar_t>(x1 * cos[i] - x2 * sin[i]);
+        v[i + half] = static_cast<scalar_t>(x2 * cos[i] + x1 * sin[i]);
+      }
+    }
+  });
+}
+
+// The paged cache's K and V planes and the bytes of one slot (Hkv x D), checked.
+struct KvPlanes {
+  char* k;
+  char* v;
+  int64_t slots;
+  size_t slot_bytes;
+};
+
+KvPlanes kv_planes(at::Tensor& kv_cache, const at::Tensor& slot_mapping, int64_t tokens, const char* op) {
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(), op,
+              ": kv_cache must be a contiguous [2, blocks, block_size, Hkv, D]");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == tokens, op,
+              ": slot_mapping must be int64 with one slot per token");
+  const int64_t slots = kv_cache.size(1) * kv_cache.size(2);
+  const int64_t* slot = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(slot[t] >= 0 && slot[t] < slots, op, ": slot ", slot[t], " out of range");
+  const size_t bytes = kv_cache.size(3) * kv_cache.size(4) * kv_cache.element_size();
+  char* k = static_cast<char*>(kv_cache.data_ptr());
+  return {k, k + slots * bytes, slots, bytes};
+}
+
+// Token t's row of x ([T, Hkv, D], each row's heads contiguous) into slot `slot` of a plane.
+inline void store_row(const at::Tensor& x, int64_t t, char* plane, int64_t slot, size_t bytes) {
+  std::memcpy(plane + slot * bytes, static_cast<const char*>(x.data_ptr()) + t * x.stride(0) * x.element_size(), bytes);
+}
+
+}  // namespace
+
 void rotary_embedding(at::Tensor& q, at::Tensor& k, const at::Tensor& positions, const at::Tensor& cos,
                       const at::Tensor& sin) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && q.size(0) == k.size(0) && q.size(2) == k.size(2),
               "rotary_embedding: q [T, H, D] and k [T, Hkv, D] expected");
   TORCH_CHECK(q.stride(2) == 1 && k.stride(2) == 1, "rotary_embedding: the head dim must be contiguous");
-  TORCH_CHECK(positions.scalar_type() == at::kLong && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
-              "rotary_embedding: positions int64, cos/sin float32 expected");
-  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous(), "rotary_embedding: cos/sin must be contiguous");
-  const int64_t T = q.size(0), half = q.size(2) / 2;
-  TORCH_CHECK(cos.size(1) == half, "rotary_embedding: cos/sin must be [positions, D/2]");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type(), "rotary_embedding: q and k dtypes differ");
+  TORCH_CHECK(positions.numel() == q.size(0), "rotary_embedding: one position per token expected");
+  check_rotary(positions, cos, sin, q.size(2), "rotary_embedding");
   const int64_t* pos = positions.data_ptr<int64_t>();
-  const float* cp = cos.data_ptr<float>();
-  const float* sp = sin.data_ptr<float>();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "rotary_embedding", [&] {
-    auto rotate = [&](at::Tensor& x, int64_t t) {
-      const float* c = cp + pos[t] * half;
-      const float* s = sp + pos[t] * half;
-      for (int64_t h = 0; h < x.size(1); ++h) {
-        scalar_t* v = x.data_ptr<scalar_t>() + t * x.stride(0) + h * x.stride(1);
-        for (int64_t i = 0; i < half; ++i) {
-          // HF's rotate_half layout: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
-          const float x1 = static_cast<float>(v[i]), x2 = static_cast<float>(v[i + half]);
-          v[i] = static_cast<scalar_t>(x1 * c[i] - x2 * s[i]);
-          v[i + half] = static_cast<scalar_t>(x2 * c[i] + x1 * s[i]);
-        }
-      }
-    };
-    at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        rotate(q, t);
-        rotate(k, t);
-      }
-    });
+  const int64_t half = q.size(2) / 2;
+  at::parallel_for(0, q.size(0), 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* c = cos.data_ptr<float>() + pos[t] * half;
+      const float* s = sin.data_ptr<float>() + pos[t] * half;
+      rotate_token(q, t, c, s);
+      rotate_token(k, t, c, s);
+    }
   });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rope_store(const at::Tensor& qkv, int64_t num_heads,
+                                                              int64_t num_kv_heads, const at::Tensor& positions,
+                                                              const at::Tensor& cos, const at::Tensor& sin,
+                                                              at::Tensor& kv_cache, const at::Tensor& slot_mapping,
+                                                              const std::optional<at::Tensor>& q_norm,
+                                                              const std::optional<at::Tensor>& k_norm, double eps) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qkv_rope_store: qkv must be [T, (H + 2 Hkv) D], unit stride");
+  TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && qkv.size(1) % (num_heads + 2 * num_kv_heads) == 0,
+              "qkv_rope_store: qkv's width ", qkv.size(1), " is not (num_heads + 2 num_kv_heads) x head_dim");
+  TORCH_CHECK(qkv.scalar_type() == kv_cache.scalar_type(), "qkv_rope_store: qkv and kv_cache dtypes differ");
+  TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "qkv_rope_store: q_norm and k_norm come together");
+  const int64_t T = qkv.size(0), D = qkv.size(1) / (num_heads + 2 * num_kv_heads);
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(3) == num_kv_heads && kv_cache.size(4) == D,
+              "qkv_rope_store: kv_cache's heads x head_dim must be ", num_kv_heads, " x ", D);
+  TORCH_CHECK(positions.numel() == T, "qkv_rope_store: one position per token expected");
+  at::Tensor q = qkv.narrow(1, 0, num_heads * D).view({T, num_heads, D});
+  at::Tensor k = qkv.narrow(1, num_heads * D, num_kv_heads * D).view({T, num_kv_heads, D});
+  at::Tensor v = qkv.narrow(1, (num_heads + num_kv_heads) * D, num_kv_heads * D).view({T, num_kv_heads, D});
+  check_rotary(positions, cos, sin, D, "qkv_rope_store");
+  const KvPlanes kv = kv_planes(kv_cache, slot_mapping, T, "qkv_rope_store");
+  if (q_norm.has_value()) {  // Qwen3: RMSNorm of each head before rotary
+    q.copy_(rms_norm(q.reshape({T * num_heads, D}), *q_norm, eps).view({T, num_heads, D}));
+    k.copy_(rms_norm(k.reshape({T * num_kv_heads, D}), *k_norm, eps).view({T, num_kv_heads, D}));
+  }
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slot = slot_mapping.data_ptr<int64_t>();
+  const int64_t half = D / 2;
+  // Decode batches stay on the calling thread: the whole step is a few microseconds.
+  at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* c = cos.data_ptr<float>() + pos[t] * half;
+      const float* s = sin.data_ptr<float>() + pos[t] * half;
+      rotate_token(q, t, c, s);
+      rotate_token(k, t, c, s);
+      store_row(k, t, kv.k, slot[t], kv.slot_bytes);
+      store_row(v, t, kv.v, slot[t], kv.slot_bytes);
+    }
+  });
+  return {q, k, v};
 }
 
 at::Tensor silu_and_mul(const at::Tensor& x) {
@@ -124,21 +213,17 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
 }
 
 void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& kv_cache, const at::Tensor& slot_mapping) {
-  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
-              "store_kv: kv_cache must be a contiguous [2, blocks, block_size, Hkv, D]");
-  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong, "store_kv: slot_mapping must be int64");
-  const int64_t T = k.size(0), width = kv_cache.size(3) * kv_cache.size(4);
-  TORCH_CHECK(k.numel() == T * width && v.numel() == T * width, "store_kv: k/v must be [T, Hkv, D]");
-  const int64_t slots = kv_cache.size(1) * kv_cache.size(2);
-  const at::Tensor kc = k.contiguous(), vc = v.contiguous();
+  const int64_t T = k.size(0);
+  const KvPlanes kv = kv_planes(kv_cache, slot_mapping, T, "store_kv");
+  const int64_t width = kv_cache.size(3) * kv_cache.size(4);
+  TORCH_CHECK(k.numel() == T * width && v.numel() == T * width && k.scalar_type() == kv_cache.scalar_type() &&
+                  v.scalar_type() == kv_cache.scalar_type(),
+              "store_kv: k/v must be [T, Hkv, D] in the cache's dtype");
+  const at::Tensor kc = k.reshape({T, width}).contiguous(), vc = v.reshape({T, width}).contiguous();
   const int64_t* slot = slot_mapping.data_ptr<int64_t>();
-  const size_t bytes = width * kv_cache.element_size();
-  char* kbase = static_cast<char*>(kv_cache.data_ptr());
-  char* vbase = kbase + slots * bytes;
   for (int64_t t = 0; t < T; ++t) {
-    TORCH_CHECK(slot[t] >= 0 && slot[t] < slots, "store_kv: slot ", slot[t], " out of range");
-    std::memcpy(kbase + slot[t] * bytes, static_cast<const char*>(kc.data_ptr()) + t * bytes, bytes);
-    std::memcpy(vbase + slot[t] * bytes, static_cast<const char*>(vc.data_ptr()) + t * bytes, bytes);
+    store_row(kc, t, kv.k, slot[t], kv.slot_bytes);
+    store_row(vc, t, kv.v, slot[t], kv.slot_bytes);
   }
 }
 

@@ -164,6 +164,57 @@ class FusedOpsTest(unittest.TestCase):
         torch.testing.assert_close(q, expected_q)
         torch.testing.assert_close(k, expected_k)
 
+    def test_rotary_head_dims_with_a_ragged_half(self):
+        from rtp_llm.device.base import _rotate
+
+        for d in (20, 64, 160):  # halves 10, 32, 80: masked tails in the vector kernel
+            q = torch.randn(3, 5, d, generator=self.g)
+            k = torch.randn(3, 1, d, generator=self.g)
+            pos = torch.tensor([4, 0, 7])
+            angles = torch.outer(torch.arange(8).float(), torch.rand(d // 2, generator=self.g))
+            cos, sin = angles.cos(), angles.sin()
+            expected_q, expected_k = _rotate(q, cos[pos], sin[pos]), _rotate(k, cos[pos], sin[pos])
+            self.ops.rotary_embedding(q, k, pos, cos, sin)
+            torch.testing.assert_close(q, expected_q)
+            torch.testing.assert_close(k, expected_k)
+        with self.assertRaisesRegex(RuntimeError, "outside the rotary table"):
+            self.ops.rotary_embedding(q, k, torch.tensor([0, 8, 1]), cos, sin)
+
+    def test_qkv_rope_store_equals_the_ops_it_fuses(self):
+        H, Hkv, D, T = 6, 2, 64, 5
+        angles = torch.outer(torch.arange(32).float(), torch.rand(D // 2, generator=self.g))
+        cos, sin = angles.cos(), angles.sin()
+        pos = torch.tensor([3, 0, 31, 7, 8])
+        slots = torch.tensor([9, 2, 30, 17, 0])
+        for dtype in (torch.float32, torch.bfloat16):
+            for norms in (False, True):
+                qkv = torch.randn(T, (H + 2 * Hkv) * D, generator=self.g).to(dtype)
+                qn = kn = None
+                if norms:
+                    qn, kn = (torch.randn(D, generator=self.g).to(dtype) for _ in range(2))
+                # The unfused ops on a copy.
+                ref = qkv.clone()
+                q = ref[:, :H * D].reshape(T, H, D)
+                k = ref[:, H * D:(H + Hkv) * D].reshape(T, Hkv, D)
+                v = ref[:, (H + Hkv) * D:].reshape(T, Hkv, D)
+                if norms:
+                    q.copy_(self.ops.rms_norm(q.reshape(-1, D), qn, 1e-6).view_as(q))
+                    k.copy_(self.ops.rms_norm(k.reshape(-1, D), kn, 1e-6).view_as(k))
+                self.ops.rotary_embedding(q, k, pos, cos, sin)
+                ref_cache = torch.zeros(2, 4, 8, Hkv, D, dtype=dtype)
+                self.ops.store_kv(k, v, ref_cache, slots)
+
+                cache = torch.zeros(2, 4, 8, Hkv, D, dtype=dtype)
+                fq, fk, fv = self.ops.qkv_rope_store(qkv, H, Hkv, pos, cos, sin, cache, slots, qn, kn, 1e-6)
+                self.assertEqual((fq.shape, fk.shape, fv.shape), ((T, H, D), (T, Hkv, D), (T, Hkv, D)))
+                self.assertEqual(fq.data_ptr(), qkv.data_ptr())  # views: rotated in place
+                torch.testing.assert_close(qkv, ref, atol=0, rtol=0)
+                torch.testing.assert_close(cache, ref_cache, atol=0, rtol=0)
+        with self.assertRaisesRegex(RuntimeError, "num_heads \\+ 2 num_kv_heads"):
+            self.ops.qkv_rope_store(qkv, H + 1, Hkv, pos, cos, sin, cache, slots)
+        with self.assertRaisesRegex(RuntimeError, "slot 32 out of range"):
+            self.ops.qkv_rope_store(qkv, H, Hkv, pos, cos, sin, cache, torch.tensor([0, 1, 32, 3, 4]))
+
     def test_store_kv_writes_each_token_at_its_slot(self):
         cache = torch.zeros(2, 4, 4, 2, 8)
         k, v = torch.randn(3, 2, 8, generator=self.g), torch.randn(3, 2, 8, generator=self.g)
@@ -225,6 +276,23 @@ class Bf16LinearTest(unittest.TestCase):
             self.assertEqual(got.data_ptr(), out[:, 4:36].data_ptr())
             self.assertTrue(torch.equal(out[:, :4], torch.full((m, 4), 7.0, dtype=torch.bfloat16)))
 
+    def test_gate_up_with_silu_in_the_epilogue_equals_linear_then_silu_and_mul(self):
+        # Every decode row count; prefill tiles with an output block of 4-block groups left
+        # over (I = 80: 10 blocks) and a panel boundary; K with a tail of pairs.
+        for inter, k in ((80, 70), (64, 576), (16, 2)):
+            w = (torch.randn(2 * inter, k, generator=self.gen) * 0.3).to(torch.bfloat16)
+            plain, gated = self.ops.pack_bf16_linear(w), self.ops.pack_bf16_gate_up(w)
+            for m in list(range(1, 18)) + [20, 300]:
+                x = (torch.randn(m, k, generator=self.gen) * 2).to(torch.bfloat16)
+                want = self.ops.silu_and_mul(self.ops.bf16_linear(x, plain))
+                torch.testing.assert_close(self.ops.bf16_linear_silu(x, gated), want, atol=0, rtol=0,
+                                           msg=f"I={inter} K={k} M={m}")
+        with self.assertRaisesRegex(RuntimeError, r"I % 16 == 0"):
+            self.ops.pack_bf16_gate_up(torch.zeros(48, 8, dtype=torch.bfloat16))
+        with self.assertRaisesRegex(RuntimeError, r"must come from pack_bf16_gate_up"):
+            self.ops.bf16_linear_silu(torch.zeros(2, 8, dtype=torch.bfloat16),
+                                      self.ops.pack_bf16_linear(torch.zeros(48, 8, dtype=torch.bfloat16)))
+
     def test_rejects_unpackable_and_mismatched_shapes_with_clear_errors(self):
         with self.assertRaisesRegex(RuntimeError, r"N % 16 == 0"):
             self.ops.pack_bf16_linear(torch.zeros(24, 8, dtype=torch.bfloat16))
@@ -233,7 +301,7 @@ class Bf16LinearTest(unittest.TestCase):
         packed = self.ops.pack_bf16_linear(torch.zeros(16, 8, dtype=torch.bfloat16))
         with self.assertRaisesRegex(RuntimeError, r"x has K = 6, the weight 8"):
             self.ops.bf16_linear(torch.zeros(2, 6, dtype=torch.bfloat16), packed)
-        with self.assertRaisesRegex(RuntimeError, r"packed must come from pack_bf16_linear"):
+        with self.assertRaisesRegex(RuntimeError, r"the weight must come from pack_bf16_linear"):
             self.ops.bf16_linear(torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(16, 8, dtype=torch.bfloat16))
         with self.assertRaisesRegex(RuntimeError, r"out must be a bf16 \[2, 16\]"):
             self.ops.bf16_linear(torch.zeros(2, 8, dtype=torch.bfloat16), packed,
