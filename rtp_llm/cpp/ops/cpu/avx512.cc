@@ -118,10 +118,32 @@ inline __m512 sum16(const __m512 v[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
 }
 
-// Brings `bytes` of one token's K or V row into L2 ahead of their use.
-inline void prefetch_bytes(const void* row, int bytes) {
-  for (int off = 0; off < bytes; off += 64) _mm_prefetch(static_cast<const char*>(row) + off, _MM_HINT_T1);
-}
+// The cache lines of one K/V block being prefetched into L2, issued `rate` at a time from
+// the compute loops' pump() calls: its K rows' lines, then its V rows'. Spread out, not as
+// bursts of a block's rows (~100 lines each): those fill the core's miss buffers and stall
+// it until memory delivers, so the 16 x 192-key decode at SmolLM2's shapes took its time from
+// cache plus the stream's (155-210 us per layer from memory); spread, 114-135 us.
+struct PrefetchQueue {
+  const char* plane[2] = {nullptr, nullptr};
+  int64_t row_stride = 0;  // bytes
+  int lines_per_row = 0, rows = 0, rate = 1;
+  int p = 2, r = 0, l = 0;  // the next line: plane p (2: none left), row r, line l
+  inline void pump(int n) {
+    for (; n > 0 && p < 2; --n) {
+      _mm_prefetch(plane[p] + r * row_stride + l * 64, _MM_HINT_T1);
+      if (++l == lines_per_row) {
+        l = 0;
+        if (++r == rows) {
+          r = 0;
+          ++p;
+        }
+      }
+    }
+  }
+  inline void pump() { pump(rate); }
+  inline void drain() { pump(1 << 30); }
+  bool empty() const { return p == 2; }
+};
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")
@@ -130,15 +152,16 @@ inline void prefetch_bytes(const void* row, int bytes) {
 // 0 beyond. q: heads q_head_stride apart; k: rows token_stride apart; C2 = head_dim / 32.
 // Only where the CPU has AVX512-BF16 (bf16_gemm_supported()); called, not inlined, from
 // attend_impl (compiled without it).
-template <int C2>
+template <int C2, bool kPump>
 void scores16_bf16(const uint16_t* q, int64_t q_head_stride, int group, const uint16_t* k,
-                   int64_t token_stride, int keys, float scale, float* s, int ld_s) {
+                   int64_t token_stride, int keys, float scale, float* s, int ld_s, PrefetchQueue& pq) {
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int g = 0; g < group; ++g) {
     __m512bh qb[C2];
     for (int c = 0; c < C2; ++c) qb[c] = (__m512bh)_mm512_loadu_si512(q + g * q_head_stride + c * 32);
     __m512 dot[16];
     for (int j = 0; j < 16; ++j) {
+      if (kPump && g == 0) pq.pump();
       dot[j] = _mm512_setzero_ps();
       if (j < keys) {
         for (int c = 0; c < C2; ++c)
@@ -157,12 +180,14 @@ void scores16_bf16(const uint16_t* q, int64_t q_head_stride, int group, const ui
 // acc[.., 2 c2 + 1] dim 32 c2 + 8L + 4 + i (unpermute_values puts them back). A quarter of
 // the instructions of widening V and an FMA per key; 11% off the 16 x 192-key decode from
 // cache, none from memory, where the K/V stream bounds it.
-template <int C>
-void values_bf16(const uint16_t* v, int64_t token_stride, int n, const float* p, int ld_p, int group, __m512* acc) {
+template <int C, bool kPump>
+void values_bf16(const uint16_t* v, int64_t token_stride, int n, const float* p, int ld_p, int group, __m512* acc,
+                 PrefetchQueue& pq) {
   constexpr int C2 = C / 2;
   alignas(64) __m512i vp[kMaxBlockSize / 2][C];
   const int pairs = (n + 1) / 2;
   for (int jp = 0; jp < pairs; ++jp) {
+    if (kPump) pq.pump();
     const uint16_t* r0 = v + 2 * jp * token_stride;
     const bool odd = 2 * jp + 1 < n;
     for (int c2 = 0; c2 < C2; ++c2) {
@@ -242,14 +267,29 @@ BlockRows block_rows(const AttendShape& sh, const AttendItem& it, int b) {
           (it.kv_head_end - it.kv_head_begin) * sh.head_dim * static_cast<int>(sizeof(T))};
 }
 
+// A queue of the lines of b's rows (empty where b.rows == 0), spread over `sites` pump()s.
+template <class T>
+PrefetchQueue prefetch_queue(const T* k_cache, const T* v_cache, const AttendShape& sh, const BlockRows& b,
+                             int sites) {
+  PrefetchQueue q;
+  if (b.rows == 0) return q;
+  q.plane[0] = reinterpret_cast<const char*>(k_cache + b.base);
+  q.plane[1] = reinterpret_cast<const char*>(v_cache + b.base);
+  q.row_stride = int64_t{sh.num_kv_heads} * sh.head_dim * static_cast<int64_t>(sizeof(T));
+  q.lines_per_row = (b.row_bytes + 63) / 64;
+  q.rows = b.rows;
+  q.rate = std::max(1, (2 * b.rows * q.lines_per_row + sites - 1) / std::max(1, sites));
+  q.p = 0;
+  return q;
+}
+
 // C = head_dim / 16 vectors per head row. One query token, KV heads [kvh0, kvh1): per block,
 // each KV head in turn (so the block's token rows, kv_heads x head_dim contiguous, are read
 // whole while they are in cache, rather than one head's 128-256 byte slice of each). Per key
 // and KV head: C loads, group x C FMAs and one horizontal sum per query head for the scores,
 // group x C FMAs for the values (bf16 rows where the CPU has AVX512-BF16: `vdpbf16ps` on them
 // as stored, scores16_bf16 and values_bf16); the softmax runs 16 keys per instruction. The
-// block kBlocksAhead blocks on is prefetched into L2 over the first KV head's loops (its K
-// rows in the scores loop, its V rows in the values loop).
+// block kBlocksAhead blocks on is prefetched over the block's loops (PrefetchQueue).
 template <class E, int C>
 void attend_impl(const typename E::T* k_cache, const typename E::T* v_cache, const AttendShape& sh,
                  const AttendItem& it, const AttendItem* next, bool first) {
@@ -279,23 +319,23 @@ void attend_impl(const typename E::T* k_cache, const typename E::T* v_cache, con
   const int64_t token_stride = int64_t{sh.num_kv_heads} * D;
   const int num_keys = it.pos + 1;
   const int blocks = (num_keys + block_size - 1) / block_size;
-  auto prefetch_rows = [&](const BlockRows& b, int j0, int j1) {
-    for (int j = j0; j < std::min(j1, b.rows); ++j) {
-      prefetch_bytes(k_cache + b.base + j * token_stride, b.row_bytes);
-      prefetch_bytes(v_cache + b.base + j * token_stride, b.row_bytes);
-    }
-  };
-  if (first) {
-    for (int b = 0; b < kBlocksAhead; ++b) prefetch_rows(block_rows<T>(sh, it, b), 0, block_size);
+  // pump()s per block and KV head: per key in the scores, per pair of keys in the bf16 values
+  // (per key in the widening ones).
+  const int kv_heads = kvh1 - kvh0;
+  const bool bf16_rows = bf16_dot && std::is_same_v<E, BF16>;
+  const int sites = kv_heads * (bf16_rows ? block_size + block_size / 2 : 2 * block_size);
+  if (first && it.prefetch) {
+    for (int b = 0; b < kBlocksAhead; ++b) prefetch_queue(k_cache, v_cache, sh, block_rows<T>(sh, it, b), 1).drain();
   }
   for (int start = 0; start < num_keys; start += block_size) {
     const int n = std::min(block_size, num_keys - start);
     const int64_t block = int64_t{it.block_table[start / block_size]} * block_size * token_stride + int64_t{kvh0} * D;
     const int ahead = start / block_size + kBlocksAhead;
-    const BlockRows pf = ahead < blocks ? block_rows<T>(sh, it, ahead)
-                                        : next ? block_rows<T>(sh, *next, ahead - blocks) : BlockRows{};
-    for (int kvh = 0; kvh < kvh1 - kvh0; ++kvh) {
-      const bool prefetching = kvh == 0;
+    const BlockRows pf = ahead < blocks ? (it.prefetch ? block_rows<T>(sh, it, ahead) : BlockRows{})
+                         : next && next->prefetch ? block_rows<T>(sh, *next, ahead - blocks)
+                                                  : BlockRows{};
+    PrefetchQueue pq = prefetch_queue(k_cache, v_cache, sh, pf, sites);
+    for (int kvh = 0; kvh < kv_heads; ++kvh) {
       const typename E::T* kb = k_cache + block + kvh * D;
       const typename E::T* vb = v_cache + block + kvh * D;
       __m512(*qg)[C] = qf + kvh * group;
@@ -309,15 +349,16 @@ void attend_impl(const typename E::T* k_cache, const typename E::T* v_cache, con
         const int keys = std::min(16, n - j0);
         if constexpr (std::is_same_v<E, BF16>) {
           if (bf16_dot) {
-            for (int j = j0; prefetching && j < std::min(j0 + keys, pf.rows); ++j)
-              prefetch_bytes(k_cache + pf.base + j * token_stride, pf.row_bytes);
-            scores16_bf16<C / 2>(q + kvh * group * q_head_stride, q_head_stride, group, kb + j0 * token_stride,
-                                 token_stride, keys, scale, &s[0][j0], kMaxBlockSize);
+            // (Without lines to prefetch, a copy without the pumps: prompts' items run from
+            // cache, compute-bound.)
+            (pq.empty() ? scores16_bf16<C / 2, false> : scores16_bf16<C / 2, true>)(
+                q + kvh * group * q_head_stride, q_head_stride, group, kb + j0 * token_stride, token_stride, keys,
+                scale, &s[0][j0], kMaxBlockSize, pq);
             continue;
           }
         }
         for (int j = 0; j < keys; ++j) {
-          if (prefetching && j0 + j < pf.rows) prefetch_bytes(k_cache + pf.base + (j0 + j) * token_stride, pf.row_bytes);
+          pq.pump();
           for (int c = 0; c < C; ++c) _mm512_store_ps(kf[j][c], E::load(kb + (j0 + j) * token_stride + c * 16));
         }
         for (int j = keys; j < 16; ++j) {
@@ -354,16 +395,15 @@ void attend_impl(const typename E::T* k_cache, const typename E::T* v_cache, con
       }
       if constexpr (std::is_same_v<E, BF16>) {
         if (bf16_dot) {
-          for (int j = 0; prefetching && j < pf.rows; ++j)
-            prefetch_bytes(v_cache + pf.base + j * token_stride, pf.row_bytes);
-          values_bf16<C>(vb, token_stride, n, s[0], kMaxBlockSize, group, &ag[0][0]);
+          (pq.empty() ? values_bf16<C, false> : values_bf16<C, true>)(vb, token_stride, n, s[0], kMaxBlockSize, group,
+                                                                      &ag[0][0], pq);
           continue;
         }
       }
       // Values: the block's V rows widened once into vf (L1), then per query head register
       // accumulators over the block, even and odd keys apart (2C FMA chains).
       for (int j = 0; j < n; ++j) {
-        if (prefetching && j < pf.rows) prefetch_bytes(v_cache + pf.base + j * token_stride, pf.row_bytes);
+        pq.pump();
         for (int c = 0; c < C; ++c) _mm512_store_ps(vf[j][c], E::load(vb + j * token_stride + c * 16));
       }
       for (int g = 0; g < group; ++g) {
@@ -387,7 +427,7 @@ void attend_impl(const typename E::T* k_cache, const typename E::T* v_cache, con
         for (int c = 0; c < C; ++c) ag[g][c] = _mm512_add_ps(even[c], odd[c]);
       }
     }
-    prefetch_rows(pf, n, block_size);  // a fuller block than this one (the next item's)
+    pq.drain();  // what the pumps left (a fuller block than this one: the next item's)
   }
   if constexpr (std::is_same_v<E, BF16>) {
     if (bf16_dot) unpermute_values<C>(acc, heads);

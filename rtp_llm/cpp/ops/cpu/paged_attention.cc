@@ -113,6 +113,7 @@ struct Item {
   const int32_t* block_table;
   int pos;  // the token's position: it attends keys [0, pos]
   int kv_head, kv_head_end;
+  bool alone;  // the only query token of its stream in this call (decode)
 };
 
 inline Item item_at(const Problem& p, int64_t item) {
@@ -122,7 +123,7 @@ inline Item item_at(const Problem& p, int64_t item) {
   // Causal: token t sits at position ctx - (tokens of the stream from t on).
   const int pos = p.ctx[s] - (p.starts[s + 1] - static_cast<int>(t));
   return {(t * p.H + int64_t{kvh} * p.group) * p.D, p.tables + s * p.bt_stride, pos, kvh,
-          std::min(p.kv_heads, kvh + p.heads_per_item)};
+          std::min(p.kv_heads, kvh + p.heads_per_item), p.starts[s + 1] - p.starts[s] == 1};
 }
 
 template <typename T>
@@ -143,7 +144,7 @@ void run_items_avx512(const Problem& p, avx512::Dtype dtype, const at::Tensor& q
     const Item it = item_at(p, item);
     return avx512::AttendItem{static_cast<const char*>(q.data_ptr()) + it.offset * elem,
                               static_cast<char*>(out.data_ptr()) + it.offset * elem, it.block_table, it.pos,
-                              it.kv_head, it.kv_head_end};
+                              it.kv_head, it.kv_head_end, it.alone};
   };
   if (begin >= end) return;
   avx512::AttendItem cur = attend_item(begin);
