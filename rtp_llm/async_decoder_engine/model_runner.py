@@ -81,7 +81,7 @@ class ModelRunner:
         # pinned and the copies do not block.
         self._events = [backend.host_copy_event(), backend.host_copy_event()]
         pin = self._events[0] is not None
-        self.sampler = Sampler(backend.device, pin_host=pin)
+        self.sampler = Sampler(backend.device, pin_host=pin, argmax=backend.argmax)
         backend.bind_model(model.num_heads, model.num_kv_heads, model.config.head_dim, max_batch_size, max_seq_len)
         # Steps replay captured graphs where the device has them (CUDA).
         self.graphs = backend.make_graph_runner(model, kv_cache, block_size, max_batch_size, max_seq_len,

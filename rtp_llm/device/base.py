@@ -124,6 +124,10 @@ class DeviceBackend(ABC):
         from pack_gate_up()."""
         return self.silu_and_mul(self.linear(x, gate_up))
 
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits: [N, V] fp32 -> [N] int64, each row's first largest (greedy sampling)."""
+        return logits.argmax(dim=-1)
+
     def pack_lm_head(self, weight: torch.Tensor) -> torch.Tensor:
         """The LM head [vocab, hidden] in the layout lm_head() wants (default: as is, which
         for tied embeddings shares the embedding table)."""

@@ -38,11 +38,14 @@ def _seed(seed: int, step: int) -> int:
 
 
 class Sampler:
-    def __init__(self, device: torch.device, pin_host: bool = False):
+    def __init__(self, device: torch.device, pin_host: bool = False,
+                 argmax: Callable[[torch.Tensor], torch.Tensor] = lambda x: x.argmax(dim=-1)):
         """pin_host: upload per-row parameters from pinned memory without blocking the host
-        (an accelerator whose steps are queued ahead: a pageable upload would wait for them)."""
+        (an accelerator whose steps are queued ahead: a pageable upload would wait for them).
+        argmax: [N, V] -> [N] int64 per row, torch.argmax's answer (DeviceBackend.argmax)."""
         self.device = device
         self.pin_host = pin_host
+        self.argmax = argmax
 
     def _upload(self, a: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(np.ascontiguousarray(a))
@@ -74,10 +77,10 @@ class Sampler:
         tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
         g = np.nonzero(greedy)[0]
         if len(g) == n:
-            tokens = logits.argmax(dim=-1)
+            tokens = self.argmax(logits)
         elif len(g):
             gi = self._upload(g)
-            tokens[gi] = logits[gi].argmax(dim=-1)
+            tokens[gi] = self.argmax(logits[gi])
         s = np.nonzero(~greedy)[0]
         if len(s):
             si = self._upload(s)

@@ -24,6 +24,8 @@ PYBIND11_MODULE(librtp_compute_ops, m) {
         pybind11::arg("cos"), pybind11::arg("sin"), pybind11::arg("kv_cache"), pybind11::arg("slot_mapping"),
         pybind11::arg("q_norm") = pybind11::none(), pybind11::arg("k_norm") = pybind11::none(),
         pybind11::arg("eps") = 0.0);
+  m.def("argmax_rows", &rtp_llm::ops::argmax_rows, "logits [N, V] -> [N] int64: each row's argmax",
+        pybind11::arg("logits"));
   m.def("silu_and_mul", &rtp_llm::ops::silu_and_mul, "x: [T, 2I] -> silu(gate) * up", pybind11::arg("x"));
   m.def("cpu_bf16_peak_gflops", &rtp_llm::ops::cpu_bf16_peak_gflops,
         "the cores' bf16 multiply-add peak (GFLOP/s; 0 without AVX512-BF16)");

@@ -195,6 +195,9 @@ class CpuBackend(DeviceBackend):
             return self.linear(h, weight)
         return torch.nn.functional.linear(h, weight)
 
+    def argmax(self, logits):
+        return self._ops.argmax_rows(logits)
+
     def rms_norm(self, x, weight, eps):
         return self._ops.rms_norm(x, weight, eps)
 

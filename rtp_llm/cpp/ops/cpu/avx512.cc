@@ -533,6 +533,32 @@ void rotate_heads_impl(typename E::T* x, int64_t heads, int64_t head_stride, int
   }
 }
 
+// Index of the first largest of n floats; the first NaN's where there is one (torch.argmax's
+// answer). 16 lanes keep their largest and its first index; the lanes' winners are compared at
+// the end.
+int64_t argmax_row(const float* x, int64_t n) {
+  __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512i best_idx = _mm512_set1_epi32(0);
+  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  for (int64_t i = 0; i < n; i += 16, idx = _mm512_add_epi32(idx, step)) {
+    const __mmask16 mask = tail_mask(n - i);
+    const __m512 v = _mm512_maskz_loadu_ps(mask, x + i);
+    if (_mm512_mask_cmp_ps_mask(mask, v, v, _CMP_UNORD_Q)) {
+      for (int64_t j = i;; ++j) {
+        if (std::isnan(x[j])) return j;
+      }
+    }
+    const __mmask16 greater = _mm512_mask_cmp_ps_mask(mask, v, best, _CMP_GT_OQ);
+    best = _mm512_mask_mov_ps(best, greater, v);
+    best_idx = _mm512_mask_mov_epi32(best_idx, greater, idx);
+  }
+  const float top = _mm512_reduce_max_ps(best);
+  const __mmask16 winners = _mm512_cmp_ps_mask(best, _mm512_set1_ps(top), _CMP_EQ_OQ);
+  // n > 0: some lane holds the maximum (all -inf: lane 0's first element, index 0).
+  return _mm512_mask_reduce_min_epi32(winners, best_idx);
+}
+
 // Calls f.template operator()<E>() for the storage type of dtype.
 template <class F>
 void with_type(Dtype dtype, F&& f) {
@@ -574,6 +600,8 @@ void rotate_heads(Dtype dtype, void* x, int64_t heads, int64_t head_stride, int6
     rotate_heads_impl<decltype(e)>(static_cast<T*>(x), heads, head_stride, half, cos, sin);
   });
 }
+
+int64_t argmax(const float* x, int64_t n) { return argmax_row(x, n); }
 
 void silu_and_mul(Dtype dtype, const void* x, void* out, int64_t inter, int64_t begin, int64_t end) {
   with_type(dtype, [&](auto e) {
@@ -897,6 +925,7 @@ void attend(Dtype, const void*, const void*, const AttendShape&, const AttendIte
 void rms_norm(Dtype, const void*, const void*, void*, int64_t, int64_t, float) { std::abort(); }
 void add_rms_norm(Dtype, const void*, void*, const void*, void*, int64_t, int64_t, float) { std::abort(); }
 void rotate_heads(Dtype, void*, int64_t, int64_t, int64_t, const float*, const float*) { std::abort(); }
+int64_t argmax(const float*, int64_t) { std::abort(); }
 void silu_and_mul(Dtype, const void*, void*, int64_t, int64_t, int64_t) { std::abort(); }
 double bf16_dot_peak_gflops() { return 0.0; }
 bool bf16_gemm_supported() { return false; }

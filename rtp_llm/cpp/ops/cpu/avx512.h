@@ -81,6 +81,9 @@ void add_rms_norm(Dtype dtype, const void* x, void* residual, const void* w, voi
 void rotate_heads(Dtype dtype, void* x, int64_t heads, int64_t head_stride, int64_t half, const float* cos,
                   const float* sin);
 
+// Index of the first largest of x's n (> 0) floats, or of the first NaN (torch.argmax's).
+int64_t argmax(const float* x, int64_t n);
+
 // Elements [begin, end) of out: [rows, inter] = round(round(silu(gate)) * up), x: [rows, 2 inter].
 void silu_and_mul(Dtype dtype, const void* x, void* out, int64_t inter, int64_t begin, int64_t end);
 

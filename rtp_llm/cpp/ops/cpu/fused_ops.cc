@@ -227,6 +227,18 @@ void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& kv_cache, co
   }
 }
 
+at::Tensor argmax_rows(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0, "argmax_rows: logits must be [N, V] with V > 0");
+  if (!avx512::supported() || logits.scalar_type() != at::kFloat) return logits.argmax(-1);
+  const at::Tensor x = logits.stride(1) == 1 ? logits : logits.contiguous();
+  at::Tensor out = at::empty({x.size(0)}, x.options().dtype(at::kLong));
+  int64_t* o = out.data_ptr<int64_t>();
+  at::parallel_for(0, x.size(0), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) o[r] = avx512::argmax(x.data_ptr<float>() + r * x.stride(0), x.size(1));
+  });
+  return out;
+}
+
 double cpu_bf16_peak_gflops() { return avx512::bf16_dot_peak_gflops(); }
 
 }  // namespace rtp_llm::ops

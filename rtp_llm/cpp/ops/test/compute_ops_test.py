@@ -215,6 +215,23 @@ class FusedOpsTest(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "slot 32 out of range"):
             self.ops.qkv_rope_store(qkv, H, Hkv, pos, cos, sin, cache, torch.tensor([0, 1, 32, 3, 4]))
 
+    def test_argmax_rows_is_torch_argmax(self):
+        for v in (1, 15, 16, 17, 49152 + 5):
+            x = torch.randn(5, v, generator=self.g)
+            torch.testing.assert_close(self.ops.argmax_rows(x), x.argmax(-1))
+        x = torch.zeros(4, 40)
+        x[0, 7] = x[0, 33] = 2.0  # ties: the first
+        x[1] = float("-inf")  # all -inf: 0
+        x[2, 35] = float("nan")
+        x[2, 36] = float("inf")  # a NaN wins, as in torch
+        x[3, 21] = float("nan")
+        x[3, 3] = float("nan")
+        torch.testing.assert_close(self.ops.argmax_rows(x), torch.tensor([7, 0, 35, 3]))
+        wide = torch.randn(3, 70, generator=self.g)
+        torch.testing.assert_close(self.ops.argmax_rows(wide[:, 5:60]), wide[:, 5:60].argmax(-1))  # strided rows
+        xb = torch.randn(3, 33, generator=self.g).to(torch.bfloat16)  # other dtypes: torch's
+        torch.testing.assert_close(self.ops.argmax_rows(xb), xb.argmax(-1))
+
     def test_store_kv_writes_each_token_at_its_slot(self):
         cache = torch.zeros(2, 4, 4, 2, 8)
         k, v = torch.randn(3, 2, 8, generator=self.g), torch.randn(3, 2, 8, generator=self.g)
