@@ -35,7 +35,8 @@ void rotary_embedding(at::Tensor& q, at::Tensor& k, const at::Tensor& positions,
 // The attention inputs of a fused projection, qkv: [T, (H + 2 Hkv) D] (rows of unit stride),
 // in one pass per token: optional per-head RMSNorm of q and k (Qwen3; weights [D]), rotary on
 // q and k in place (as rotary_embedding), then k and v into kv_cache at slot_mapping (as
-// store_kv). Returns views of qkv: q [T, H, D], k and v [T, Hkv, D].
+// store_kv; slots unique and in range). Returns views of qkv: q [T, H, D], k and v [T, Hkv, D].
+// Every argument is checked before anything is written.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rope_store(const at::Tensor& qkv, int64_t num_heads,
                                                               int64_t num_kv_heads, const at::Tensor& positions,
                                                               const at::Tensor& cos, const at::Tensor& sin,
@@ -44,7 +45,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rope_store(const at::Tensor& 
                                                               const std::optional<at::Tensor>& k_norm, double eps);
 
 // logits: [N, V] -> [N] int64, each row's torch.argmax (the first largest; the first NaN where
-// there is one). fp32 rows on AVX-512 run 16 lanes at a time (torch's: ~20x slower).
+// there is one). fp32 rows on the CPU with AVX-512 run 16 lanes at a time (torch's: 7-10x
+// slower); others take torch.argmax.
 at::Tensor argmax_rows(const at::Tensor& logits);
 
 // x: [T, 2 I] (gate, then up) -> silu(gate) * up: [T, I].
@@ -62,8 +64,8 @@ bool bf16_linear_supported();
 at::Tensor pack_bf16_linear(const at::Tensor& weight);
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& out);
 // The MLP's first half in one pass: pack_bf16_gate_up of [2 I, K] (gate rows, then up rows;
-// I % 16 == 0); bf16_linear_silu: x [M, K] -> silu(x gate^T) * (x up^T), [M, I], rounded as
-// bf16_linear then silu_and_mul.
+// I % 16 == 0) -> [I / 16, 2, K / 2, 16, 2]; bf16_linear_silu: x [M, K] -> silu(x gate^T) *
+// (x up^T), [M, I], rounded as bf16_linear then silu_and_mul.
 at::Tensor pack_bf16_gate_up(const at::Tensor& weight);
 at::Tensor bf16_linear_silu(const at::Tensor& x, const at::Tensor& packed);
 

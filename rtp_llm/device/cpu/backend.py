@@ -154,24 +154,20 @@ class CpuBackend(DeviceBackend):
     def pack_linear(self, weight):
         if self._bf16_gemm_packs(weight):
             return self._ops.pack_bf16_linear(weight)
-        return self._pack_other(weight)
-
-    def _pack_other(self, weight):
         if weight.dtype == torch.bfloat16 and self._packed_bf16:
             return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 16)
         return weight.t().contiguous()
 
-    # SiLU-and-mul in the bf16 GEMM's epilogue (gate and up blocks interleaved by the packing):
-    # one pass instead of writing [T, 2 I] and reading it back, 8-12% off the prefill's
-    # gate-up at SmolLM2's shapes. Other layouts (never the compute ops' 4-D one) take
-    # linear + silu_and_mul.
+    # SiLU-and-mul in the bf16 GEMM's epilogue (gate and up blocks interleaved by the packing,
+    # a 5-D layout of its own): one pass instead of writing [T, 2 I] and reading it back, 8-12%
+    # off the prefill's gate-up at SmolLM2's shapes. Other layouts take linear + silu_and_mul.
     def pack_gate_up(self, weight):
         if self._bf16_gemm_packs(weight) and weight.shape[0] % 32 == 0:
             return self._ops.pack_bf16_gate_up(weight)
-        return self._pack_other(weight)
+        return self.pack_linear(weight)
 
     def gate_up_silu(self, x, gate_up):
-        if gate_up.dim() == 4:
+        if gate_up.dim() == 5:
             return self._ops.bf16_linear_silu(x, gate_up)
         return self.silu_and_mul(self.linear(x, gate_up))
 

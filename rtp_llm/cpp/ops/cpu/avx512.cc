@@ -319,11 +319,8 @@ void attend_impl(const typename E::T* k_cache, const typename E::T* v_cache, con
   const int64_t token_stride = int64_t{sh.num_kv_heads} * D;
   const int num_keys = it.pos + 1;
   const int blocks = (num_keys + block_size - 1) / block_size;
-  // pump()s per block and KV head: per key in the scores, per pair of keys in the bf16 values
-  // (per key in the widening ones).
   const int kv_heads = kvh1 - kvh0;
   const bool bf16_rows = bf16_dot && std::is_same_v<E, BF16>;
-  const int sites = kv_heads * (bf16_rows ? block_size + block_size / 2 : 2 * block_size);
   if (first && it.prefetch) {
     for (int b = 0; b < kBlocksAhead; ++b) prefetch_queue(k_cache, v_cache, sh, block_rows<T>(sh, it, b), 1).drain();
   }
@@ -334,6 +331,9 @@ void attend_impl(const typename E::T* k_cache, const typename E::T* v_cache, con
     const BlockRows pf = ahead < blocks ? (it.prefetch ? block_rows<T>(sh, it, ahead) : BlockRows{})
                          : next && next->prefetch ? block_rows<T>(sh, *next, ahead - blocks)
                                                   : BlockRows{};
+    // pump()s in this block, per KV head: per key slot of the 16-key score chunks and per pair
+    // of keys in the bf16 values (per key and per key in the widening ones).
+    const int sites = kv_heads * (bf16_rows ? (n + 15) / 16 * 16 + (n + 1) / 2 : 2 * n);
     PrefetchQueue pq = prefetch_queue(k_cache, v_cache, sh, pf, sites);
     for (int kvh = 0; kvh < kv_heads; ++kvh) {
       const typename E::T* kb = k_cache + block + kvh * D;
@@ -527,8 +527,9 @@ void rotate_heads_impl(typename E::T* x, int64_t heads, int64_t head_stride, int
       const __mmask16 mask = tail_mask(half - i);
       const __m512 x1 = E::load(v + i, mask), x2 = E::load(v + half + i, mask);
       const __m512 c = _mm512_maskz_loadu_ps(mask, cos + i), s = _mm512_maskz_loadu_ps(mask, sin + i);
-      E::store(v + i, _mm512_fmsub_ps(x1, c, _mm512_mul_ps(x2, s)), mask);
-      E::store(v + half + i, _mm512_fmadd_ps(x2, c, _mm512_mul_ps(x1, s)), mask);
+      // HF's arithmetic: q * cos + rotate_half(q) * sin, each product rounded (no FMA).
+      E::store(v + i, _mm512_sub_ps(_mm512_mul_ps(x1, c), _mm512_mul_ps(x2, s)), mask);
+      E::store(v + half + i, _mm512_add_ps(_mm512_mul_ps(x2, c), _mm512_mul_ps(x1, s)), mask);
     }
   }
 }

@@ -24,8 +24,11 @@ at::Tensor pack_bf16_gate_up(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.size(0) % 32 == 0,
               "pack_bf16_gate_up: weight must be [2 I, K] (gate rows, then up rows) with I % 16 == 0");
   const int64_t i = weight.size(0) / 2, k = weight.size(1);
-  // Row blocks of 16 alternate: gate 16j.., up 16j.. (bf16_linear_silu pairs them).
-  return pack_bf16_linear(weight.contiguous().view({2, i / 16, 16, k}).transpose(0, 1).reshape({2 * i, k}));
+  // Row blocks of 16 alternate: gate 16j.., up 16j.. (bf16_linear_silu pairs them). Returned
+  // as [I / 16, 2, K / 2, 16, 2], a rank of its own, so that it is never taken for a plain
+  // projection's packing (or one of those for it).
+  return pack_bf16_linear(weight.contiguous().view({2, i / 16, 16, k}).transpose(0, 1).reshape({2 * i, k}))
+      .view({i / 16, 2, k / 2, 16, 2});
 }
 
 namespace {
@@ -39,7 +42,7 @@ std::pair<at::Tensor, at::Tensor> gemm_operands(const char* op, const at::Tensor
               ": x must be a bf16 [M, K] on the CPU");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == 16 && packed.size(3) == 2 &&
                   packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() && packed.device().is_cpu(),
-              op, ": the weight must come from pack_bf16_linear or pack_bf16_gate_up");
+              op, ": the weight must come from pack_bf16_linear");
   const int64_t m = x.size(0), k = x.size(1);
   TORCH_CHECK(k == 2 * packed.size(1), op, ": x has K = ", k, ", the weight ", 2 * packed.size(1));
   const at::Tensor xc = x.stride(1) == 1 ? x : x.contiguous();
@@ -66,9 +69,12 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, const std:
 }
 
 at::Tensor bf16_linear_silu(const at::Tensor& x, const at::Tensor& packed) {
-  const int64_t n = packed.dim() == 4 ? packed.size(0) * 16 : 0;
-  TORCH_CHECK(n % 32 == 0, "bf16_linear_silu: the weight must come from pack_bf16_gate_up");
-  auto [xc, o] = gemm_operands("bf16_linear_silu", x, packed, std::nullopt, n / 2);
+  TORCH_CHECK(packed.dim() == 5 && packed.size(1) == 2 && packed.size(3) == 16 && packed.size(4) == 2 &&
+                  packed.is_contiguous(),
+              "bf16_linear_silu: the weight must come from pack_bf16_gate_up");
+  const int64_t n = packed.size(0) * 32;
+  auto [xc, o] = gemm_operands("bf16_linear_silu", x, packed.view({n / 16, packed.size(2), 16, 2}), std::nullopt,
+                               n / 2);
   if (xc.size(0) == 0) return o;
   avx512::bf16_gemm_silu(static_cast<const uint16_t*>(xc.data_ptr()), xc.stride(0),
                          static_cast<const uint16_t*>(packed.data_ptr()), static_cast<uint16_t*>(o.data_ptr()),

@@ -65,6 +65,8 @@ void check_rotary(const at::Tensor& positions, const at::Tensor& cos, const at::
                   const char* op) {
   TORCH_CHECK(positions.scalar_type() == at::kLong && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
               op, ": positions int64, cos/sin float32 expected");
+  TORCH_CHECK(positions.is_contiguous() && positions.device().is_cpu() && cos.device().is_cpu() && sin.device().is_cpu(),
+              op, ": positions, cos and sin must be contiguous CPU tensors");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.dim() == 2 && cos.sizes() == sin.sizes() &&
                   cos.size(1) == head_dim / 2,
               op, ": cos/sin must be contiguous [positions, head_dim / 2]");
@@ -106,8 +108,9 @@ struct KvPlanes {
 KvPlanes kv_planes(at::Tensor& kv_cache, const at::Tensor& slot_mapping, int64_t tokens, const char* op) {
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(), op,
               ": kv_cache must be a contiguous [2, blocks, block_size, Hkv, D]");
-  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == tokens, op,
-              ": slot_mapping must be int64 with one slot per token");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == tokens &&
+                  slot_mapping.is_contiguous() && slot_mapping.device().is_cpu() && kv_cache.device().is_cpu(),
+              op, ": slot_mapping must be a contiguous int64 CPU tensor with one slot per token, kv_cache on the CPU");
   const int64_t slots = kv_cache.size(1) * kv_cache.size(2);
   const int64_t* slot = slot_mapping.data_ptr<int64_t>();
   for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(slot[t] >= 0 && slot[t] < slots, op, ": slot ", slot[t], " out of range");
@@ -153,8 +156,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rope_store(const at::Tensor& 
   TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && qkv.size(1) % (num_heads + 2 * num_kv_heads) == 0,
               "qkv_rope_store: qkv's width ", qkv.size(1), " is not (num_heads + 2 num_kv_heads) x head_dim");
   TORCH_CHECK(qkv.scalar_type() == kv_cache.scalar_type(), "qkv_rope_store: qkv and kv_cache dtypes differ");
+  TORCH_CHECK(qkv.device().is_cpu(), "qkv_rope_store: qkv must be on the CPU");
   TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "qkv_rope_store: q_norm and k_norm come together");
   const int64_t T = qkv.size(0), D = qkv.size(1) / (num_heads + 2 * num_kv_heads);
+  for (const auto* w : {&q_norm, &k_norm}) {
+    TORCH_CHECK(!w->has_value() || ((*w)->numel() == D && (*w)->scalar_type() == qkv.scalar_type()),
+                "qkv_rope_store: q_norm and k_norm must be [", D, "] in qkv's dtype");
+  }
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(3) == num_kv_heads && kv_cache.size(4) == D,
               "qkv_rope_store: kv_cache's heads x head_dim must be ", num_kv_heads, " x ", D);
   TORCH_CHECK(positions.numel() == T, "qkv_rope_store: one position per token expected");
@@ -229,7 +237,9 @@ void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& kv_cache, co
 
 at::Tensor argmax_rows(const at::Tensor& logits) {
   TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0, "argmax_rows: logits must be [N, V] with V > 0");
-  if (!avx512::supported() || logits.scalar_type() != at::kFloat) return logits.argmax(-1);
+  if (!avx512::supported() || logits.scalar_type() != at::kFloat || !logits.device().is_cpu()) {
+    return logits.argmax(-1);
+  }
   const at::Tensor x = logits.stride(1) == 1 ? logits : logits.contiguous();
   at::Tensor out = at::empty({x.size(0)}, x.options().dtype(at::kLong));
   int64_t* o = out.data_ptr<int64_t>();

@@ -105,6 +105,19 @@ class PagedAttentionTest(unittest.TestCase):
         finally:
             torch.set_num_threads(threads)
 
+    def test_sixteen_query_heads_per_kv_head_and_head_dim_32_in_large_blocks(self):
+        # The largest group (an item of 2 KV heads, 32 query heads) and head_dim 32 with 32- and
+        # 64-token blocks and odd key counts past 16: the bf16 values' pairs of keys across
+        # several 16-key chunks of a block. Decode streams (prefetching) among prompt tokens.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            self.run_case(torch.bfloat16, 32, 2, 128, 32, [1, 1, 9], [97, 33, 40], 2e-2)
+            for block_size in (32, 64):
+                self.run_case(torch.bfloat16, 8, 4, 32, block_size, [1, 1, 1, 5], [45, 19, 77, 39], 2e-2)
+        finally:
+            torch.set_num_threads(threads)
+
     def test_head_dim_without_a_vector_kernel(self):
         # 48 is not a specialized head dim: the portable kernel runs.
         self.run_case(torch.float32, 6, 2, 48, 16, [1, 7], [33, 7], 1e-5)
@@ -214,6 +227,28 @@ class FusedOpsTest(unittest.TestCase):
             self.ops.qkv_rope_store(qkv, H + 1, Hkv, pos, cos, sin, cache, slots)
         with self.assertRaisesRegex(RuntimeError, "slot 32 out of range"):
             self.ops.qkv_rope_store(qkv, H, Hkv, pos, cos, sin, cache, torch.tensor([0, 1, 32, 3, 4]))
+        before = qkv.clone()
+        with self.assertRaisesRegex(RuntimeError, r"must be \[64\] in qkv's dtype"):
+            self.ops.qkv_rope_store(qkv, H, Hkv, pos, cos, sin, cache, slots, qn, torch.ones(D + 1, dtype=qkv.dtype))
+        self.assertTrue(torch.equal(qkv, before))  # nothing written
+
+    def test_qkv_rope_store_of_a_prompt_in_fp16(self):
+        # More tokens than one thread's share (the tokens split over the threads).
+        H, Hkv, D, T = 4, 2, 32, 150
+        angles = torch.outer(torch.arange(T).float(), torch.rand(D // 2, generator=self.g))
+        cos, sin = angles.cos(), angles.sin()
+        pos, slots = torch.arange(T), torch.randperm(160, generator=self.g)[:T]
+        qkv = torch.randn(T, (H + 2 * Hkv) * D, generator=self.g).to(torch.float16)
+        ref = qkv.clone()
+        q, k, v = (ref[:, :H * D].reshape(T, H, D), ref[:, H * D:(H + Hkv) * D].reshape(T, Hkv, D),
+                   ref[:, (H + Hkv) * D:].reshape(T, Hkv, D))
+        self.ops.rotary_embedding(q, k, pos, cos, sin)
+        ref_cache = torch.zeros(2, 10, 16, Hkv, D, dtype=torch.float16)
+        self.ops.store_kv(k, v, ref_cache, slots)
+        cache = torch.zeros_like(ref_cache)
+        self.ops.qkv_rope_store(qkv, H, Hkv, pos, cos, sin, cache, slots)
+        torch.testing.assert_close(qkv, ref, atol=0, rtol=0)
+        torch.testing.assert_close(cache, ref_cache, atol=0, rtol=0)
 
     def test_argmax_rows_is_torch_argmax(self):
         for v in (1, 15, 16, 17, 49152 + 5):
@@ -231,6 +266,10 @@ class FusedOpsTest(unittest.TestCase):
         torch.testing.assert_close(self.ops.argmax_rows(wide[:, 5:60]), wide[:, 5:60].argmax(-1))  # strided rows
         xb = torch.randn(3, 33, generator=self.g).to(torch.bfloat16)  # other dtypes: torch's
         torch.testing.assert_close(self.ops.argmax_rows(xb), xb.argmax(-1))
+        nans = torch.full((2, 37), float("nan"))
+        torch.testing.assert_close(self.ops.argmax_rows(nans), torch.tensor([0, 0]))
+        cols = torch.randn(40, 3, generator=self.g).t()  # columns of unit stride only after a copy
+        torch.testing.assert_close(self.ops.argmax_rows(cols), cols.argmax(-1))
 
     def test_store_kv_writes_each_token_at_its_slot(self):
         cache = torch.zeros(2, 4, 4, 2, 8)
@@ -306,9 +345,11 @@ class Bf16LinearTest(unittest.TestCase):
                                            msg=f"I={inter} K={k} M={m}")
         with self.assertRaisesRegex(RuntimeError, r"I % 16 == 0"):
             self.ops.pack_bf16_gate_up(torch.zeros(48, 8, dtype=torch.bfloat16))
-        with self.assertRaisesRegex(RuntimeError, r"must come from pack_bf16_gate_up"):
-            self.ops.bf16_linear_silu(torch.zeros(2, 8, dtype=torch.bfloat16),
-                                      self.ops.pack_bf16_linear(torch.zeros(48, 8, dtype=torch.bfloat16)))
+        x = torch.zeros(2, 8, dtype=torch.bfloat16)
+        with self.assertRaisesRegex(RuntimeError, r"must come from pack_bf16_gate_up"):  # N % 32 == 0, plain
+            self.ops.bf16_linear_silu(x, self.ops.pack_bf16_linear(torch.zeros(64, 8, dtype=torch.bfloat16)))
+        with self.assertRaisesRegex(RuntimeError, r"must come from pack_bf16_linear"):
+            self.ops.bf16_linear(x, self.ops.pack_bf16_gate_up(torch.zeros(64, 8, dtype=torch.bfloat16)))
 
     def test_rejects_unpackable_and_mismatched_shapes_with_clear_errors(self):
         with self.assertRaisesRegex(RuntimeError, r"N % 16 == 0"):
