@@ -100,6 +100,11 @@ inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// silu(g) = g / (1 + exp(-g)) in fp32 (silu_and_mul and the gate-up GEMM's epilogue).
+inline __m512 silu512(__m512 g) {
+  return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+}
+
 // Lane j of the result = the sum of v[j]'s 16 lanes, for 16 vectors (a transpose-and-add
 // tree: 45 shuffles and adds instead of 16 horizontal sums of ~9 instructions each).
 inline __m512 sum16(const __m512 v[16]) {
@@ -226,13 +231,11 @@ void values_bf16(const uint16_t* v, int64_t token_stride, int n, const float* p,
 
 #pragma GCC pop_options
 
-// K/V blocks prefetched ahead of the one being computed, counting on into the thread's next
-// item (so an item's first block is no longer fetched on demand). The caches of all layers
-// are far larger than L3 and blocks sit anywhere in the pool, which hardware prefetchers do
-// not follow. Still, from memory the 16 x 192-key decode at SmolLM2's shapes takes about its
-// time from cache plus the stream's at ~30 GB/s, as if the demand loads waited behind the
-// prefetches' misses; two or more blocks ahead, a burst at the block's start, L1 (T0) or
-// every other line measured the same or slower.
+// K/V blocks prefetched ahead of the one being computed (PrefetchQueue), counting on into the
+// thread's next item (so an item's first block is not fetched on demand). The caches of all
+// layers are far larger than L3 and blocks sit anywhere in the pool, which hardware
+// prefetchers do not follow. Two or three blocks ahead, L1 (T0) or every other line measured
+// the same or slower.
 constexpr int kBlocksAhead = 1;
 
 // values_bf16's accumulators back in the dims' order, for `heads` heads.
@@ -331,8 +334,8 @@ void attend_impl(const typename E::T* k_cache, const typename E::T* v_cache, con
     const BlockRows pf = ahead < blocks ? (it.prefetch ? block_rows<T>(sh, it, ahead) : BlockRows{})
                          : next && next->prefetch ? block_rows<T>(sh, *next, ahead - blocks)
                                                   : BlockRows{};
-    // pump()s in this block, per KV head: per key slot of the 16-key score chunks and per pair
-    // of keys in the bf16 values (per key and per key in the widening ones).
+    // pump()s in this block, per KV head: bf16 rows, per key slot of the 16-key score chunks
+    // and per pair of keys in the values; widened rows, per key in each of the two loops.
     const int sites = kv_heads * (bf16_rows ? (n + 15) / 16 * 16 + (n + 1) / 2 : 2 * n);
     PrefetchQueue pq = prefetch_queue(k_cache, v_cache, sh, pf, sites);
     for (int kvh = 0; kvh < kv_heads; ++kvh) {
@@ -429,9 +432,7 @@ void attend_impl(const typename E::T* k_cache, const typename E::T* v_cache, con
     }
     pq.drain();  // what the pumps left (a fuller block than this one: the next item's)
   }
-  if constexpr (std::is_same_v<E, BF16>) {
-    if (bf16_dot) unpermute_values<C>(acc, heads);
-  }
+  if (bf16_rows) unpermute_values<C>(acc, heads);
   for (int h = 0; h < heads; ++h) {
     const __m512 inv = _mm512_set1_ps(l[h] > 0.f ? 1.f / l[h] : 0.f);  // no keys (pos < 0): zeros
     for (int c = 0; c < C; ++c) E::store(out + h * q_head_stride + c * 16, _mm512_mul_ps(acc[h][c], inv));
@@ -500,7 +501,6 @@ void add_rms_norm_rows(const typename E::T* x, typename E::T* residual, const ty
 
 template <class E>
 void silu_and_mul_range(const typename E::T* x, typename E::T* out, int64_t inter, int64_t begin, int64_t end) {
-  const __m512 one = _mm512_set1_ps(1.f);
   while (begin < end) {
     const int64_t r = begin / inter, j = begin % inter;
     const int64_t n = std::min(end - begin, inter - j);  // the rest of this row
@@ -511,7 +511,7 @@ void silu_and_mul_range(const typename E::T* x, typename E::T* out, int64_t inte
       const __mmask16 mask = tail_mask(n - i);
       const __m512 g = E::load(gate + i, mask);
       // HF: act(gate) rounded to the dtype, then times up.
-      const __m512 act = E::round(_mm512_div_ps(g, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+      const __m512 act = E::round(silu512(g));
       E::store(o + i, _mm512_mul_ps(act, E::load(up + i, mask)), mask);
     }
     begin += n;
@@ -532,32 +532,6 @@ void rotate_heads_impl(typename E::T* x, int64_t heads, int64_t head_stride, int
       E::store(v + half + i, _mm512_add_ps(_mm512_mul_ps(x2, c), _mm512_mul_ps(x1, s)), mask);
     }
   }
-}
-
-// Index of the first largest of n floats; the first NaN's where there is one (torch.argmax's
-// answer). 16 lanes keep their largest and its first index; the lanes' winners are compared at
-// the end.
-int64_t argmax_row(const float* x, int64_t n) {
-  __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  __m512i best_idx = _mm512_set1_epi32(0);
-  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i step = _mm512_set1_epi32(16);
-  for (int64_t i = 0; i < n; i += 16, idx = _mm512_add_epi32(idx, step)) {
-    const __mmask16 mask = tail_mask(n - i);
-    const __m512 v = _mm512_maskz_loadu_ps(mask, x + i);
-    if (_mm512_mask_cmp_ps_mask(mask, v, v, _CMP_UNORD_Q)) {
-      for (int64_t j = i;; ++j) {
-        if (std::isnan(x[j])) return j;
-      }
-    }
-    const __mmask16 greater = _mm512_mask_cmp_ps_mask(mask, v, best, _CMP_GT_OQ);
-    best = _mm512_mask_mov_ps(best, greater, v);
-    best_idx = _mm512_mask_mov_epi32(best_idx, greater, idx);
-  }
-  const float top = _mm512_reduce_max_ps(best);
-  const __mmask16 winners = _mm512_cmp_ps_mask(best, _mm512_set1_ps(top), _CMP_EQ_OQ);
-  // n > 0: some lane holds the maximum (all -inf: lane 0's first element, index 0).
-  return _mm512_mask_reduce_min_epi32(winners, best_idx);
 }
 
 // Calls f.template operator()<E>() for the storage type of dtype.
@@ -602,7 +576,29 @@ void rotate_heads(Dtype dtype, void* x, int64_t heads, int64_t head_stride, int6
   });
 }
 
-int64_t argmax(const float* x, int64_t n) { return argmax_row(x, n); }
+// 16 lanes keep their largest and its first index; the lanes' winners are compared at the end.
+int64_t argmax(const float* x, int64_t n) {
+  __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512i best_idx = _mm512_set1_epi32(0);
+  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  for (int64_t i = 0; i < n; i += 16, idx = _mm512_add_epi32(idx, step)) {
+    const __mmask16 mask = tail_mask(n - i);
+    const __m512 v = _mm512_maskz_loadu_ps(mask, x + i);
+    if (_mm512_mask_cmp_ps_mask(mask, v, v, _CMP_UNORD_Q)) {
+      for (int64_t j = i;; ++j) {
+        if (std::isnan(x[j])) return j;
+      }
+    }
+    const __mmask16 greater = _mm512_mask_cmp_ps_mask(mask, v, best, _CMP_GT_OQ);
+    best = _mm512_mask_mov_ps(best, greater, v);
+    best_idx = _mm512_mask_mov_epi32(best_idx, greater, idx);
+  }
+  const float top = _mm512_reduce_max_ps(best);
+  const __mmask16 winners = _mm512_cmp_ps_mask(best, _mm512_set1_ps(top), _CMP_EQ_OQ);
+  // n > 0: some lane holds the maximum (all -inf: lane 0's first element, index 0).
+  return _mm512_mask_reduce_min_epi32(winners, best_idx);
+}
 
 void silu_and_mul(Dtype dtype, const void* x, void* out, int64_t inter, int64_t begin, int64_t end) {
   with_type(dtype, [&](auto e) {
@@ -674,9 +670,7 @@ struct SiluMulBf16 {
   static __m256i combine(__m512 gate, __m512 up) {
     const __m512 g = BF16::widen((__m256i)_mm512_cvtneps_pbh(gate));
     const __m512 u = BF16::widen((__m256i)_mm512_cvtneps_pbh(up));
-    const __m512 act =
-        BF16::round(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
-    return BF16::narrow(_mm512_mul_ps(act, u));
+    return BF16::narrow(_mm512_mul_ps(BF16::round(silu512(g)), u));
   }
   template <int MR, int NB>
   static void store(const __m512 (&acc)[MR][NB], uint16_t* out, int64_t ldo) {
