@@ -193,6 +193,26 @@ class FusedOpsTest(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "outside the rotary table"):
             self.ops.rotary_embedding(q, k, torch.tensor([0, 8, 1]), cos, sin)
 
+    def check_qkv_rope_store(self, qkv, heads, kv_heads, pos, cos, sin, slots, cache_blocks, qn=None, kn=None):
+        """qkv_rope_store on qkv equals the ops it fuses on a copy: the qkv it leaves (rotated in
+        place) and the cache it writes, bit for bit. Returns its (q, k, v)."""
+        T, D = qkv.shape[0], qkv.shape[1] // (heads + 2 * kv_heads)
+        ref = qkv.clone()
+        q = ref[:, :heads * D].reshape(T, heads, D)
+        k = ref[:, heads * D:(heads + kv_heads) * D].reshape(T, kv_heads, D)
+        v = ref[:, (heads + kv_heads) * D:].reshape(T, kv_heads, D)
+        if qn is not None:
+            q.copy_(self.ops.rms_norm(q.reshape(-1, D), qn, 1e-6).view_as(q))
+            k.copy_(self.ops.rms_norm(k.reshape(-1, D), kn, 1e-6).view_as(k))
+        self.ops.rotary_embedding(q, k, pos, cos, sin)
+        ref_cache = torch.zeros(2, cache_blocks, 16, kv_heads, D, dtype=qkv.dtype)
+        self.ops.store_kv(k, v, ref_cache, slots)
+        cache = torch.zeros_like(ref_cache)
+        fused = self.ops.qkv_rope_store(qkv, heads, kv_heads, pos, cos, sin, cache, slots, qn, kn, 1e-6)
+        torch.testing.assert_close(qkv, ref, atol=0, rtol=0)
+        torch.testing.assert_close(cache, ref_cache, atol=0, rtol=0)
+        return fused
+
     def test_qkv_rope_store_equals_the_ops_it_fuses(self):
         H, Hkv, D, T = 6, 2, 64, 5
         angles = torch.outer(torch.arange(32).float(), torch.rand(D // 2, generator=self.g))
@@ -205,24 +225,10 @@ class FusedOpsTest(unittest.TestCase):
                 qn = kn = None
                 if norms:
                     qn, kn = (torch.randn(D, generator=self.g).to(dtype) for _ in range(2))
-                # The unfused ops on a copy.
-                ref = qkv.clone()
-                q = ref[:, :H * D].reshape(T, H, D)
-                k = ref[:, H * D:(H + Hkv) * D].reshape(T, Hkv, D)
-                v = ref[:, (H + Hkv) * D:].reshape(T, Hkv, D)
-                if norms:
-                    q.copy_(self.ops.rms_norm(q.reshape(-1, D), qn, 1e-6).view_as(q))
-                    k.copy_(self.ops.rms_norm(k.reshape(-1, D), kn, 1e-6).view_as(k))
-                self.ops.rotary_embedding(q, k, pos, cos, sin)
-                ref_cache = torch.zeros(2, 4, 8, Hkv, D, dtype=dtype)
-                self.ops.store_kv(k, v, ref_cache, slots)
-
-                cache = torch.zeros(2, 4, 8, Hkv, D, dtype=dtype)
-                fq, fk, fv = self.ops.qkv_rope_store(qkv, H, Hkv, pos, cos, sin, cache, slots, qn, kn, 1e-6)
+                fq, fk, fv = self.check_qkv_rope_store(qkv, H, Hkv, pos, cos, sin, slots, 2, qn, kn)
                 self.assertEqual((fq.shape, fk.shape, fv.shape), ((T, H, D), (T, Hkv, D), (T, Hkv, D)))
                 self.assertEqual(fq.data_ptr(), qkv.data_ptr())  # views: rotated in place
-                torch.testing.assert_close(qkv, ref, atol=0, rtol=0)
-                torch.testing.assert_close(cache, ref_cache, atol=0, rtol=0)
+        cache = torch.zeros(2, 2, 16, Hkv, D, dtype=qkv.dtype)
         with self.assertRaisesRegex(RuntimeError, "num_heads \\+ 2 num_kv_heads"):
             self.ops.qkv_rope_store(qkv, H + 1, Hkv, pos, cos, sin, cache, slots)
         with self.assertRaisesRegex(RuntimeError, "slot 32 out of range"):
@@ -239,16 +245,7 @@ class FusedOpsTest(unittest.TestCase):
         cos, sin = angles.cos(), angles.sin()
         pos, slots = torch.arange(T), torch.randperm(160, generator=self.g)[:T]
         qkv = torch.randn(T, (H + 2 * Hkv) * D, generator=self.g).to(torch.float16)
-        ref = qkv.clone()
-        q, k, v = (ref[:, :H * D].reshape(T, H, D), ref[:, H * D:(H + Hkv) * D].reshape(T, Hkv, D),
-                   ref[:, (H + Hkv) * D:].reshape(T, Hkv, D))
-        self.ops.rotary_embedding(q, k, pos, cos, sin)
-        ref_cache = torch.zeros(2, 10, 16, Hkv, D, dtype=torch.float16)
-        self.ops.store_kv(k, v, ref_cache, slots)
-        cache = torch.zeros_like(ref_cache)
-        self.ops.qkv_rope_store(qkv, H, Hkv, pos, cos, sin, cache, slots)
-        torch.testing.assert_close(qkv, ref, atol=0, rtol=0)
-        torch.testing.assert_close(cache, ref_cache, atol=0, rtol=0)
+        self.check_qkv_rope_store(qkv, H, Hkv, pos, cos, sin, slots, 10)
 
     def test_argmax_rows_is_torch_argmax(self):
         for v in (1, 15, 16, 17, 49152 + 5):
