@@ -139,7 +139,7 @@ class Engine:
             try:
                 if self.broadcast is not None:
                     self.broadcast.send(b)
-                launched = self.runner.launch(b, self.core.stream_tokens, self._pending)
+                launched = self.runner.launch(b, self._pending)
             except CollectiveError:
                 raise
             except Exception as e:

@@ -8,7 +8,7 @@ host-device sync of a step."""
 import os
 import threading
 import time
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -16,7 +16,7 @@ import torch
 from rtp_llm.device.base import DeviceBackend
 from rtp_llm.distributed.tensor_parallel import CollectiveError
 from rtp_llm.models_py.decoder import DecoderModel
-from rtp_llm.models_py.sampler import Sampler, SamplingRows
+from rtp_llm.models_py.sampler import Sampler
 from rtp_llm.ops.engine_core import EngineCore, StepBatch
 
 
@@ -115,18 +115,11 @@ class ModelRunner:
             self.backend.resolve_placeholders(x.token_ids, prev_tokens)
         return self.model.forward(x.token_ids, x.positions, x.meta, self.kv_cache, x.sample_rows)
 
-    def launch(self, b: StepBatch, history: Callable[[int], Tuple[Sequence[int], int]],
-               prev: Optional[PendingStep] = None) -> PendingStep:
-        """Queues `b` (and its sampling) on the device. history: the core's stream_tokens, for
-        rows with penalties. prev: the step in flight that `b` was scheduled ahead of."""
+    def launch(self, b: StepBatch, prev: Optional[PendingStep] = None) -> PendingStep:
+        """Queues `b` (and its sampling) on the device. prev: the step in flight that `b` was
+        scheduled ahead of."""
         logits = self.logits(b, prev.tokens if prev is not None else None)
-        s = b.do_sample == 1
-        rows = SamplingRows(
-            stream_ids=b.stream_ids[s], temperature=b.temperature[s], top_k=b.top_k[s], top_p=b.top_p[s],
-            min_p=b.min_p[s], repetition_penalty=b.repetition_penalty[s], presence_penalty=b.presence_penalty[s],
-            frequency_penalty=b.frequency_penalty[s], random_seed=b.random_seed[s], num_generated=b.num_generated[s],
-            return_logprobs=b.return_logprobs[s])
-        tokens, logprobs = self.sampler.sample_on_device(logits, rows, history)
+        tokens, logprobs = self.sampler.sample_on_device(logits, b.rows(b.do_sample == 1))
         slot = self._slot
         self._slot ^= 1
         return PendingStep(tokens, logprobs, self._host_tokens[slot], self._host_logprobs[slot], self._events[slot],
@@ -134,4 +127,4 @@ class ModelRunner:
 
     def step(self, core: EngineCore, b: StepBatch):
         """Runs `b` and commits the sampled tokens to `core` (no overlap)."""
-        core.commit(*self.launch(b, core.stream_tokens).result())
+        core.commit(*self.launch(b).result())

@@ -204,45 +204,45 @@ def init_tensor_parallel(config: ParallelConfig, device: torch.device) -> TPShar
 
 # ------------------------------------------------------------------ step batch broadcast
 
-# The StepBatch fields the model path reads (all int32), in wire order; then block_tables.
-_FIELDS = ("query_lens", "prefix_lens", "context_lens", "query_starts", "do_sample", "token_ids", "positions",
-           "slot_mapping")
-
-
 class StepBroadcast:
-    """Rank 0 sends each step batch; the other ranks receive it (None: stop)."""
+    """Rank 0 sends each step batch's counts and MODEL arrays (the ones every rank's model path
+    reads: rtp_llm/cpp/engine/step_batch_fields.h), bit-exact; the other ranks receive them
+    (None: stop)."""
 
     def __init__(self, shard: TPShard):
+        from rtp_llm.ops.engine_core import GROUP_MODEL, SCALAR, step_batch_fields
+
         self.shard = shard
+        fields = step_batch_fields()
+        self._counts = [f.name for f in fields if f.length == SCALAR]
+        self._arrays = [f for f in fields if f.group == GROUP_MODEL]
 
     def _bcast(self, t: torch.Tensor) -> torch.Tensor:
         _collective("step broadcast", dist.broadcast, t, src=0, group=self.shard.cpu_group)
         return t
 
     def send(self, b) -> None:
-        header = torch.tensor([b.num_streams, b.num_tokens, b.block_tables.shape[1], b.num_sampled],
-                              dtype=torch.int32)
-        self._bcast(header)
-        payload = np.concatenate([getattr(b, f).astype(np.int32, copy=False).reshape(-1) for f in _FIELDS]
-                                 + [b.block_tables.astype(np.int32, copy=False).reshape(-1)])
+        self._bcast(torch.tensor([getattr(b, n) for n in self._counts], dtype=torch.int32))
+        payload = np.concatenate([np.ascontiguousarray(getattr(b, f.name)).reshape(-1).view(np.uint8)
+                                  for f in self._arrays])
         self._bcast(torch.from_numpy(payload))
 
     def send_stop(self) -> None:
-        self._bcast(torch.tensor([-1, 0, 0, 0], dtype=torch.int32))
+        self._bcast(torch.full((len(self._counts),), -1, dtype=torch.int32))
 
     def recv(self) -> Optional[SimpleNamespace]:
-        header = self._bcast(torch.empty(4, dtype=torch.int32))
-        s, t, stride, sampled = (int(v) for v in header)
-        if s < 0:
+        from rtp_llm.ops.engine_core import used_lengths
+
+        header = self._bcast(torch.empty(len(self._counts), dtype=torch.int32))
+        b = SimpleNamespace(**{n: int(v) for n, v in zip(self._counts, header)})
+        if b.num_streams < 0:
             return None
-        sizes = [s, s, s, s + 1, s, t, t, t]
-        payload = self._bcast(torch.empty(sum(sizes) + s * stride, dtype=torch.int32))
-        flat = payload.numpy()
-        b = SimpleNamespace(num_streams=s, num_tokens=t, num_sampled=sampled, block_table_stride=stride)
+        used = used_lengths(b)
+        sizes = [used[f.length] * f.dtype.itemsize for f in self._arrays]
+        flat = self._bcast(torch.empty(sum(sizes), dtype=torch.uint8)).numpy()
         off = 0
-        for name, n in zip(_FIELDS, sizes):
-            setattr(b, name, flat[off:off + n])
+        for f, n in zip(self._arrays, sizes):
+            setattr(b, f.name, flat[off:off + n].view(f.dtype).copy())  # (copied: aligned, as the core's)
             off += n
-        b.block_tables = flat[off:off + s * stride].reshape(s, stride)
-        b.slot_mapping = b.slot_mapping.astype(np.int64)  # as the core hands it out
+        b.block_tables = b.block_tables.reshape(b.num_streams, b.block_table_stride)
         return b

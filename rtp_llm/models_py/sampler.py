@@ -2,10 +2,14 @@
 presence / frequency penalties, and per-request seeds.
 
 A seeded row draws from its own generator seeded by (seed, tokens generated so far), so its
-samples do not depend on which other requests share the batch."""
+samples do not depend on which other requests share the batch.
 
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Tuple
+`rows` is a step batch's SamplingRows (StepBatch.rows: rtp_llm/ops/engine_core.py): every
+sampling parameter and num_generated [N] of the rows sampled, named as in
+rtp_llm/cpp/engine/step_batch_fields.h, and the penalized rows' token history (prompt, then
+generated): history_tokens[history_starts[r] +: history_lens[r]]."""
+
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 import torch
@@ -14,23 +18,6 @@ _MASK = -float("inf")
 # Temperatures below this sample greedily, the limit they tend to (vLLM's cut-off as well):
 # dividing logits by, say, 1e-38 would overflow to inf and make the probabilities NaN.
 _GREEDY_TEMPERATURE = 1e-5
-
-
-@dataclass
-class SamplingRows:
-    """Per-row parameters of the rows being sampled (numpy arrays of length N)."""
-
-    stream_ids: np.ndarray
-    temperature: np.ndarray
-    top_k: np.ndarray
-    top_p: np.ndarray
-    min_p: np.ndarray
-    repetition_penalty: np.ndarray
-    presence_penalty: np.ndarray
-    frequency_penalty: np.ndarray
-    random_seed: np.ndarray
-    num_generated: np.ndarray
-    return_logprobs: np.ndarray = None  # None: every row wants its log-prob
 
 
 def _seed(seed: int, step: int) -> int:
@@ -53,26 +40,14 @@ class Sampler:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t.to(self.device)
 
-    def sample(self, logits: torch.Tensor, rows: SamplingRows,
-               history: Callable[[int], Tuple[Sequence[int], int]]) -> Tuple[np.ndarray, np.ndarray]:
-        """logits: [N, V] fp32. history(stream_id) -> (all tokens, prompt length), asked only for
-        rows with penalties. Returns (tokens [N] int32, log-prob of each under the model [N]; 0
-        where no row asked for log-probs), on the host."""
-        tokens, logprobs = self.sample_on_device(logits, rows, history)
-        if logprobs is None:
-            return tokens.cpu().numpy(), np.zeros(len(tokens), dtype=np.float32)
-        return tokens.cpu().numpy(), logprobs.cpu().numpy()
-
     @torch.inference_mode()
-    def sample_on_device(self, logits: torch.Tensor, rows: SamplingRows,
-                         history: Callable[[int], Tuple[Sequence[int], int]]
-                         ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """As sample(), left on the device and without waiting for it: (tokens [N] int32,
-        log-probs [N] fp32 or None when no row asked for them)."""
+    def sample_on_device(self, logits: torch.Tensor, rows) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """logits: [N, V] fp32. Returns, left on the device and without waiting for it, (tokens [N]
+        int32, log-prob of each under the model [N] fp32, or None when no row asked for them)."""
         n = logits.shape[0]
-        want_logprobs = rows.return_logprobs is None or bool(rows.return_logprobs.any())
+        want_logprobs = bool(rows.return_logprobs.any())
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-        logits = self._apply_penalties(logits, rows, history)
+        logits = self._apply_penalties(logits, rows)
         greedy = (rows.temperature < _GREEDY_TEMPERATURE) | (rows.top_k == 1)
         tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
         g = np.nonzero(greedy)[0]
@@ -98,15 +73,16 @@ class Sampler:
         chosen = logprobs.gather(1, tokens[:, None]).squeeze(1) if want_logprobs else None
         return tokens.to(torch.int32), chosen
 
-    def _apply_penalties(self, logits, rows: SamplingRows, history) -> torch.Tensor:
+    def _apply_penalties(self, logits, rows) -> torch.Tensor:
         active = np.nonzero((rows.repetition_penalty != 1.0) | (rows.presence_penalty != 0.0)
                             | (rows.frequency_penalty != 0.0))[0]
         if not len(active):
             return logits
         logits = logits.clone()
         for r in active:
-            tokens, prompt_len = history(int(rows.stream_ids[r]))
-            seq = torch.as_tensor(np.asarray(tokens, dtype=np.int64), device=logits.device)
+            start, n = int(rows.history_starts[r]), int(rows.history_lens[r])
+            seq = torch.as_tensor(rows.history_tokens[start:start + n].astype(np.int64), device=logits.device)
+            prompt_len = n - int(rows.num_generated[r])
             row = logits[r]
             if rows.repetition_penalty[r] != 1.0 and len(seq):  # HF: prompt and output tokens
                 seen = torch.unique(seq)
@@ -119,7 +95,7 @@ class Sampler:
                 row -= float(rows.frequency_penalty[r]) * counts + float(rows.presence_penalty[r]) * (counts > 0)
         return logits
 
-    def _probs(self, logits: torch.Tensor, rows: SamplingRows, idx: np.ndarray) -> torch.Tensor:
+    def _probs(self, logits: torch.Tensor, rows, idx: np.ndarray) -> torch.Tensor:
         temp = self._upload(rows.temperature[idx].astype(np.float32))[:, None]
         logits = logits / temp
         top_k = rows.top_k[idx]

@@ -6,68 +6,89 @@ it; copy what must outlive that.
 """
 
 import ctypes
+import functools
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from types import SimpleNamespace
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2 as pb
-from rtp_llm.ops import ensure_engine_ops_loaded
+from rtp_llm.ops import NativeLibraryError, ensure_engine_ops_loaded
 
 _i32p = ctypes.POINTER(ctypes.c_int32)
 _i64p = ctypes.POINTER(ctypes.c_int64)
 _f32p = ctypes.POINTER(ctypes.c_float)
 
-
-class _Config(ctypes.Structure):
-    _fields_ = [
-        ("num_blocks", ctypes.c_int32),
-        ("block_size", ctypes.c_int32),
-        ("max_batch_size", ctypes.c_int32),
-        ("max_num_batched_tokens", ctypes.c_int32),
-        ("max_seq_len", ctypes.c_int32),
-        ("enable_prefix_cache", ctypes.c_int32),
-        ("eos_token_ids", _i32p),
-        ("num_eos_token_ids", ctypes.c_int32),
-    ]
+# engine_api.h's codes (RTP_LLM_TYPE_*, RTP_LLM_LEN_*, RTP_LLM_GROUP_*).
+_CTYPES = {1: ctypes.c_int32, 2: ctypes.c_int64, 3: ctypes.c_float}
+SCALAR, LEN_S, LEN_S1, LEN_T, LEN_SB, LEN_H, LEN_EOS = range(7)
+GROUP_HOST, GROUP_MODEL, GROUP_SAMPLE, GROUP_PARAM = 1, 2, 3, 4
 
 
-# (name, pointer type, length: "S", "S+1", "T" or "SB") in RtpStepBatch order.
-_BATCH_ARRAYS = [
-    ("stream_ids", _i64p, "S"),
-    ("query_lens", _i32p, "S"),
-    ("prefix_lens", _i32p, "S"),
-    ("context_lens", _i32p, "S"),
-    ("query_starts", _i32p, "S+1"),
-    ("do_sample", _i32p, "S"),
-    ("block_tables", _i32p, "SB"),
-    ("token_ids", _i32p, "T"),
-    ("positions", _i32p, "T"),
-    ("slot_mapping", _i64p, "T"),
-    ("temperature", _f32p, "S"),
-    ("top_k", _i32p, "S"),
-    ("top_p", _f32p, "S"),
-    ("min_p", _f32p, "S"),
-    ("repetition_penalty", _f32p, "S"),
-    ("presence_penalty", _f32p, "S"),
-    ("frequency_penalty", _f32p, "S"),
-    ("random_seed", _i64p, "S"),
-    ("num_generated", _i32p, "S"),
-    ("return_logprobs", _i32p, "S"),
-]
-_COUNTS = ["num_streams", "num_tokens", "num_sampled", "block_table_stride", "num_prefill"]
+class _FieldInfo(ctypes.Structure):  # RtpFieldInfo: the description's own layout, fixed by the ABI version
+    _fields_ = [("name", ctypes.c_char_p), ("type", ctypes.c_int32), ("length", ctypes.c_int32),
+                ("group", ctypes.c_int32), ("lo_open", ctypes.c_int32), ("offset", ctypes.c_int64),
+                ("default_value", ctypes.c_double), ("lo", ctypes.c_double), ("hi", ctypes.c_double)]
 
 
-class _Batch(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int32) for n in _COUNTS] + [(n, t) for n, t, _ in _BATCH_ARRAYS]
+class _StructInfo(ctypes.Structure):  # RtpStructInfo
+    _fields_ = [("size", ctypes.c_int64), ("num_fields", ctypes.c_int32), ("fields", ctypes.POINTER(_FieldInfo))]
 
 
-class _Stats(ctypes.Structure):
-    _fields_ = [
-        (n, ctypes.c_int32)
-        for n in ["running", "waiting", "tracked_streams", "total_blocks", "free_blocks", "cached_blocks",
-                  "used_blocks", "block_size"]
-    ] + [(n, ctypes.c_int64) for n in ["hit_tokens", "lookup_tokens", "steps", "preemptions", "finished"]]
+@dataclass(frozen=True)
+class Field:
+    """One field of a C ABI struct as the library describes it (rtp_llm_struct_info)."""
+
+    name: str
+    ctype: type     # element type (of the array, for pointer fields)
+    length: int     # SCALAR, or the array's length kind (LEN_*)
+    group: int      # step arrays: GROUP_*
+    offset: int     # offsetof in the C struct
+    default: float  # sampling parameters and engine config: default and range
+    lo: float
+    lo_open: bool
+    hi: float
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.ctype)
+
+
+def describe(lib, name: str) -> Tuple[int, List[Field]]:
+    """(sizeof, fields in declaration order) of the C struct `name`, from the library."""
+    lib.rtp_llm_struct_info.restype = ctypes.POINTER(_StructInfo)
+    lib.rtp_llm_struct_info.argtypes = [ctypes.c_char_p]
+    info = lib.rtp_llm_struct_info(name.encode())
+    if not info:
+        raise NativeLibraryError(f"the engine library does not describe {name}")
+    info = info.contents
+    fields = [Field(f.name.decode(), _CTYPES[f.type], f.length, f.group, f.offset, f.default_value, f.lo,
+                    bool(f.lo_open), f.hi) for f in info.fields[:info.num_fields]]
+    return info.size, fields
+
+
+def mirror(lib, name: str) -> Tuple[type, List[Field]]:
+    """A ctypes Structure built from the C description of `name` (names and types only), checked
+    against it: ctypes lays it out on its own, so a size or offset that differs from the C
+    compiler's raises NativeLibraryError."""
+    size, fields = describe(lib, name)
+    members = [(f.name, ctypes.POINTER(f.ctype) if f.length != SCALAR else f.ctype) for f in fields]
+    struct = type(name, (ctypes.Structure,), {"_fields_": members})
+    bad = [f"{f.name} at {getattr(struct, f.name).offset} (C: {f.offset})" for f in fields
+           if getattr(struct, f.name).offset != f.offset]
+    if ctypes.sizeof(struct) != size or bad:
+        raise NativeLibraryError(f"{name}: ctypes lays it out as {ctypes.sizeof(struct)} bytes, C as {size}"
+                                 + (f"; fields {', '.join(bad)}" if bad else ""))
+    return struct, fields
+
+
+@functools.lru_cache(maxsize=None)
+def _abi():
+    """The loaded library with its structs mirrored: (lib, {name: (ctypes struct, fields)})."""
+    lib = ensure_engine_ops_loaded()
+    structs = {name: mirror(lib, name) for name in ("RtpEngineConfig", "RtpStepBatch", "RtpEngineStats")}
+    return _bind(lib, structs), structs
 
 
 class EngineError(RuntimeError):
@@ -81,36 +102,37 @@ class EngineError(RuntimeError):
         self.field = field
 
 
-@dataclass
-class StepBatch:
-    """One step (see rtp_llm/cpp/engine/step_batch.h). Arrays are views valid until the next
-    schedule(): S = num_streams, T = num_tokens, B = block_table_stride."""
+def step_batch_fields() -> List[Field]:
+    """RtpStepBatch's fields: counts (SCALAR), then arrays, then sampling parameters."""
+    return _abi()[1]["RtpStepBatch"][1]
 
-    num_streams: int
-    num_tokens: int
-    num_sampled: int
-    block_table_stride: int
-    num_prefill: int
-    stream_ids: np.ndarray
-    query_lens: np.ndarray
-    prefix_lens: np.ndarray
-    context_lens: np.ndarray
-    query_starts: np.ndarray
-    do_sample: np.ndarray
-    block_tables: np.ndarray  # [S, B]
-    token_ids: np.ndarray
-    positions: np.ndarray
-    slot_mapping: np.ndarray
-    temperature: np.ndarray
-    top_k: np.ndarray
-    top_p: np.ndarray
-    min_p: np.ndarray
-    repetition_penalty: np.ndarray
-    presence_penalty: np.ndarray
-    frequency_penalty: np.ndarray
-    random_seed: np.ndarray
-    num_generated: np.ndarray
-    return_logprobs: np.ndarray
+
+def used_lengths(b) -> Dict[int, int]:
+    """Each array length kind's size in the step with counts `b` (num_streams, ...)."""
+    s = b.num_streams
+    return {LEN_S: s, LEN_S1: s + 1, LEN_T: b.num_tokens, LEN_SB: s * b.block_table_stride,
+            LEN_H: b.num_history_tokens}
+
+
+class SamplingRows(SimpleNamespace):
+    """The sampler's rows: every SAMPLE and PARAM array of a step batch (step_batch_fields.h),
+    [S] arrays masked to the rows sampled ([N]), history_tokens [H] whole."""
+
+
+class StepBatch:
+    """One step: its counts (num_streams, ...) and arrays (stream_ids, ...) as attributes, named
+    and sized as in rtp_llm/cpp/engine/step_batch_fields.h; block_tables is [S, B]. The arrays
+    are views valid until the second schedule call after it."""
+
+    def __init__(self, fields: List[Field], counts: Dict[str, int], arrays: Dict[str, np.ndarray]):
+        self.fields = fields
+        self.__dict__.update(counts)
+        self.__dict__.update(arrays)
+
+    def rows(self, mask: np.ndarray) -> SamplingRows:
+        """The sampler's arrays for the rows `mask` selects (a boolean [S] mask)."""
+        return SamplingRows(**{f.name: getattr(self, f.name)[mask] if f.length == LEN_S else getattr(self, f.name)
+                               for f in self.fields if f.group in (GROUP_SAMPLE, GROUP_PARAM)})
 
 
 @dataclass
@@ -139,14 +161,15 @@ def decode_output(out: pb.GenerateOutputsPB) -> DecodedOutput:
                          out.error_info.field)
 
 
-def _bind(lib):
+def _bind(lib, structs):
+    config, batch, stats = (ctypes.POINTER(structs[n][0]) for n in ("RtpEngineConfig", "RtpStepBatch", "RtpEngineStats"))
     lib.rtp_llm_engine_create.restype = ctypes.c_void_p
-    lib.rtp_llm_engine_create.argtypes = [ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_int32]
+    lib.rtp_llm_engine_create.argtypes = [config, ctypes.c_char_p, ctypes.c_int32]
     lib.rtp_llm_engine_destroy.argtypes = [ctypes.c_void_p]
     lib.rtp_llm_engine_enqueue.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32, _i64p,
-                                           ctypes.c_char_p, ctypes.c_int32]
+                                           ctypes.c_char_p, ctypes.c_int32, ctypes.c_char_p, ctypes.c_int32]
     for name in ("rtp_llm_engine_schedule", "rtp_llm_engine_schedule_ahead"):
-        getattr(lib, name).restype = ctypes.POINTER(_Batch)
+        getattr(lib, name).restype = batch
         getattr(lib, name).argtypes = [ctypes.c_void_p]
     lib.rtp_llm_engine_commit.argtypes = [ctypes.c_void_p, _i32p, _f32p, ctypes.c_int32, ctypes.c_char_p,
                                           ctypes.c_int32]
@@ -158,7 +181,7 @@ def _bind(lib):
                                         ctypes.c_int32, _i32p]
     lib.rtp_llm_engine_stream_tokens.argtypes = [ctypes.c_void_p, ctypes.c_int64, _i32p, ctypes.c_int32, _i32p]
     lib.rtp_llm_engine_release.argtypes = [ctypes.c_void_p, ctypes.c_int64]
-    lib.rtp_llm_engine_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Stats)]
+    lib.rtp_llm_engine_stats.argtypes = [ctypes.c_void_p, stats]
     lib.rtp_llm_engine_start_rpc_server.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p,
                                                     ctypes.c_int32]
     lib.rtp_llm_engine_stop_rpc_server.argtypes = [ctypes.c_void_p]
@@ -167,29 +190,36 @@ def _bind(lib):
 
 class EngineCore:
     def __init__(self, num_blocks: int, block_size: int, max_batch_size: int, max_num_batched_tokens: int,
-                 max_seq_len: int, enable_prefix_cache: bool = True, eos_token_ids: Sequence[int] = ()):
-        self._lib = _bind(ensure_engine_ops_loaded())
+                 max_seq_len: int, reuse_cache: bool = True, eos_token_ids: Sequence[int] = ()):
+        self._lib, structs = _abi()
+        config_struct, _ = structs["RtpEngineConfig"]
+        self._batch_fields = structs["RtpStepBatch"][1]
+        self._stats_struct = structs["RtpEngineStats"][0]
         self._eos = (ctypes.c_int32 * max(len(eos_token_ids), 1))(*eos_token_ids)
-        config = _Config(num_blocks, block_size, max_batch_size, max_num_batched_tokens, max_seq_len,
-                         int(enable_prefix_cache), self._eos, len(eos_token_ids))
+        config = config_struct(num_blocks=num_blocks, block_size=block_size, max_batch_size=max_batch_size,
+                               max_num_batched_tokens=max_num_batched_tokens, max_seq_len=max_seq_len,
+                               reuse_cache=int(reuse_cache), eos_token_ids=self._eos,
+                               num_eos_token_ids=len(eos_token_ids))
         err = ctypes.create_string_buffer(512)
         self._handle = self._lib.rtp_llm_engine_create(ctypes.byref(config), err, len(err))
         if not self._handle:
             raise ValueError(f"invalid engine config: {err.value.decode()}")
         self.block_size = block_size
         self.max_seq_len = max_seq_len
-        self._max_streams = max_batch_size
-        self._max_tokens = max_num_batched_tokens
-        self._max_blocks = -(-max_seq_len // block_size)
+        # Capacities of each array length (see EngineCore's StepBatchCapacity).
+        self._capacity = {LEN_S: max_batch_size, LEN_S1: max_batch_size + 1, LEN_T: max_num_batched_tokens,
+                          LEN_SB: max_batch_size * -(-max_seq_len // block_size), LEN_H: max_batch_size * max_seq_len}
         self._err = ctypes.create_string_buffer(512)
+        self._field = ctypes.create_string_buffer(64)
         self._poll_buf = ctypes.create_string_buffer(1 << 16)
         self._views: dict = {}  # address of a batch buffer -> its arrays, mapped at full size
-        self._empty = StepBatch(0, 0, 0, 0, 0, **{name: np.zeros(0, dtype=np.dtype(t._type_))
-                                                   for name, t, _ in _BATCH_ARRAYS})
+        self._arrays = [f for f in self._batch_fields if f.length != SCALAR]
+        self._empty = StepBatch(self._batch_fields, {f.name: 0 for f in self._batch_fields if f.length == SCALAR},
+                                {f.name: np.zeros(0, dtype=f.dtype) for f in self._arrays})
         self._empty.block_tables = self._empty.block_tables.reshape(0, 0)
 
     def close(self):
-        if self._handle:
+        if getattr(self, "_handle", None):
             self._lib.rtp_llm_engine_destroy(self._handle)
             self._handle = None
 
@@ -202,9 +232,9 @@ class EngineCore:
         data = request.SerializeToString()
         stream_id = ctypes.c_int64()
         code = self._lib.rtp_llm_engine_enqueue(self._handle, data, len(data), ctypes.byref(stream_id), self._err,
-                                                len(self._err))
+                                                len(self._err), self._field, len(self._field))
         if code != 0:
-            raise EngineError(code, self._err.value.decode())
+            raise EngineError(code, self._err.value.decode(), self._field.value.decode())
         return stream_id.value
 
     def schedule(self) -> StepBatch:
@@ -223,25 +253,13 @@ class EngineCore:
         key = ctypes.cast(b.stream_ids, ctypes.c_void_p).value
         v = self._views.get(key)
         if v is None:  # the core's buffers never move: map each once, at full size
-            v = self._views[key] = self._map(b)
-        s, t, stride = b.num_streams, b.num_tokens, b.block_table_stride
-        arrays = {}
-        for name, _, kind in _BATCH_ARRAYS:
-            if kind == "S":
-                arrays[name] = v[name][:s]
-            elif kind == "S+1":
-                arrays[name] = v[name][: s + 1]
-            elif kind == "T":
-                arrays[name] = v[name][:t]
-            else:
-                arrays[name] = v[name][: s * stride].reshape(s, stride)
-        return StepBatch(s, t, b.num_sampled, stride, b.num_prefill, **arrays)
-
-    def _map(self, b) -> dict:
-        # Capacities: the largest batch the config allows (see StepBatch::reserve).
-        cap = {"S": self._max_streams, "S+1": self._max_streams + 1, "T": self._max_tokens,
-               "SB": self._max_streams * self._max_blocks}
-        return {name: np.ctypeslib.as_array(getattr(b, name), shape=(cap[kind],)) for name, _, kind in _BATCH_ARRAYS}
+            v = self._views[key] = {f.name: np.ctypeslib.as_array(getattr(b, f.name), shape=(self._capacity[f.length],))
+                                    for f in self._arrays}
+        counts = {f.name: getattr(b, f.name) for f in self._batch_fields if f.length == SCALAR}
+        used = used_lengths(b)
+        arrays = {f.name: v[f.name][:used[f.length]] for f in self._arrays}
+        arrays["block_tables"] = arrays["block_tables"].reshape(b.num_streams, b.block_table_stride)
+        return StepBatch(self._batch_fields, counts, arrays)
 
     def commit(self, tokens: np.ndarray, logprobs: Optional[np.ndarray] = None):
         """The sampled tokens of the oldest uncommitted batch (its do_sample streams, in order)."""
@@ -285,7 +303,8 @@ class EngineCore:
         return pb.GenerateOutputsPB.FromString(self._poll_buf.raw[:n]), code.value
 
     def stream_tokens(self, stream_id: int):
-        """(all tokens of the stream as int32 numpy, prompt length)."""
+        """(all tokens of the stream as int32 numpy, prompt length): inspection for tests and tools
+        (the sampler's history travels in the step batch)."""
         prompt_len = ctypes.c_int32()
         n = self._lib.rtp_llm_engine_stream_tokens(self._handle, stream_id, None, 0, ctypes.byref(prompt_len))
         if n < 0:
@@ -299,9 +318,9 @@ class EngineCore:
         self._lib.rtp_llm_engine_release(self._handle, stream_id)
 
     def stats(self) -> dict:
-        s = _Stats()
+        s = self._stats_struct()
         self._lib.rtp_llm_engine_stats(self._handle, ctypes.byref(s))
-        return {name: getattr(s, name) for name, _ in _Stats._fields_}
+        return {name: getattr(s, name) for name, _ in s._fields_}
 
     def start_rpc_server(self, address: str) -> int:
         port = self._lib.rtp_llm_engine_start_rpc_server(self._handle, address.encode(), self._err, len(self._err))

@@ -7,21 +7,28 @@ import unittest
 import numpy as np
 import torch
 
-from rtp_llm.models_py.sampler import Sampler, SamplingRows
+from rtp_llm.models_py.sampler import Sampler
+from rtp_llm.ops.engine_core import SamplingRows
 
 
 def rows(n, **kw):
-    base = dict(stream_ids=np.arange(n), temperature=np.ones(n, np.float32), top_k=np.zeros(n, np.int32),
+    """n rows as a step batch's StepBatch.rows() gives them; no history unless given."""
+    base = dict(temperature=np.ones(n, np.float32), top_k=np.zeros(n, np.int32),
                 top_p=np.ones(n, np.float32), min_p=np.zeros(n, np.float32),
                 repetition_penalty=np.ones(n, np.float32), presence_penalty=np.zeros(n, np.float32),
                 frequency_penalty=np.zeros(n, np.float32), random_seed=np.full(n, -1, np.int64),
-                num_generated=np.zeros(n, np.int32), return_logprobs=np.zeros(n, np.int32))
+                num_generated=np.zeros(n, np.int32), return_logprobs=np.zeros(n, np.int32),
+                history_starts=np.zeros(n, np.int32), history_lens=np.zeros(n, np.int32),
+                history_tokens=np.zeros(0, np.int32))
     for k, v in kw.items():
         base[k] = np.asarray(v, dtype=base[k].dtype)
     return SamplingRows(**base)
 
 
-NO_HISTORY = lambda sid: ([], 0)  # noqa: E731
+def sample(sampler, logits, r):
+    """The real path (sample_on_device), brought to the host: (tokens, log-probs or None)."""
+    tokens, logprobs = sampler.sample_on_device(logits, r)
+    return tokens.cpu().numpy(), None if logprobs is None else logprobs.cpu().numpy()
 
 
 class SamplerTest(unittest.TestCase):
@@ -31,38 +38,38 @@ class SamplerTest(unittest.TestCase):
 
     def test_greedy_and_vanishing_temperature_pick_the_argmax(self):
         for t in (0.0, 1.175494351e-38, 1e-6):
-            tokens, _ = self.s.sample(self.logits, rows(2, temperature=[t, t]), NO_HISTORY)
+            tokens, _ = sample(self.s, self.logits, rows(2, temperature=[t, t]))
             self.assertEqual(tokens.tolist(), [1, 3], t)
 
     def test_masks_bound_what_can_be_drawn(self):
         logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(200, 1)
         for kw, allowed in ((dict(top_k=[2] * 200), {0, 1}), (dict(top_p=[0.7] * 200), {0, 1}),
                             (dict(min_p=[0.4] * 200), {0, 1})):
-            tokens, _ = self.s.sample(logits, rows(200, **kw), NO_HISTORY)
+            tokens, _ = sample(self.s, logits, rows(200, **kw))
             self.assertLessEqual(set(tokens.tolist()), allowed, kw)
             self.assertEqual(set(tokens.tolist()), allowed, kw)  # and both are drawn in 200 tries
 
     def test_penalties_follow_hf(self):
-        history = lambda sid: ([1, 1, 2], 1)  # noqa: E731  prompt [1], generated [1, 2]
+        history = dict(history_tokens=[1, 1, 2], history_lens=[3], num_generated=[2])  # prompt [1], generated [1, 2]
         logits = torch.tensor([[1.0, 3.0, 2.9, 0.0]])
         # repetition 2: seen tokens 1 and 2 -> 1.5 and 1.45; token 0 (1.0) stays below them
-        tokens, _ = self.s.sample(logits, rows(1, temperature=[0], repetition_penalty=[2.0]), history)
+        tokens, _ = sample(self.s, logits, rows(1, temperature=[0], repetition_penalty=[2.0], **history))
         self.assertEqual(tokens.tolist(), [1])
         # frequency 1: generated counts {1: 1, 2: 1} -> 2.0, 1.9; presence 1.5 more -> 0.5, 0.4
-        tokens, _ = self.s.sample(logits, rows(1, temperature=[0], frequency_penalty=[1.0],
-                                             presence_penalty=[1.5]), history)
+        tokens, _ = sample(self.s, logits, rows(1, temperature=[0], frequency_penalty=[1.0],
+                                                presence_penalty=[1.5], **history))
         self.assertEqual(tokens.tolist(), [0])
 
     def test_a_seed_draws_the_same_whatever_the_batch(self):
         logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
-        alone, _ = self.s.sample(logits[2:], rows(1, random_seed=[7], num_generated=[4]), NO_HISTORY)
-        crowd, _ = self.s.sample(logits, rows(3, random_seed=[-1, 3, 7], num_generated=[0, 1, 4]), NO_HISTORY)
+        alone, _ = sample(self.s, logits[2:], rows(1, random_seed=[7], num_generated=[4]))
+        crowd, _ = sample(self.s, logits, rows(3, random_seed=[-1, 3, 7], num_generated=[0, 1, 4]))
         self.assertEqual(crowd[2], alone[0])
 
     def test_logprobs_only_when_asked(self):
-        _, lp = self.s.sample(self.logits, rows(2, temperature=[0, 0]), NO_HISTORY)
-        self.assertEqual(lp.tolist(), [0.0, 0.0])
-        _, lp = self.s.sample(self.logits, rows(2, temperature=[0, 0], return_logprobs=[1, 0]), NO_HISTORY)
+        _, lp = sample(self.s, self.logits, rows(2, temperature=[0, 0]))
+        self.assertIsNone(lp)  # not computed (the model runner commits zeros)
+        _, lp = sample(self.s, self.logits, rows(2, temperature=[0, 0], return_logprobs=[1, 0]))
         want = torch.log_softmax(self.logits, -1)[[0, 1], [1, 3]]
         np.testing.assert_allclose(lp, want.numpy(), rtol=1e-6)
 

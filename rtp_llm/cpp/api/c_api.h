@@ -7,8 +7,11 @@
 extern "C" {
 #endif
 
-// Bumped on every incompatible change of this header; the Python loader refuses a mismatch.
-#define RTP_LLM_ABI_VERSION 1
+// Bumped on every change of the C ABI: this header, engine_api.h and the lists of
+// rtp_llm/cpp/engine/step_batch_fields.h. The Python loader refuses a mismatch, and
+// c_api_test fails when those headers change without a bump (it keeps each version's
+// fingerprint of them).
+#define RTP_LLM_ABI_VERSION 2
 
 int rtp_llm_abi_version(void);
 

@@ -1,18 +1,20 @@
 #include "rtp_llm/cpp/api/engine_api.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
 
-#include "rtp_llm/cpp/engine/engine.h"
+#include "rtp_llm/cpp/engine/engine_core.h"
 #include "rtp_llm/cpp/model_rpc/proto_convert.h"
 #include "rtp_llm/cpp/model_rpc/rpc_server.h"
 
 struct RtpEngine {
-  std::unique_ptr<rtp_llm::Engine> engine;
+  std::unique_ptr<rtp_llm::EngineCore> engine;
   std::unique_ptr<rtp_llm::RpcServer> server;
-  // One view per batch buffer the engine has handed out (see Engine::schedule_ahead).
+  // One view per batch buffer the engine has handed out (see EngineCore::schedule_ahead).
   RtpStepBatch views[4]{};
 };
 
@@ -34,44 +36,66 @@ int32_t report(const ErrorInfo& error, char* err, int32_t err_len) {
 }
 
 void bind_view(const rtp_llm::StepBatch& b, RtpStepBatch* v) {
-  v->stream_ids = b.stream_ids.data();
-  v->query_lens = b.query_lens.data();
-  v->prefix_lens = b.prefix_lens.data();
-  v->context_lens = b.context_lens.data();
-  v->query_starts = b.query_starts.data();
-  v->do_sample = b.do_sample.data();
-  v->block_tables = b.block_tables.data();
-  v->token_ids = b.token_ids.data();
-  v->positions = b.positions.data();
-  v->slot_mapping = b.slot_mapping.data();
-  v->temperature = b.temperature.data();
-  v->top_k = b.top_k.data();
-  v->top_p = b.top_p.data();
-  v->min_p = b.min_p.data();
-  v->repetition_penalty = b.repetition_penalty.data();
-  v->presence_penalty = b.presence_penalty.data();
-  v->frequency_penalty = b.frequency_penalty.data();
-  v->random_seed = b.random_seed.data();
-  v->num_generated = b.num_generated.data();
-  v->return_logprobs = b.return_logprobs.data();
+#define RTP_LLM_BIND(type, name, ...) v->name = b.name.data();
+  RTP_LLM_STEP_ARRAYS(RTP_LLM_BIND)
+  RTP_LLM_ALL_SAMPLING(RTP_LLM_BIND)
+#undef RTP_LLM_BIND
 }
+
+constexpr double kNone = 0.0;
+
+// Field descriptions, expanded from the same lists as the structs.
+#define RTP_LLM_INFO(st, type, name, length, group, def, lo, lo_open, hi) \
+  {#name, RTP_LLM_TYPE_##type, length, group, lo_open, static_cast<int64_t>(offsetof(st, name)), def, lo, hi},
+#define RTP_LLM_CONFIG_INFO(type, name, def, min) \
+  RTP_LLM_INFO(RtpEngineConfig, type, name, RTP_LLM_LEN_SCALAR, RTP_LLM_GROUP_NONE, def, min, 0, HUGE_VAL)
+#define RTP_LLM_STATS_INFO(type, name, source) \
+  RTP_LLM_INFO(RtpEngineStats, type, name, RTP_LLM_LEN_SCALAR, RTP_LLM_GROUP_NONE, kNone, kNone, 0, kNone)
+#define RTP_LLM_COUNT_INFO(name) \
+  RTP_LLM_INFO(RtpStepBatch, i32, name, RTP_LLM_LEN_SCALAR, RTP_LLM_GROUP_NONE, kNone, kNone, 0, kNone)
+#define RTP_LLM_ARRAY_INFO(type, name, length, group) \
+  RTP_LLM_INFO(RtpStepBatch, type, name, RTP_LLM_LEN_##length, RTP_LLM_GROUP_##group, kNone, kNone, 0, kNone)
+#define RTP_LLM_PARAM_INFO(type, name, def, lo, lo_open, hi) \
+  RTP_LLM_INFO(RtpStepBatch, type, name, RTP_LLM_LEN_S, RTP_LLM_GROUP_PARAM, static_cast<double>(def), lo, lo_open, hi)
+
+const RtpFieldInfo kConfigFields[] = {
+    RTP_LLM_ENGINE_CONFIG(RTP_LLM_CONFIG_INFO)
+    RTP_LLM_INFO(RtpEngineConfig, i32, eos_token_ids, RTP_LLM_LEN_EOS, RTP_LLM_GROUP_NONE, kNone, kNone, 0, kNone)
+    RTP_LLM_INFO(RtpEngineConfig, i32, num_eos_token_ids, RTP_LLM_LEN_SCALAR, RTP_LLM_GROUP_NONE, kNone, kNone, 0,
+                 HUGE_VAL)};
+const RtpFieldInfo kBatchFields[] = {RTP_LLM_STEP_COUNTS(RTP_LLM_COUNT_INFO) RTP_LLM_STEP_ARRAYS(RTP_LLM_ARRAY_INFO)
+                                         RTP_LLM_ALL_SAMPLING(RTP_LLM_PARAM_INFO)};
+const RtpFieldInfo kStatsFields[] = {RTP_LLM_ENGINE_STATS(RTP_LLM_STATS_INFO)};
+
+template <size_t N>
+constexpr RtpStructInfo describe(int64_t size, const RtpFieldInfo (&fields)[N]) {
+  return {size, static_cast<int32_t>(N), fields};
+}
+const RtpStructInfo kConfigInfo = describe(sizeof(RtpEngineConfig), kConfigFields);
+const RtpStructInfo kBatchInfo = describe(sizeof(RtpStepBatch), kBatchFields);
+const RtpStructInfo kStatsInfo = describe(sizeof(RtpEngineStats), kStatsFields);
 
 }  // namespace
 
 extern "C" {
+
+const RtpStructInfo* rtp_llm_struct_info(const char* name) {
+  if (name == nullptr) return nullptr;
+  if (std::strcmp(name, "RtpEngineConfig") == 0) return &kConfigInfo;
+  if (std::strcmp(name, "RtpStepBatch") == 0) return &kBatchInfo;
+  if (std::strcmp(name, "RtpEngineStats") == 0) return &kStatsInfo;
+  return nullptr;
+}
 
 RtpEngine* rtp_llm_engine_create(const RtpEngineConfig* config, char* err, int32_t err_len) {
   if (config == nullptr) {
     write_error("config is NULL", err, err_len);
     return nullptr;
   }
-  rtp_llm::EngineConfig c;
-  c.num_blocks = config->num_blocks;
-  c.block_size = config->block_size;
-  c.max_batch_size = config->max_batch_size;
-  c.max_num_batched_tokens = config->max_num_batched_tokens;
-  c.max_seq_len = config->max_seq_len;
-  c.enable_prefix_cache = config->enable_prefix_cache != 0;
+  rtp_llm::EngineCoreConfig c;
+#define RTP_LLM_COPY(type, name, ...) c.name = config->name;
+  RTP_LLM_ENGINE_CONFIG(RTP_LLM_COPY)
+#undef RTP_LLM_COPY
   if (config->num_eos_token_ids > 0 && config->eos_token_ids != nullptr) {
     c.eos_token_ids.assign(config->eos_token_ids, config->eos_token_ids + config->num_eos_token_ids);
   }
@@ -81,7 +105,7 @@ RtpEngine* rtp_llm_engine_create(const RtpEngineConfig* config, char* err, int32
     return nullptr;
   }
   auto* handle = new RtpEngine;
-  handle->engine = std::make_unique<rtp_llm::Engine>(std::move(c));
+  handle->engine = std::make_unique<rtp_llm::EngineCore>(std::move(c));
   return handle;
 }
 
@@ -92,14 +116,18 @@ void rtp_llm_engine_destroy(RtpEngine* engine) {
 }
 
 int32_t rtp_llm_engine_enqueue(RtpEngine* engine, const void* generate_input_pb, int32_t len, int64_t* stream_id,
-                               char* err, int32_t err_len) {
+                               char* err, int32_t err_len, char* field, int32_t field_len) {
   GenerateInputPB input;
+  ErrorInfo error;
   if (len < 0 || !input.ParseFromArray(generate_input_pb, len)) {
-    return report({ErrorCode::INVALID_PARAMS, "cannot parse GenerateInputPB"}, err, err_len);
+    error = {ErrorCode::INVALID_PARAMS, "cannot parse GenerateInputPB"};
+  } else {
+    std::vector<int32_t> prompt(input.token_ids().begin(), input.token_ids().end());
+    rtp_llm::GenerateConfig config = rtp_llm::from_proto(input.generate_config(), engine->engine->config().max_seq_len);
+    error = engine->engine->enqueue(std::move(prompt), std::move(config), stream_id);
   }
-  std::vector<int32_t> prompt(input.token_ids().begin(), input.token_ids().end());
-  rtp_llm::GenerateConfig config = rtp_llm::from_proto(input.generate_config(), engine->engine->config().max_seq_len);
-  return report(engine->engine->enqueue(std::move(prompt), std::move(config), stream_id), err, err_len);
+  write_error(error.field, field, field_len);
+  return report(error, err, err_len);
 }
 
 namespace {
@@ -108,11 +136,9 @@ const RtpStepBatch* view_of(RtpEngine* engine, const rtp_llm::StepBatch& b) {
   // The engine's buffers never move: each gets its view once, found by address after that.
   while (v->stream_ids != nullptr && v->stream_ids != b.stream_ids.data()) ++v;
   if (v->stream_ids == nullptr) bind_view(b, v);
-  v->num_streams = b.num_streams;
-  v->num_tokens = b.num_tokens;
-  v->num_sampled = b.num_sampled;
-  v->block_table_stride = b.block_table_stride;
-  v->num_prefill = b.num_prefill;
+#define RTP_LLM_COUNT(name) v->name = b.name;
+  RTP_LLM_STEP_COUNTS(RTP_LLM_COUNT)
+#undef RTP_LLM_COUNT
   return v;
 }
 }  // namespace
@@ -148,7 +174,7 @@ int32_t rtp_llm_engine_poll(RtpEngine* engine, int64_t stream_id, int32_t from, 
   if (!engine->engine->poll(stream_id, from, &update)) return -1;
   if (error_code != nullptr) *error_code = static_cast<int32_t>(update.error.code);
   GenerateOutputsPB message;
-  rtp_llm::to_proto(stream_id, update, rtp_llm::Engine::now_us(), &message);
+  rtp_llm::to_proto(stream_id, update, rtp_llm::EngineCore::now_us(), &message);
   if (!update.error.ok()) {
     message.mutable_error_info()->set_error_code(update.error.code == ErrorCode::CANCELLED ? ::CANCELLED
                                                                                           : ::UNKNOWN_ERROR);
@@ -176,9 +202,9 @@ void rtp_llm_engine_release(RtpEngine* engine, int64_t stream_id) { engine->engi
 
 void rtp_llm_engine_stats(RtpEngine* engine, RtpEngineStats* out) {
   const rtp_llm::EngineStats s = engine->engine->stats();
-  *out = {s.running,       s.waiting,        s.tracked_streams, s.kv.total_blocks, s.kv.free_blocks,
-          s.kv.cached_blocks, s.kv.used_blocks, s.kv.block_size,  s.kv.hit_tokens,   s.kv.lookup_tokens,
-          s.steps,         s.preemptions,    s.finished};
+#define RTP_LLM_STAT(type, name, source) out->name = s.source;
+  RTP_LLM_ENGINE_STATS(RTP_LLM_STAT)
+#undef RTP_LLM_STAT
 }
 
 int32_t rtp_llm_engine_start_rpc_server(RtpEngine* engine, const char* address, char* err, int32_t err_len) {

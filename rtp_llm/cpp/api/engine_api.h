@@ -14,63 +14,84 @@
 
 #include <stdint.h>
 
+#include "rtp_llm/cpp/api/c_api.h"
+#include "rtp_llm/cpp/engine/step_batch_fields.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct RtpEngine RtpEngine;
 
+// The structs below are expanded from the lists in step_batch_fields.h (meanings there) and
+// describe themselves (rtp_llm_struct_info), so a host builds its mirror from the library.
+#define RTP_LLM_DECLARE_FIELD(type, name, ...) RTP_LLM_CTYPE(type) name;
+#define RTP_LLM_DECLARE_COUNT(name) int32_t name;
+#define RTP_LLM_DECLARE_ARRAY(type, name, ...) const RTP_LLM_CTYPE(type)* name;
+
 typedef struct {
-  int32_t num_blocks;              // KV-cache blocks
-  int32_t block_size;              // tokens per block
-  int32_t max_batch_size;          // streams per step
-  int32_t max_num_batched_tokens;  // token budget per step (longer prompts are chunked)
-  int32_t max_seq_len;             // prompt + generated tokens per stream
-  int32_t enable_prefix_cache;     // 0 or 1
-  const int32_t* eos_token_ids;    // may be NULL when num_eos_token_ids == 0
+  RTP_LLM_ENGINE_CONFIG(RTP_LLM_DECLARE_FIELD)
+  const int32_t* eos_token_ids;  // may be NULL when num_eos_token_ids == 0
   int32_t num_eos_token_ids;
 } RtpEngineConfig;
 
-// Field meanings: see rtp_llm/cpp/engine/step_batch.h. S = num_streams, T = num_tokens,
-// B = block_table_stride; block_tables is [S, B] row-major.
+// Arrays of S = num_streams, T = num_tokens, B = block_table_stride, H = num_history_tokens.
 typedef struct {
-  int32_t num_streams, num_tokens, num_sampled, block_table_stride, num_prefill;
-  const int64_t* stream_ids;
-  const int32_t* query_lens;
-  const int32_t* prefix_lens;
-  const int32_t* context_lens;
-  const int32_t* query_starts;
-  const int32_t* do_sample;
-  const int32_t* block_tables;
-  const int32_t* token_ids;
-  const int32_t* positions;
-  const int64_t* slot_mapping;
-  const float* temperature;
-  const int32_t* top_k;
-  const float* top_p;
-  const float* min_p;
-  const float* repetition_penalty;
-  const float* presence_penalty;
-  const float* frequency_penalty;
-  const int64_t* random_seed;
-  const int32_t* num_generated;
-  const int32_t* return_logprobs;
+  RTP_LLM_STEP_COUNTS(RTP_LLM_DECLARE_COUNT)
+  RTP_LLM_STEP_ARRAYS(RTP_LLM_DECLARE_ARRAY)
+  RTP_LLM_ALL_SAMPLING(RTP_LLM_DECLARE_ARRAY)
 } RtpStepBatch;
 
 typedef struct {
-  int32_t running, waiting, tracked_streams;
-  int32_t total_blocks, free_blocks, cached_blocks, used_blocks, block_size;
-  int64_t hit_tokens, lookup_tokens, steps, preemptions, finished;
+  RTP_LLM_ENGINE_STATS(RTP_LLM_DECLARE_FIELD)
 } RtpEngineStats;
+
+// Self-description of the structs above. type: element type; length: RTP_LLM_LEN_SCALAR for
+// a plain field, else the length of the array it points to; group: a step array's
+// (RTP_LLM_GROUP_*); offset: offsetof(struct, name). Sampling parameters (group
+// RTP_LLM_GROUP_PARAM) and engine config fields carry their default and valid range [lo, hi]
+// ((lo, hi] when lo_open; +-HUGE_VAL: no bound).
+enum { RTP_LLM_TYPE_i32 = 1, RTP_LLM_TYPE_i64 = 2, RTP_LLM_TYPE_f32 = 3 };
+enum {
+  RTP_LLM_LEN_SCALAR = 0,
+  RTP_LLM_LEN_S = 1,
+  RTP_LLM_LEN_S1 = 2,
+  RTP_LLM_LEN_T = 3,
+  RTP_LLM_LEN_SB = 4,
+  RTP_LLM_LEN_H = 5,
+  RTP_LLM_LEN_EOS = 6,  // num_eos_token_ids
+};
+enum { RTP_LLM_GROUP_NONE = 0, RTP_LLM_GROUP_HOST = 1, RTP_LLM_GROUP_MODEL = 2, RTP_LLM_GROUP_SAMPLE = 3,
+       RTP_LLM_GROUP_PARAM = 4 };
+
+typedef struct {
+  const char* name;
+  int32_t type;
+  int32_t length;
+  int32_t group;
+  int32_t lo_open;
+  int64_t offset;
+  double default_value, lo, hi;
+} RtpFieldInfo;
+
+typedef struct {
+  int64_t size;  // sizeof the struct
+  int32_t num_fields;
+  const RtpFieldInfo* fields;  // in declaration order
+} RtpStructInfo;
+
+// "RtpEngineConfig", "RtpStepBatch" or "RtpEngineStats"; NULL for any other name. Static.
+const RtpStructInfo* rtp_llm_struct_info(const char* name);
 
 // NULL on a bad config, with the field at fault named in `err`.
 RtpEngine* rtp_llm_engine_create(const RtpEngineConfig* config, char* err, int32_t err_len);
 void rtp_llm_engine_destroy(RtpEngine* engine);
 
 // Enqueues a serialized GenerateInputPB (token_ids + generate_config). Returns 0 and the
-// stream id, or upstream's error code (e.g. 511 LONG_PROMPT_ERROR) with the reason in `err`.
+// stream id, or upstream's error code (e.g. 511 LONG_PROMPT_ERROR) with the reason in `err`
+// and the request field it is about in `field` ("token_ids", a generate_config key, or "").
 int32_t rtp_llm_engine_enqueue(RtpEngine* engine, const void* generate_input_pb, int32_t len, int64_t* stream_id,
-                               char* err, int32_t err_len);
+                               char* err, int32_t err_len, char* field, int32_t field_len);
 
 // The next step (num_streams == 0: nothing to run); the uncommitted one again while there is
 // one. Not thread-safe with commit().
@@ -103,6 +124,7 @@ int32_t rtp_llm_engine_poll(RtpEngine* engine, int64_t stream_id, int32_t from, 
                             int32_t* error_code);
 // Copies a stream's tokens (prompt, then generated) into `out` (up to `cap`) and its prompt
 // length into `*prompt_len`. Returns the total count (> cap: call again), -1 if unknown.
+// (Inspection for tests and tools: the sampler's history travels in the step batch.)
 int32_t rtp_llm_engine_stream_tokens(RtpEngine* engine, int64_t stream_id, int32_t* out, int32_t cap,
                                      int32_t* prompt_len);
 // Forgets a stream (aborting it if unfinished). Call once its final output was read.

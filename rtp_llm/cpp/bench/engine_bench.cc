@@ -1,4 +1,4 @@
-// Engine core benchmark (a tool, not a test): prints
+// EngineCore core benchmark (a tool, not a test): prints
 //  1. the cost of one schedule() + commit() with N running decode streams (model excluded);
 //  2. tokens/s the gRPC server delivers to N concurrent streaming clients, with a model that
 //     costs nothing (so the engine, the server and the clients are all that is measured;
@@ -21,7 +21,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "rtp_llm/cpp/api/engine_api.h"
-#include "rtp_llm/cpp/engine/engine.h"
+#include "rtp_llm/cpp/engine/engine_core.h"
 #include "rtp_llm/cpp/model_rpc/proto/model_rpc_service.grpc.pb.h"
 
 namespace rtp_llm {
@@ -35,13 +35,13 @@ double Percentile(std::vector<double> v, double p) {
 }
 
 void BenchScheduleCommit(int streams, int steps) {
-  EngineConfig c;
+  EngineCoreConfig c;
   c.block_size = 16;
   c.max_seq_len = 128 + steps + 64;
   c.num_blocks = streams * ((c.max_seq_len + 15) / 16) + 16;
   c.max_batch_size = streams;
   c.max_num_batched_tokens = std::max(8192, streams);
-  Engine engine(c);
+  EngineCore engine(c);
   GenerateConfig g;
   g.max_new_tokens = steps + 32;
   g.ignore_eos = true;

@@ -5,8 +5,8 @@
 
 namespace rtp_llm {
 
-KVCacheManager::KVCacheManager(int num_blocks, int block_size, bool enable_prefix_cache)
-    : pool_(num_blocks, block_size), prefix_cache_(enable_prefix_cache) {}
+KVCacheManager::KVCacheManager(int num_blocks, int block_size, bool reuse_cache)
+    : pool_(num_blocks, block_size), prefix_cache_(reuse_cache) {}
 
 PrefixMatch KVCacheManager::match_prefix(const int32_t* tokens, int num_tokens) const {
   PrefixMatch match;

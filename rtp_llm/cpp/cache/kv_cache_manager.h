@@ -36,7 +36,7 @@ struct KVCacheStats {
 
 class KVCacheManager {
  public:
-  KVCacheManager(int num_blocks, int block_size, bool enable_prefix_cache);
+  KVCacheManager(int num_blocks, int block_size, bool reuse_cache);
 
   int block_size() const { return pool_.block_size(); }
   int num_blocks() const { return pool_.num_blocks(); }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "rtp_llm/cpp/engine/error_code.h"
+#include "rtp_llm/cpp/engine/step_batch_fields.h"
 
 namespace rtp_llm {
 
@@ -15,18 +16,13 @@ struct GenerateConfig {
   bool ignore_eos = false;
   std::vector<std::vector<int32_t>> stop_words_list;  // token sequences ending generation
   int timeout_ms = 0;                                 // 0: none
-  bool is_streaming = false;
 
-  // Sampling (applied by the model runner; the core only carries them).
-  float temperature = 1.0f;  // 0: greedy
-  int top_k = 0;             // 0: all
-  float top_p = 1.0f;
-  float min_p = 0.0f;
-  float repetition_penalty = 1.0f;
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  int64_t random_seed = -1;  // -1: none
-  bool return_logprobs = false;
+  // Sampling (applied by the model runner; the core only carries them): names, defaults and
+  // ranges in RTP_LLM_ALL_SAMPLING (step_batch_fields.h). temperature 0: greedy; top_k 0:
+  // all; random_seed -1: none.
+#define RTP_LLM_SAMPLING_MEMBER(type, name, def, ...) RTP_LLM_CTYPE(type) name = def;
+  RTP_LLM_ALL_SAMPLING(RTP_LLM_SAMPLING_MEMBER)
+#undef RTP_LLM_SAMPLING_MEMBER
 
   // Empty message when valid; otherwise names the field at fault.
   ErrorInfo validate() const;

@@ -17,9 +17,8 @@ const char* to_string(StreamStatus status) {
 }
 
 GenerateStream::GenerateStream(int64_t id, std::vector<int32_t> prompt, GenerateConfig config, int max_seq_len,
-                               int64_t arrival, int64_t now_us)
+                               int64_t now_us)
     : id_(id),
-      arrival_(arrival),
       tokens_(std::move(prompt)),
       prompt_len_(static_cast<int>(tokens_.size())),
       config_(std::move(config)),

@@ -1,5 +1,5 @@
 // One request in the engine: its tokens, KV blocks, progress and outcome. Not thread-safe:
-// the Engine's mutex guards every stream.
+// the EngineCore's mutex guards every stream.
 //
 // Progress invariant (the only scheduling state): num_computed <= num_tokens(). A step runs
 // tokens [num_computed, num_computed + n); when that reaches num_tokens() the step samples
@@ -33,11 +33,9 @@ struct StreamTiming {
 
 class GenerateStream {
  public:
-  GenerateStream(int64_t id, std::vector<int32_t> prompt, GenerateConfig config, int max_seq_len,
-                 int64_t arrival, int64_t now_us);
+  GenerateStream(int64_t id, std::vector<int32_t> prompt, GenerateConfig config, int max_seq_len, int64_t now_us);
 
   int64_t id() const { return id_; }
-  int64_t arrival() const { return arrival_; }
   const GenerateConfig& config() const { return config_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }
   int num_tokens() const { return static_cast<int>(tokens_.size()); }
@@ -85,7 +83,6 @@ class GenerateStream {
   bool hit_stop_words() const;
 
   int64_t id_;
-  int64_t arrival_;
   std::vector<int32_t> tokens_;
   std::vector<float> logprobs_;
   int prompt_len_;

@@ -45,6 +45,19 @@ bool Scheduler::can_run_ahead(const GenerateStream* s, int64_t now_us) const {
   return s->num_generated() + 1 < c.max_new_tokens && s->num_tokens() + 1 < s->max_seq_len();  // not sure to finish
 }
 
+void Scheduler::add_history(StepBatch& b, int i, const GenerateStream* s) {
+  b.history_starts[i] = b.num_history_tokens;
+  b.history_lens[i] = 0;
+  if (s == nullptr) return;
+  // Complete: schedule() runs nothing ahead while such a stream samples (pending_sampled 0).
+  assert(s->pending_sampled == 0);
+  const int n = s->num_tokens();
+  assert(static_cast<size_t>(b.num_history_tokens + n) <= b.history_tokens.size());
+  std::copy(s->tokens().begin(), s->tokens().end(), b.history_tokens.begin() + b.num_history_tokens);
+  b.history_lens[i] = n;
+  b.num_history_tokens += n;
+}
+
 void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now_us) {
   const int i = b.num_streams++;
   const int start = s->scheduled_computed();
@@ -73,16 +86,11 @@ void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now
   b.block_table_stride = std::max(b.block_table_stride, kv_.blocks_for(start + n));
 
   const GenerateConfig& c = s->config();
-  b.temperature[i] = c.temperature;
-  b.top_k[i] = c.top_k;
-  b.top_p[i] = c.top_p;
-  b.min_p[i] = c.min_p;
-  b.repetition_penalty[i] = c.repetition_penalty;
-  b.presence_penalty[i] = c.presence_penalty;
-  b.frequency_penalty[i] = c.frequency_penalty;
-  b.random_seed[i] = c.random_seed;
+#define RTP_LLM_COPY_PARAM(type, name, ...) b.name[i] = c.name;
+  RTP_LLM_ALL_SAMPLING(RTP_LLM_COPY_PARAM)
+#undef RTP_LLM_COPY_PARAM
   b.num_generated[i] = s->num_generated() + s->pending_sampled;
-  b.return_logprobs[i] = c.return_logprobs ? 1 : 0;
+  add_history(b, i, sample && has_penalties(c) ? s : nullptr);
 
   ++s->in_flight;
   s->pending_computed += n;

@@ -10,10 +10,11 @@
 // the in-flight step's sampled tokens; the model runner resolves it on the device). Ahead
 // scheduling never preempts (the running steps own those blocks) and leaves out streams
 // whose next step depends on the host seeing the token first: a sure finish (max_new_tokens /
-// max_seq_len), pending cancellations and timeouts. While a stream with penalties samples (the
-// sampler reads its history) nothing is scheduled ahead: the engine steps in turn. A stream
-// that stops on its token (EOS, stop words) wastes one row: its ahead sample is dropped at
-// commit.
+// max_seq_len), pending cancellations and timeouts. While a stream with penalties samples
+// (the sampler reads its history, which the step batch carries in history_tokens) nothing is
+// scheduled ahead: the engine steps in turn, so the history is complete at schedule time. A
+// stream that stops on its token (EOS, stop words) wastes one row: its ahead sample is
+// dropped at commit.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +45,7 @@ class Scheduler {
   void expire(int64_t now_us, std::vector<GenerateStream*>& ended);
   static constexpr int kMaxStepsInFlight = 2;
   // Fills `batch` for the next step and marks its streams in flight; ahead of the step in
-  // flight if there is one. Precondition: steps_in_flight() < kMaxStepsInFlight.
+  // flight if there is one (at most kMaxStepsInFlight - 1 steps may be in flight).
   void schedule(StepBatch& batch, int64_t now_us);
   // Applies the oldest step in flight: advances num_computed, publishes full blocks, appends the sampled
   // tokens (`tokens`/`logprobs` in batch order of the do_sample streams), applies stop
@@ -64,12 +65,13 @@ class Scheduler {
   const std::deque<GenerateStream*>& waiting() const { return waiting_; }
   const std::vector<GenerateStream*>& running() const { return running_; }
   int64_t num_preemptions() const { return num_preemptions_; }
-  int steps_in_flight() const { return num_steps_; }
 
  private:
   void preempt(GenerateStream* stream);
   bool can_run_ahead(const GenerateStream* stream, int64_t now_us) const;
   void add_to_batch(StepBatch& batch, GenerateStream* stream, int n, int64_t now_us);
+  // Row i's penalty history: all of `stream`'s tokens (prompt, then generated), or none (null).
+  void add_history(StepBatch& batch, int i, const GenerateStream* stream);
   std::vector<GenerateStream*>& step(int age) { return steps_[(oldest_ + age) % kMaxStepsInFlight]; }
   void pop_oldest_step();
 

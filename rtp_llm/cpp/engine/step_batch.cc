@@ -4,21 +4,35 @@
 
 namespace rtp_llm {
 
-void StepBatch::reserve(int max_streams, int max_tokens, int max_blocks_per_stream) {
-  const size_t s = max_streams, t = max_tokens;
-  for (auto* v : {&query_lens, &prefix_lens, &context_lens, &do_sample, &top_k, &num_generated, &return_logprobs}) {
-    v->assign(s, 0);
+namespace {
+enum class Length { S, S1, T, SB, H };
+
+size_t capacity(Length length, const StepBatchCapacity& c) {
+  const size_t s = c.streams;
+  switch (length) {
+    case Length::S: return s;
+    case Length::S1: return s + 1;
+    case Length::T: return c.tokens;
+    case Length::SB: return s * c.blocks_per_stream;
+    case Length::H: return c.history_tokens;
   }
-  query_starts.assign(s + 1, 0);
-  stream_ids.assign(s, 0);
-  random_seed.assign(s, -1);
-  for (auto* v : {&temperature, &top_p, &min_p, &repetition_penalty, &presence_penalty, &frequency_penalty}) {
-    v->assign(s, 0.0f);
-  }
-  block_tables.assign(s * max_blocks_per_stream, 0);
-  token_ids.assign(t, 0);
-  positions.assign(t, 0);
-  slot_mapping.assign(t, 0);
+  return 0;
+}
+}  // namespace
+
+void StepBatch::reserve(const StepBatchCapacity& cap) {
+#define RTP_LLM_RESERVE_ARRAY(type, name, length, group) name.assign(capacity(Length::length, cap), 0);
+#define RTP_LLM_RESERVE_PARAM(type, name, def, ...) name.assign(cap.streams, def);
+  RTP_LLM_STEP_ARRAYS(RTP_LLM_RESERVE_ARRAY)
+  RTP_LLM_ALL_SAMPLING(RTP_LLM_RESERVE_PARAM)
+#undef RTP_LLM_RESERVE_ARRAY
+#undef RTP_LLM_RESERVE_PARAM
+}
+
+void StepBatch::clear() {
+#define RTP_LLM_CLEAR_COUNT(name) name = 0;
+  RTP_LLM_STEP_COUNTS(RTP_LLM_CLEAR_COUNT)
+#undef RTP_LLM_CLEAR_COUNT
 }
 
 }  // namespace rtp_llm

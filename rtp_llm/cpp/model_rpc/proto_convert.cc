@@ -2,23 +2,27 @@
 
 namespace rtp_llm {
 
+namespace {
+// proto3 cannot tell unset from 0: a 0 outside the parameter's range means its default.
+template <class T>
+T or_default(T value, double lo, bool lo_open, T def) {
+  const bool zero_valid = lo_open ? 0.0 > lo : 0.0 >= lo;
+  return value == T{} && !zero_valid ? def : value;
+}
+}  // namespace
+
 GenerateConfig from_proto(const GenerateConfigPB& pb, int max_seq_len) {
   GenerateConfig c;
   c.max_new_tokens = pb.max_new_tokens() != 0 ? pb.max_new_tokens() : max_seq_len;
   c.min_new_tokens = pb.min_new_tokens();
   c.ignore_eos = pb.ignore_eos();
   c.timeout_ms = pb.timeout_ms();
-  c.is_streaming = pb.is_streaming();
   for (const IntVector& row : pb.stop_words_list().rows()) {
     c.stop_words_list.emplace_back(row.values().begin(), row.values().end());
   }
-  c.temperature = pb.temperature();
-  c.top_k = pb.top_k();
-  c.top_p = pb.top_p() != 0.0f ? pb.top_p() : 1.0f;
-  c.min_p = pb.min_p();
-  c.repetition_penalty = pb.repetition_penalty() != 0.0f ? pb.repetition_penalty() : 1.0f;
-  c.presence_penalty = pb.presence_penalty();
-  c.frequency_penalty = pb.frequency_penalty();
+#define RTP_LLM_FROM_PROTO(type, name, def, lo, lo_open, hi) c.name = or_default(pb.name(), lo, lo_open, c.name);
+  RTP_LLM_SAMPLING_PARAMS(RTP_LLM_FROM_PROTO)
+#undef RTP_LLM_FROM_PROTO
   c.random_seed = pb.has_random_seed() ? pb.random_seed().value() : -1;
   c.return_logprobs = pb.return_softmax_probs() || pb.return_cum_log_probs();
   return c;
@@ -85,7 +89,7 @@ grpc::Status to_status(const ErrorInfo& error) {
   return grpc::Status(code, error.message, details.SerializeAsString());
 }
 
-void fill_worker_status(const EngineStats& s, const EngineConfig& config, WorkerStatusPB* out) {
+void fill_worker_status(const EngineStats& s, const EngineCoreConfig& config, WorkerStatusPB* out) {
   out->set_role("PDFUSION");
   out->set_alive(true);
   out->set_running_query_len(s.running);

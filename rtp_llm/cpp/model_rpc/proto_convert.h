@@ -6,14 +6,15 @@
 
 #include <grpcpp/support/status.h>
 
-#include "rtp_llm/cpp/engine/engine.h"
+#include "rtp_llm/cpp/engine/engine_core.h"
 #include "rtp_llm/cpp/model_rpc/proto/model_rpc_service.pb.h"
 
 namespace rtp_llm {
 
 // GenerateConfigPB -> GenerateConfig. proto3 cannot tell "unset" from 0, so 0 means the
-// default where 0 is not a meaningful value (max_new_tokens: up to max_seq_len; top_p and
-// repetition_penalty: 1). temperature 0 means greedy.
+// default where 0 is not a valid value (max_new_tokens: up to max_seq_len; a sampling
+// parameter whose range excludes 0, e.g. top_p and repetition_penalty: 1). temperature 0
+// means greedy.
 GenerateConfig from_proto(const GenerateConfigPB& pb, int max_seq_len);
 
 // One GenerateOutputsPB carrying `update.new_tokens` (the tokens not sent before) and the
@@ -24,7 +25,7 @@ void to_proto(int64_t request_id, const StreamUpdate& update, int64_t now_us, Ge
 // LONG_PROMPT -> OUT_OF_RANGE, malloc -> RESOURCE_EXHAUSTED, timeout -> DEADLINE_EXCEEDED...).
 grpc::Status to_status(const ErrorInfo& error);
 
-void fill_worker_status(const EngineStats& stats, const EngineConfig& config, WorkerStatusPB* out);
+void fill_worker_status(const EngineStats& stats, const EngineCoreConfig& config, WorkerStatusPB* out);
 void fill_cache_status(const EngineStats& stats, CacheStatusPB* out);
 
 }  // namespace rtp_llm

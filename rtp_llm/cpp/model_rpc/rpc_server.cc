@@ -18,7 +18,7 @@ namespace {
 class GenerateCall final : public grpc::ServerWriteReactor<GenerateOutputsPB>,
                            public std::enable_shared_from_this<GenerateCall> {
  public:
-  explicit GenerateCall(Engine& engine) : engine_(engine) {}
+  explicit GenerateCall(EngineCore& engine) : engine_(engine) {}
 
   // max_waiting: the caller's cap on the engine's waiting queue (0: none).
   void start(const GenerateInputPB& input, int max_waiting) {
@@ -54,7 +54,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateOutputsPB>,
       return;
     }
     if (!update_.done() && (!streaming_ || update_.new_tokens.empty())) return;
-    to_proto(request_id_, update_, Engine::now_us(), &message_);
+    to_proto(request_id_, update_, EngineCore::now_us(), &message_);
     sent_ = update_.num_generated;
     if (update_.done()) {
       finishing_ = true;
@@ -99,7 +99,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateOutputsPB>,
     Finish(status);
   }
 
-  Engine& engine_;
+  EngineCore& engine_;
   std::recursive_mutex mu_;
   std::shared_ptr<GenerateCall> self_;
   int64_t request_id_ = 0;

@@ -1,4 +1,4 @@
-// The backend's gRPC RpcService over an Engine (callback API: no thread per call, so
+// The backend's gRPC RpcService over an EngineCore (callback API: no thread per call, so
 // thousands of concurrent streams cost memory, not threads).
 //
 // GenerateStreamCall: streaming requests get one message per batch of new tokens (only the
@@ -12,7 +12,7 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "rtp_llm/cpp/engine/engine.h"
+#include "rtp_llm/cpp/engine/engine_core.h"
 #include "rtp_llm/cpp/model_rpc/proto/model_rpc_service.grpc.pb.h"
 
 namespace rtp_llm {
@@ -23,7 +23,7 @@ inline constexpr char kMaxWaitingKey[] = "rtp-max-waiting";
 
 class ModelRpcService final : public RpcService::CallbackService {
  public:
-  explicit ModelRpcService(Engine& engine) : engine_(engine) {}
+  explicit ModelRpcService(EngineCore& engine) : engine_(engine) {}
 
   grpc::ServerWriteReactor<GenerateOutputsPB>* GenerateStreamCall(grpc::CallbackServerContext* context,
                                                                   const GenerateInputPB* request) override;
@@ -35,12 +35,12 @@ class ModelRpcService final : public RpcService::CallbackService {
                                            CacheStatusPB* response) override;
 
  private:
-  Engine& engine_;
+  EngineCore& engine_;
 };
 
 class RpcServer {
  public:
-  explicit RpcServer(Engine& engine) : service_(engine) {}
+  explicit RpcServer(EngineCore& engine) : service_(engine) {}
   ~RpcServer() { stop(); }
 
   // Listens on `address` ("host:port"; port 0 picks a free one). Returns the bound port, or

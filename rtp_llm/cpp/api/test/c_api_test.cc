@@ -1,3 +1,9 @@
+#include <cctype>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -5,7 +11,57 @@
 #include "rtp_llm/cpp/api/c_api.h"
 #include "rtp_llm/cpp/model_rpc/proto/model_rpc_service.grpc.pb.h"
 
-TEST(CApi, ReportsItsAbiVersion) { EXPECT_EQ(rtp_llm_abi_version(), RTP_LLM_ABI_VERSION); }
+namespace {
+
+// The C ABI's headers as the compiler sees them: comments dropped, white space folded.
+std::string AbiText(const std::string& path) {
+  const char* root = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  std::ifstream in(std::string(root ? root : ".") + "/" + (workspace ? workspace : "rtp_llm") + "/rtp_llm/" + path);
+  EXPECT_TRUE(in.good()) << path;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text.compare(i, 2, "//") == 0) {
+      i = text.find('\n', i);
+      if (i == std::string::npos) break;
+    } else if (text.compare(i, 2, "/*") == 0) {
+      i = text.find("*/", i) + 1;
+    } else if (std::isspace(static_cast<unsigned char>(text[i]))) {
+      if (!out.empty() && out.back() != ' ') out += ' ';
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+}  // namespace
+
+// A layout or signature change of the C ABI without a version bump fails here: each version
+// keeps the fingerprint of its headers. Changed them? Bump RTP_LLM_ABI_VERSION (c_api.h) and
+// ENGINE_ABI_VERSION (rtp_llm/ops/__init__.py) and add the new version's line.
+TEST(CApi, TheAbiVersionCoversItsHeaders) {
+  const std::map<int, uint64_t> fingerprints = {
+      {2, 0x12fb2e395ed46884ULL},
+  };
+  const uint64_t now = Fnv1a(AbiText("cpp/api/c_api.h") + AbiText("cpp/api/engine_api.h") +
+                             AbiText("cpp/engine/step_batch_fields.h"));
+  auto it = fingerprints.find(RTP_LLM_ABI_VERSION);
+  ASSERT_NE(it, fingerprints.end()) << "no fingerprint for ABI version " << RTP_LLM_ABI_VERSION << ": add {"
+                                    << RTP_LLM_ABI_VERSION << ", 0x" << std::hex << now << "ULL}";
+  EXPECT_EQ(it->second, now) << "the C ABI headers changed without a bump of RTP_LLM_ABI_VERSION: bump it (and "
+                                "ENGINE_ABI_VERSION) and add {version, 0x"
+                             << std::hex << now << "ULL}";
+}
 
 TEST(CApi, BuildInfoNamesLinkedLibrariesAndService) {
   const std::string info = rtp_llm_build_info();

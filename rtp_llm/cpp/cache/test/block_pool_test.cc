@@ -17,6 +17,13 @@ std::vector<int32_t> Tokens(int block_size, int seed) {
   return t;
 }
 
+// A fresh block holding `tokens` (a first block: parent hash 0), published.
+int Published(BlockPool& pool, const std::vector<int32_t>& tokens) {
+  const int b = pool.allocate();
+  pool.publish(b, hash_block(0, tokens.data(), static_cast<int>(tokens.size())), tokens.data());
+  return b;
+}
+
 TEST(BlockPool, RunningOutIsAnAnswer) {
   BlockPool pool(3, 4);
   EXPECT_TRUE(pool.can_allocate(3));
@@ -34,8 +41,7 @@ TEST(BlockPool, PublishedBlocksAreSharedAndCachedWhenUnreferenced) {
   BlockPool pool(4, 4);
   auto tokens = Tokens(4, 1);
   const uint64_t h = hash_block(0, tokens.data(), 4);
-  const int b = pool.allocate();
-  pool.publish(b, h, tokens.data());
+  const int b = Published(pool, tokens);
   EXPECT_EQ(pool.lookup(h, tokens.data()), b);
   pool.ref(b);  // a second stream hits it
   EXPECT_EQ(pool.ref_count(b), 2);
@@ -68,8 +74,7 @@ TEST(BlockPool, EvictsLeastRecentlyUsedOnlyWhenFreeBlocksRunOut) {
   std::vector<std::vector<int32_t>> tokens;
   for (int i = 0; i < 3; ++i) {
     tokens.push_back(Tokens(2, i));
-    blocks.push_back(pool.allocate());
-    pool.publish(blocks[i], hash_block(0, tokens[i].data(), 2), tokens[i].data());
+    blocks.push_back(Published(pool, tokens[i]));
   }
   for (int i = 0; i < 3; ++i) pool.unref(blocks[i]);  // LRU order: 0, 1, 2
   EXPECT_EQ(pool.num_cached(), 3);
@@ -86,10 +91,8 @@ TEST(BlockPool, EvictsLeastRecentlyUsedOnlyWhenFreeBlocksRunOut) {
 TEST(BlockPool, DuplicateContentStaysPrivate) {
   BlockPool pool(2, 2);
   auto tokens = Tokens(2, 7);
-  const uint64_t h = hash_block(0, tokens.data(), 2);
-  const int a = pool.allocate(), b = pool.allocate();
-  pool.publish(a, h, tokens.data());
-  pool.publish(b, h, tokens.data());  // same content computed twice: only `a` is shared
+  const int a = Published(pool, tokens);
+  const int b = Published(pool, tokens);  // same content computed twice: only `a` is shared
   pool.unref(b);
   EXPECT_EQ(pool.num_free(), 1);
   pool.unref(a);

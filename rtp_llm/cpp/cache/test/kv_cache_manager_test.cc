@@ -19,6 +19,15 @@ std::vector<int32_t> Seq(int n, int start = 0) {
   return v;
 }
 
+// A stream that has computed all of `prompt`: its full blocks are published.
+BlockTable Computed(KVCacheManager& kv, const std::vector<int32_t>& prompt) {
+  BlockTable t;
+  const int n = static_cast<int>(prompt.size());
+  kv.grow(t, n);
+  kv.publish_computed(t, prompt.data(), n);
+  return t;
+}
+
 TEST(KVCacheManager, GrowsBlockByBlock) {
   KVCacheManager kv(8, 4, true);
   BlockTable t;
@@ -38,9 +47,7 @@ TEST(KVCacheManager, GrowsBlockByBlock) {
 TEST(KVCacheManager, ReusesComputedPrefixAcrossStreams) {
   KVCacheManager kv(16, 4, true);
   auto prompt = Seq(10);
-  BlockTable a;
-  kv.grow(a, 10);
-  kv.publish_computed(a, prompt.data(), 10);  // blocks 0..1 are full and computed
+  BlockTable a = Computed(kv, prompt);  // blocks 0..1 are full and computed
   EXPECT_EQ(a.hashes.size(), 2u);
 
   auto other = prompt;
@@ -64,9 +71,7 @@ TEST(KVCacheManager, ReusesComputedPrefixAcrossStreams) {
 TEST(KVCacheManager, LeavesOneTokenToCompute) {
   KVCacheManager kv(8, 4, true);
   auto prompt = Seq(8);
-  BlockTable a;
-  kv.grow(a, 8);
-  kv.publish_computed(a, prompt.data(), 8);
+  BlockTable a = Computed(kv, prompt);
   // The same 8-token prompt: only the first block may be reused, the last token is recomputed.
   EXPECT_EQ(kv.match_prefix(prompt.data(), 8).blocks.size(), 1u);
   kv.free(a);
@@ -75,9 +80,7 @@ TEST(KVCacheManager, LeavesOneTokenToCompute) {
 TEST(KVCacheManager, CachedPrefixSurvivesUntilEvictedThenMisses) {
   KVCacheManager kv(4, 4, true);
   auto prompt = Seq(9);
-  BlockTable a;
-  kv.grow(a, 9);
-  kv.publish_computed(a, prompt.data(), 9);
+  BlockTable a = Computed(kv, prompt);
   kv.free(a);  // two published blocks go to the LRU, the partial one to the free list
   EXPECT_EQ(kv.stats().cached_blocks, 2);
   ExpectAccounting(kv);
@@ -104,9 +107,7 @@ TEST(KVCacheManager, CachedPrefixSurvivesUntilEvictedThenMisses) {
 TEST(KVCacheManager, DisabledPrefixCacheNeverMatches) {
   KVCacheManager kv(8, 4, false);
   auto prompt = Seq(9);
-  BlockTable a;
-  kv.grow(a, 9);
-  kv.publish_computed(a, prompt.data(), 9);
+  BlockTable a = Computed(kv, prompt);
   EXPECT_TRUE(kv.match_prefix(prompt.data(), 9).blocks.empty());
   kv.free(a);
   EXPECT_EQ(kv.stats().free_blocks, 8);

@@ -7,16 +7,22 @@ namespace {
 
 const std::vector<int32_t> kEos = {2};
 
-GenerateStream Make(GenerateConfig c, int max_seq_len = 100) { return GenerateStream(1, {5, 6, 7}, c, max_seq_len, 1, 0); }
+GenerateStream Make(GenerateConfig c, int max_seq_len = 100) { return GenerateStream(1, {5, 6, 7}, c, max_seq_len, 0); }
+
+// Appends `tokens` at times 1, 2, ...: only the last ends the stream, for `reason`.
+void ExpectOnlyTheLastFinishes(GenerateStream& s, const std::vector<int32_t>& tokens, const char* reason) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    EXPECT_EQ(s.append(tokens[i], 0, kEos, static_cast<int64_t>(i + 1)), i + 1 == tokens.size()) << "token " << i;
+  }
+  EXPECT_EQ(s.status(), StreamStatus::FINISHED);
+  EXPECT_EQ(s.finish_reason(), reason);
+}
 
 TEST(StopCriteria, MaxNewTokens) {
   GenerateConfig c;
   c.max_new_tokens = 2;
   auto s = Make(c);
-  EXPECT_FALSE(s.append(10, 0, kEos, 1));
-  EXPECT_TRUE(s.append(11, 0, kEos, 2));
-  EXPECT_EQ(s.status(), StreamStatus::FINISHED);
-  EXPECT_EQ(s.finish_reason(), "length");
+  ExpectOnlyTheLastFinishes(s, {10, 11}, "length");
   EXPECT_EQ(s.num_generated(), 2);
 }
 
@@ -45,20 +51,14 @@ TEST(StopCriteria, StopWordSequenceMatchesOnlyGeneratedTokens) {
   GenerateConfig c;
   c.stop_words_list = {{7, 8}, {30, 31, 32}};
   auto s = Make(c);  // the prompt ends with 7: a stop word must not straddle it
-  EXPECT_FALSE(s.append(8, 0, kEos, 1));
-  EXPECT_FALSE(s.append(30, 0, kEos, 2));
-  EXPECT_FALSE(s.append(31, 0, kEos, 3));
-  EXPECT_TRUE(s.append(32, 0, kEos, 4));
-  EXPECT_EQ(s.finish_reason(), "stop");
+  ExpectOnlyTheLastFinishes(s, {8, 30, 31, 32}, "stop");
 }
 
 TEST(StopCriteria, MaxSeqLen) {
   GenerateConfig c;
   c.max_new_tokens = 100;
   auto s = Make(c, 5);
-  EXPECT_FALSE(s.append(10, 0, kEos, 1));
-  EXPECT_TRUE(s.append(11, 0, kEos, 2));
-  EXPECT_EQ(s.finish_reason(), "length");
+  ExpectOnlyTheLastFinishes(s, {10, 11}, "length");
 }
 
 TEST(StopCriteria, Timeout) {

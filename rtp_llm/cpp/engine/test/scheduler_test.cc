@@ -13,21 +13,21 @@ namespace {
 
 using testing::FakeModel;
 
-// Drives a Scheduler directly (no Engine) with the fake model.
+// Drives a Scheduler directly (no EngineCore) with the fake model.
 class SchedulerTest : public ::testing::Test {
  protected:
   void SetUp(int num_blocks, int block_size, SchedulerConfig config, bool prefix_cache = true) {
     kv_ = std::make_unique<KVCacheManager>(num_blocks, block_size, prefix_cache);
     sched_ = std::make_unique<Scheduler>(config, *kv_, 1 << 20);
     model_ = std::make_unique<FakeModel>(num_blocks, block_size);
-    batch_.reserve(config.max_batch_size, config.max_num_batched_tokens, num_blocks);
+    batch_.reserve({config.max_batch_size, config.max_num_batched_tokens, num_blocks, 4096});
   }
 
   GenerateStream* Add(std::vector<int32_t> prompt, int max_new_tokens) {
     GenerateConfig c;
     c.max_new_tokens = max_new_tokens;
     const int64_t id = static_cast<int64_t>(streams_.size()) + 1;
-    streams_.push_back(std::make_unique<GenerateStream>(id, std::move(prompt), c, 1 << 20, id, 0));
+    streams_.push_back(std::make_unique<GenerateStream>(id, std::move(prompt), c, 1 << 20, 0));
     sched_->add(streams_.back().get());
     return streams_.back().get();
   }

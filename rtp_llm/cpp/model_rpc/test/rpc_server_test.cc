@@ -144,7 +144,7 @@ class RpcServerTest : public ::testing::Test {
     return s;
   }
 
-  // Engine idle: nothing running or tracked, every block free or cached.
+  // EngineCore idle: nothing running or tracked, every block free or cached.
   void ExpectDrained() {
     RtpEngineStats s = Stats();
     for (int i = 0; i < 200 && (s.tracked_streams > 0 || s.running + s.waiting > 0); ++i) {
@@ -329,8 +329,12 @@ TEST_F(RpcServerTest, PollThroughTheCApi) {
   const std::string bytes = r.SerializeAsString();
   int64_t id = 0;
   char err[256];
-  ASSERT_EQ(rtp_llm_engine_enqueue(engine_, bytes.data(), static_cast<int32_t>(bytes.size()), &id, err, sizeof(err)), 0)
+  char field[64];
+  ASSERT_EQ(rtp_llm_engine_enqueue(engine_, bytes.data(), static_cast<int32_t>(bytes.size()), &id, err, sizeof(err),
+                                   field, sizeof(field)),
+            0)
       << err;
+  EXPECT_STREQ(field, "");
   std::vector<char> buf(16);
   GenerateOutputsPB out;
   for (int i = 0; i < 500; ++i) {
@@ -351,7 +355,12 @@ TEST_F(RpcServerTest, PollThroughTheCApi) {
   rtp_llm_engine_release(engine_, id);
   EXPECT_EQ(rtp_llm_engine_poll(engine_, id, 0, nullptr, 0, nullptr), -1);
   std::string garbage = "\xff\xff\xff";
-  EXPECT_EQ(rtp_llm_engine_enqueue(engine_, garbage.data(), 3, &id, err, sizeof(err)), 605);
+  EXPECT_EQ(rtp_llm_engine_enqueue(engine_, garbage.data(), 3, &id, err, sizeof(err), field, sizeof(field)), 605);
+  const std::string empty = Request({}, 4, false).SerializeAsString();
+  EXPECT_EQ(rtp_llm_engine_enqueue(engine_, empty.data(), static_cast<int32_t>(empty.size()), &id, err, sizeof(err),
+                                   field, sizeof(field)),
+            605);
+  EXPECT_STREQ(field, "token_ids");
   ExpectDrained();
 }
 

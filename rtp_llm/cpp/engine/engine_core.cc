@@ -1,4 +1,4 @@
-#include "rtp_llm/cpp/engine/engine.h"
+#include "rtp_llm/cpp/engine/engine_core.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,31 +6,29 @@
 
 namespace rtp_llm {
 
-ErrorInfo EngineConfig::validate() const {
-  if (num_blocks < 1) return invalid("num_blocks", "num_blocks must be >= 1, got " + std::to_string(num_blocks));
-  if (block_size < 1) return invalid("block_size", "block_size must be >= 1, got " + std::to_string(block_size));
-  if (max_batch_size < 1) return invalid("max_batch_size", "max_batch_size must be >= 1, got " + std::to_string(max_batch_size));
-  if (max_num_batched_tokens < 1) {
-    return invalid("max_num_batched_tokens", "max_num_batched_tokens must be >= 1, got " + std::to_string(max_num_batched_tokens));
-  }
-  if (max_seq_len < 2) return invalid("max_seq_len", "max_seq_len must be >= 2, got " + std::to_string(max_seq_len));
+ErrorInfo EngineCoreConfig::validate() const {
+#define RTP_LLM_CHECK_MIN(type, name, def, min) \
+  if (name < min) return invalid(#name, #name " must be >= " #min ", got " + std::to_string(name));
+  RTP_LLM_ENGINE_CONFIG(RTP_LLM_CHECK_MIN)
+#undef RTP_LLM_CHECK_MIN
   return {};
 }
 
-Engine::Engine(EngineConfig config)
+EngineCore::EngineCore(EngineCoreConfig config)
     : config_(std::move(config)),
-      kv_(config_.num_blocks, config_.block_size, config_.enable_prefix_cache),
+      kv_(config_.num_blocks, config_.block_size, config_.reuse_cache != 0),
       scheduler_({config_.max_batch_size, config_.max_num_batched_tokens}, kv_, config_.max_seq_len) {
-  for (StepBatch& b : batches_) {
-    b.reserve(config_.max_batch_size, config_.max_num_batched_tokens, kv_.blocks_for(config_.max_seq_len));
-  }
-  empty_.reserve(1, 1, 1);  // real (never written) buffers: views of it are mapped like any batch
+  // History: a penalized row copies at most max_seq_len tokens.
+  const StepBatchCapacity cap{config_.max_batch_size, config_.max_num_batched_tokens,
+                              kv_.blocks_for(config_.max_seq_len), config_.max_batch_size * config_.max_seq_len};
+  for (StepBatch& b : batches_) b.reserve(cap);
+  empty_.reserve({1, 1, 1, 1});  // real (never written) buffers: views of it are mapped like any batch
   updated_.reserve(config_.max_batch_size);
   ended_.reserve(config_.max_batch_size);
   dispatcher_ = std::thread([this] { dispatch_loop(); });
 }
 
-Engine::~Engine() {
+EngineCore::~EngineCore() {
   stop();
   {
     std::lock_guard<std::mutex> lock(dispatch_mu_);
@@ -40,12 +38,12 @@ Engine::~Engine() {
   dispatcher_.join();
 }
 
-int64_t Engine::now_us() {
+int64_t EngineCore::now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
-ErrorInfo Engine::enqueue(std::vector<int32_t> prompt, GenerateConfig config, int64_t* id, int max_waiting) {
+ErrorInfo EngineCore::enqueue(std::vector<int32_t> prompt, GenerateConfig config, int64_t* id, int max_waiting) {
   const int len = static_cast<int>(prompt.size());
   if (len == 0) return invalid("token_ids", "token_ids must not be empty");
   ErrorInfo bad = config.validate();
@@ -71,7 +69,7 @@ ErrorInfo Engine::enqueue(std::vector<int32_t> prompt, GenerateConfig config, in
             "the waiting queue is full (" + std::to_string(max_waiting) + " requests): try again later"};
   }
   const int64_t sid = next_id_++;
-  auto stream = std::make_unique<GenerateStream>(sid, std::move(prompt), std::move(config), max_seq_len, sid, now_us());
+  auto stream = std::make_unique<GenerateStream>(sid, std::move(prompt), std::move(config), max_seq_len, now_us());
   scheduler_.add(stream.get());
   streams_.emplace(sid, std::move(stream));
   *id = sid;
@@ -79,7 +77,7 @@ ErrorInfo Engine::enqueue(std::vector<int32_t> prompt, GenerateConfig config, in
   return {};
 }
 
-const StepBatch& Engine::schedule() {
+const StepBatch& EngineCore::schedule() {
   std::lock_guard<std::mutex> lock(mu_);
   if (outstanding_ > 0) {
     // The latest batch was never committed: keep it (its streams are still in flight).
@@ -88,13 +86,13 @@ const StepBatch& Engine::schedule() {
   return schedule_locked();
 }
 
-const StepBatch& Engine::schedule_ahead() {
+const StepBatch& EngineCore::schedule_ahead() {
   std::lock_guard<std::mutex> lock(mu_);
   if (outstanding_ == Scheduler::kMaxStepsInFlight) return empty_;
   return schedule_locked();
 }
 
-const StepBatch& Engine::schedule_locked() {
+const StepBatch& EngineCore::schedule_locked() {
   const int64_t now = now_us();
   ended_.clear();
   scheduler_.expire(now, ended_);
@@ -106,7 +104,7 @@ const StepBatch& Engine::schedule_locked() {
   return b;
 }
 
-ErrorInfo Engine::commit(const int32_t* tokens, const float* logprobs, int n) {
+ErrorInfo EngineCore::commit(const int32_t* tokens, const float* logprobs, int n) {
   std::lock_guard<std::mutex> lock(mu_);
   if (outstanding_ == 0) return invalid("", "commit() without a scheduled batch");
   const StepBatch& b = batches_[oldest_];
@@ -128,7 +126,7 @@ ErrorInfo Engine::commit(const int32_t* tokens, const float* logprobs, int n) {
   return {};
 }
 
-ErrorInfo Engine::fail_batch(const std::string& message) {
+ErrorInfo EngineCore::fail_batch(const std::string& message) {
   std::lock_guard<std::mutex> lock(mu_);
   if (outstanding_ == 0) return invalid("", "fail_batch() without a scheduled batch");
   ended_.clear();
@@ -140,7 +138,7 @@ ErrorInfo Engine::fail_batch(const std::string& message) {
   return {};
 }
 
-void Engine::erase_released() {
+void EngineCore::erase_released() {
   auto erased = [&](int64_t id) {
     auto it = streams_.find(id);
     if (it != streams_.end() && it->second->in_flight > 0) return false;  // an ahead step still holds it
@@ -151,14 +149,14 @@ void Engine::erase_released() {
                          release_pending_.end());
 }
 
-bool Engine::wait_for_work(int timeout_ms) {
+bool EngineCore::wait_for_work(int timeout_ms) {
   std::unique_lock<std::mutex> lock(mu_);
   work_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
                     [&] { return stopped_ || scheduler_.num_waiting() + scheduler_.num_running() > 0; });
   return !stopped_ && scheduler_.num_waiting() + scheduler_.num_running() > 0;
 }
 
-bool Engine::abort(int64_t id) {
+bool EngineCore::abort(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = streams_.find(id);
   if (it == streams_.end()) return false;
@@ -175,7 +173,7 @@ bool Engine::abort(int64_t id) {
   return true;
 }
 
-bool Engine::poll(int64_t id, int from, StreamUpdate* out) {
+bool EngineCore::poll(int64_t id, int from, StreamUpdate* out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = streams_.find(id);
   if (it == streams_.end()) return false;
@@ -197,7 +195,7 @@ bool Engine::poll(int64_t id, int from, StreamUpdate* out) {
   return true;
 }
 
-bool Engine::tokens(int64_t id, std::vector<int32_t>* out, int* prompt_len) {
+bool EngineCore::tokens(int64_t id, std::vector<int32_t>* out, int* prompt_len) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = streams_.find(id);
   if (it == streams_.end()) return false;
@@ -206,7 +204,7 @@ bool Engine::tokens(int64_t id, std::vector<int32_t>* out, int* prompt_len) {
   return true;
 }
 
-void Engine::release(int64_t id) {
+void EngineCore::release(int64_t id) {
   abort(id);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = streams_.find(id);
@@ -219,7 +217,7 @@ void Engine::release(int64_t id) {
   }
 }
 
-void Engine::set_listener(int64_t id, Listener listener) {
+void EngineCore::set_listener(int64_t id, Listener listener) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = streams_.find(id);
   if (it == streams_.end()) return;
@@ -233,13 +231,13 @@ void Engine::set_listener(int64_t id, Listener listener) {
   }
 }
 
-EngineStats Engine::stats() {
+EngineStats EngineCore::stats() {
   std::lock_guard<std::mutex> lock(mu_);
   return {scheduler_.num_running(), scheduler_.num_waiting(), static_cast<int>(streams_.size()), kv_.stats(),
           steps_,                   scheduler_.num_preemptions(), finished_};
 }
 
-void Engine::stop() {
+void EngineCore::stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopped_ = true;
@@ -247,7 +245,7 @@ void Engine::stop() {
   work_cv_.notify_all();
 }
 
-void Engine::notify(const std::vector<GenerateStream*>& streams) {
+void EngineCore::notify(const std::vector<GenerateStream*>& streams) {
   if (listeners_.empty() || streams.empty()) return;
   std::lock_guard<std::mutex> dlock(dispatch_mu_);
   for (GenerateStream* s : streams) {
@@ -257,7 +255,7 @@ void Engine::notify(const std::vector<GenerateStream*>& streams) {
   dispatch_cv_.notify_one();
 }
 
-void Engine::dispatch_loop() {
+void EngineCore::dispatch_loop() {
   std::vector<ListenerPtr> work;
   for (;;) {
     {

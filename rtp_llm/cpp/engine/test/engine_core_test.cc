@@ -1,4 +1,4 @@
-#include "rtp_llm/cpp/engine/engine.h"
+#include "rtp_llm/cpp/engine/engine_core.h"
 
 #include <algorithm>
 #include <atomic>
@@ -18,8 +18,8 @@ namespace {
 
 using testing::FakeModel;
 
-EngineConfig SmallConfig() {
-  EngineConfig c;
+EngineCoreConfig SmallConfig() {
+  EngineCoreConfig c;
   c.num_blocks = 24;
   c.block_size = 4;
   c.max_batch_size = 8;
@@ -35,7 +35,7 @@ GenerateConfig MaxNew(int n) {
 }
 
 // Runs one step with the fake model; returns false when there was nothing to run.
-bool Step(Engine& engine, FakeModel& model) {
+bool Step(EngineCore& engine, FakeModel& model) {
   const StepBatch& b = engine.schedule();
   if (b.num_streams == 0) return false;
   auto tokens = model.run(b);
@@ -43,21 +43,21 @@ bool Step(Engine& engine, FakeModel& model) {
   return true;
 }
 
-void ExpectAllBlocksBack(Engine& engine) {
+void ExpectAllBlocksBack(EngineCore& engine) {
   const EngineStats s = engine.stats();
   EXPECT_EQ(s.kv.used_blocks, 0);
   EXPECT_EQ(s.kv.free_blocks + s.kv.cached_blocks, s.kv.total_blocks);
   EXPECT_EQ(s.running + s.waiting, 0);
 }
 
-std::vector<int32_t> Generated(Engine& engine, int64_t id) {
+std::vector<int32_t> Generated(EngineCore& engine, int64_t id) {
   StreamUpdate u;
   EXPECT_TRUE(engine.poll(id, 0, &u));
   return u.new_tokens;
 }
 
-TEST(Engine, ManySharedPrefixStreamsUnderMemoryPressureMatchTheReference) {
-  Engine engine(SmallConfig());
+TEST(EngineCore, ManySharedPrefixStreamsUnderMemoryPressureMatchTheReference) {
+  EngineCore engine(SmallConfig());
   FakeModel model(24, 4);
   std::mt19937 rng(7);
   std::vector<int32_t> system_prompt = {11, 12, 13, 14, 15, 16, 17, 18, 19};
@@ -85,10 +85,10 @@ TEST(Engine, ManySharedPrefixStreamsUnderMemoryPressureMatchTheReference) {
   ExpectAllBlocksBack(engine);
 }
 
-TEST(Engine, AdmissionRejectsWhatCanNeverRun) {
-  EngineConfig c = SmallConfig();
+TEST(EngineCore, AdmissionRejectsWhatCanNeverRun) {
+  EngineCoreConfig c = SmallConfig();
   c.max_seq_len = 1000;  // larger than the cache (24 blocks x 4 = 96 tokens)
-  Engine engine(c);
+  EngineCore engine(c);
   int64_t id;
   ErrorInfo e = engine.enqueue({}, MaxNew(4), &id);
   EXPECT_EQ(e.code, ErrorCode::INVALID_PARAMS);
@@ -105,8 +105,8 @@ TEST(Engine, AdmissionRejectsWhatCanNeverRun) {
   e = engine.enqueue(std::vector<int32_t>(3, 1), MaxNew(0), &id);
   EXPECT_EQ(e.field, "max_new_tokens");
 
-  EngineConfig d = SmallConfig();
-  Engine short_engine(d);
+  EngineCoreConfig d = SmallConfig();
+  EngineCore short_engine(d);
   e = short_engine.enqueue(std::vector<int32_t>(64, 1), MaxNew(4), &id);
   EXPECT_EQ(e.code, ErrorCode::LONG_PROMPT_ERROR);
   EXPECT_EQ(e.field, "token_ids");
@@ -114,8 +114,8 @@ TEST(Engine, AdmissionRejectsWhatCanNeverRun) {
 }
 
 // Runs one request to its end; returns its final update.
-StreamUpdate RunAlone(EngineConfig c, std::vector<int32_t> prompt, GenerateConfig g) {
-  Engine engine(c);
+StreamUpdate RunAlone(EngineCoreConfig c, std::vector<int32_t> prompt, GenerateConfig g) {
+  EngineCore engine(c);
   FakeModel model(c.num_blocks, c.block_size);
   int64_t id;
   EXPECT_TRUE(engine.enqueue(prompt, g, &id).ok());
@@ -129,7 +129,7 @@ StreamUpdate RunAlone(EngineConfig c, std::vector<int32_t> prompt, GenerateConfi
   return u;
 }
 
-TEST(Engine, FinishReasonIsLengthAtEitherLimitAndStopAtEosOrAStopWord) {
+TEST(EngineCore, FinishReasonIsLengthAtEitherLimitAndStopAtEosOrAStopWord) {
   FakeModel model(24, 4);
   const std::vector<int32_t> prompt = {4, 5, 6};
   const auto expected = model.reference(prompt, 8);
@@ -137,7 +137,7 @@ TEST(Engine, FinishReasonIsLengthAtEitherLimitAndStopAtEosOrAStopWord) {
   EXPECT_EQ(u.finish_reason, "length");  // max_new_tokens
   EXPECT_EQ(u.num_generated, 8);
 
-  EngineConfig c = SmallConfig();
+  EngineCoreConfig c = SmallConfig();
   c.max_seq_len = 10;
   u = RunAlone(c, prompt, MaxNew(50));
   EXPECT_EQ(u.finish_reason, "length");  // max_seq_len
@@ -156,8 +156,8 @@ TEST(Engine, FinishReasonIsLengthAtEitherLimitAndStopAtEosOrAStopWord) {
   EXPECT_EQ(u.new_tokens, std::vector<int32_t>(expected.begin(), expected.begin() + 3));
 }
 
-TEST(Engine, AWaitingQueueCapRefusesTheExcessUntilTheQueueMoves) {
-  Engine engine(SmallConfig());
+TEST(EngineCore, AWaitingQueueCapRefusesTheExcessUntilTheQueueMoves) {
+  EngineCore engine(SmallConfig());
   FakeModel model(24, 4);
   int64_t a, b, c;
   ASSERT_TRUE(engine.enqueue({1, 2}, MaxNew(2), &a, 2).ok());
@@ -174,10 +174,10 @@ TEST(Engine, AWaitingQueueCapRefusesTheExcessUntilTheQueueMoves) {
   ExpectAllBlocksBack(engine);
 }
 
-TEST(Engine, GenerationStopsAtTheCacheCapacityInsteadOfWaitingForever) {
-  EngineConfig c = SmallConfig();
+TEST(EngineCore, GenerationStopsAtTheCacheCapacityInsteadOfWaitingForever) {
+  EngineCoreConfig c = SmallConfig();
   c.max_seq_len = 1000;
-  Engine engine(c);
+  EngineCore engine(c);
   FakeModel model(24, 4);
   int64_t id;
   ASSERT_TRUE(engine.enqueue(std::vector<int32_t>(90, 3), MaxNew(100), &id).ok());
@@ -190,8 +190,8 @@ TEST(Engine, GenerationStopsAtTheCacheCapacityInsteadOfWaitingForever) {
   EXPECT_EQ(u.prompt_len + u.num_generated, 96);
 }
 
-TEST(Engine, CancelMidPrefillAndMidDecodeFreesBlocks) {
-  Engine engine(SmallConfig());
+TEST(EngineCore, CancelMidPrefillAndMidDecodeFreesBlocks) {
+  EngineCore engine(SmallConfig());
   FakeModel model(24, 4);
   int64_t prefill_id, decode_id;
   ASSERT_TRUE(engine.enqueue(std::vector<int32_t>(40, 5), MaxNew(10), &prefill_id).ok());  // 3 chunks of 16
@@ -221,7 +221,7 @@ TEST(Engine, CancelMidPrefillAndMidDecodeFreesBlocks) {
 }
 
 // A stream that would run to max_seq_len (64) but times out after 20 ms.
-int64_t EnqueueTimingOut(Engine& engine) {
+int64_t EnqueueTimingOut(EngineCore& engine) {
   GenerateConfig g = MaxNew(1000);
   g.timeout_ms = 20;
   g.ignore_eos = true;
@@ -230,8 +230,8 @@ int64_t EnqueueTimingOut(Engine& engine) {
   return id;
 }
 
-TEST(Engine, TimeoutEndsAStreamWithGenerateTimeout) {
-  Engine engine(SmallConfig());
+TEST(EngineCore, TimeoutEndsAStreamWithGenerateTimeout) {
+  EngineCore engine(SmallConfig());
   FakeModel model(24, 4);
   const int64_t id = EnqueueTimingOut(engine);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -249,10 +249,10 @@ TEST(Engine, TimeoutEndsAStreamWithGenerateTimeout) {
   ExpectAllBlocksBack(engine);
 }
 
-TEST(Engine, AFailedBatchFailsOnlyItsStreams) {
-  EngineConfig c = SmallConfig();
+TEST(EngineCore, AFailedBatchFailsOnlyItsStreams) {
+  EngineCoreConfig c = SmallConfig();
   c.max_batch_size = 1;  // the second stream waits outside the failing step
-  Engine engine(c);
+  EngineCore engine(c);
   FakeModel model(24, 4);
   int64_t bad, good;
   ASSERT_TRUE(engine.enqueue({1, 2, 3}, MaxNew(5), &bad).ok());
@@ -271,8 +271,8 @@ TEST(Engine, AFailedBatchFailsOnlyItsStreams) {
   ExpectAllBlocksBack(engine);
 }
 
-TEST(Engine, CommitChecksTheTokenCount) {
-  Engine engine(SmallConfig());
+TEST(EngineCore, CommitChecksTheTokenCount) {
+  EngineCore engine(SmallConfig());
   int64_t id;
   ASSERT_TRUE(engine.enqueue({1, 2, 3}, MaxNew(2), &id).ok());
   EXPECT_FALSE(engine.commit(nullptr, nullptr, 0).ok());  // nothing scheduled
@@ -284,13 +284,13 @@ TEST(Engine, CommitChecksTheTokenCount) {
   EXPECT_TRUE(engine.commit(two, nullptr, 1).ok());
 }
 
-TEST(Engine, StopTokensAndLogprobsFlowThrough) {
-  EngineConfig c = SmallConfig();
+TEST(EngineCore, StopTokensAndLogprobsFlowThrough) {
+  EngineCoreConfig c = SmallConfig();
   FakeModel model(24, 4);
   std::vector<int32_t> prompt = {4, 5, 6};
   auto expected = model.reference(prompt, 5);
   c.eos_token_ids = {expected[2]};
-  Engine engine(c);
+  EngineCore engine(c);
   GenerateConfig g = MaxNew(5);
   g.return_logprobs = true;
   int64_t id;
@@ -312,7 +312,7 @@ TEST(Engine, StopTokensAndLogprobsFlowThrough) {
 // Drives the engine as an overlapping model runner does: each batch is scheduled ahead of
 // the previous one's tokens and run (on the device, in order) before that one commits.
 // Returns how many batches ran on placeholders.
-int RunOverlapped(Engine& engine, FakeModel& model, const std::function<void()>& between_steps = {}) {
+int RunOverlapped(EngineCore& engine, FakeModel& model, const std::function<void()>& between_steps = {}) {
   std::vector<int32_t> in_flight;  // tokens of the uncommitted batch
   bool have = false;
   int ahead = 0;
@@ -345,10 +345,10 @@ std::vector<int32_t> UpToStop(std::vector<int32_t> tokens, const std::vector<int
   return tokens;
 }
 
-TEST(Engine, OverlappedStepsMatchTheReferenceUnderPressureWithStopsAndCancels) {
-  EngineConfig c = SmallConfig();
+TEST(EngineCore, OverlappedStepsMatchTheReferenceUnderPressureWithStopsAndCancels) {
+  EngineCoreConfig c = SmallConfig();
   for (int32_t t = 3; t < 1000; t += 37) c.eos_token_ids.push_back(t);  // ~3% of tokens stop a stream
-  Engine engine(c);
+  EngineCore engine(c);
   FakeModel model(24, 4);
   std::mt19937 rng(11);
   std::vector<int32_t> system_prompt = {11, 12, 13, 14, 15, 16, 17, 18, 19};
@@ -387,10 +387,10 @@ TEST(Engine, OverlappedStepsMatchTheReferenceUnderPressureWithStopsAndCancels) {
   ExpectAllBlocksBack(engine);
 }
 
-TEST(Engine, OverlappedStepsFallBackToARegularStepThatPreempts) {
-  EngineConfig c = SmallConfig();
+TEST(EngineCore, OverlappedStepsFallBackToARegularStepThatPreempts) {
+  EngineCoreConfig c = SmallConfig();
   c.num_blocks = 5;  // two streams of 7 prompt tokens both need a third block at position 8
-  Engine engine(c);
+  EngineCore engine(c);
   FakeModel model(5, 4);
   int64_t a, b;
   ASSERT_TRUE(engine.enqueue({1, 2, 3, 4, 5, 6, 7}, MaxNew(8), &a).ok());
@@ -402,8 +402,8 @@ TEST(Engine, OverlappedStepsFallBackToARegularStepThatPreempts) {
   ExpectAllBlocksBack(engine);
 }
 
-TEST(Engine, AheadStepsLeaveOutStreamsTheHostMustSeeFirst) {
-  Engine engine(SmallConfig());
+TEST(EngineCore, AheadStepsLeaveOutStreamsTheHostMustSeeFirst) {
+  EngineCore engine(SmallConfig());
   int64_t plain, last, chunked;
   ASSERT_TRUE(engine.enqueue({1, 2, 3}, MaxNew(8), &plain).ok());
   ASSERT_TRUE(engine.enqueue({7, 8, 9}, MaxNew(1), &last).ok());  // finishes with this token
@@ -430,8 +430,8 @@ TEST(Engine, AheadStepsLeaveOutStreamsTheHostMustSeeFirst) {
   EXPECT_EQ(Generated(engine, last), (std::vector<int32_t>{44}));
 }
 
-TEST(Engine, WhileAStreamWithPenaltiesSamplesNothingRunsAhead) {
-  Engine engine(SmallConfig());
+TEST(EngineCore, WhileAStreamWithPenaltiesSamplesNothingRunsAhead) {
+  EngineCore engine(SmallConfig());
   FakeModel model(24, 4);
   GenerateConfig penalized = MaxNew(6);
   penalized.repetition_penalty = 1.2f;
@@ -444,8 +444,32 @@ TEST(Engine, WhileAStreamWithPenaltiesSamplesNothingRunsAhead) {
   ExpectAllBlocksBack(engine);
 }
 
-TEST(Engine, OverlappedStepsStillEndATimedOutStream) {
-  Engine engine(SmallConfig());
+TEST(EngineCore, PenalizedRowsCarryTheirWholeHistoryInTheStep) {
+  EngineCore engine(SmallConfig());
+  FakeModel model(24, 4);
+  GenerateConfig penalized = MaxNew(6);
+  penalized.presence_penalty = 0.5f;
+  int64_t plain, pen;
+  ASSERT_TRUE(engine.enqueue({1, 2, 3}, MaxNew(6), &plain).ok());
+  ASSERT_TRUE(engine.enqueue({4, 5, 6, 7}, penalized, &pen).ok());
+  std::vector<int32_t> expected = {4, 5, 6, 7};
+  for (int step = 0; step < 3; ++step) {
+    const StepBatch& b = engine.schedule();
+    ASSERT_EQ(b.num_streams, 2);
+    EXPECT_EQ(b.history_lens[0], 0);  // no penalties: nothing copied
+    ASSERT_EQ(b.history_lens[1], static_cast<int>(expected.size()));
+    EXPECT_EQ(b.num_history_tokens, b.history_lens[1]);
+    const int32_t* h = b.history_tokens.data() + b.history_starts[1];
+    EXPECT_EQ(std::vector<int32_t>(h, h + b.history_lens[1]), expected);
+    EXPECT_EQ(b.num_generated[1], step);  // the generated tail of the history
+    auto tokens = model.run(b);
+    ASSERT_TRUE(engine.commit(tokens.data(), nullptr, static_cast<int>(tokens.size())).ok());
+    expected.push_back(tokens[1]);
+  }
+}
+
+TEST(EngineCore, OverlappedStepsStillEndATimedOutStream) {
+  EngineCore engine(SmallConfig());
   FakeModel model(24, 4);
   const int64_t id = EnqueueTimingOut(engine);
   RunOverlapped(engine, model, [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
@@ -457,8 +481,8 @@ TEST(Engine, OverlappedStepsStillEndATimedOutStream) {
   ExpectAllBlocksBack(engine);
 }
 
-TEST(Engine, AFailureFailsBothStepsInFlightAndAReleaseWaitsForTheLast) {
-  Engine engine(SmallConfig());
+TEST(EngineCore, AFailureFailsBothStepsInFlightAndAReleaseWaitsForTheLast) {
+  EngineCore engine(SmallConfig());
   FakeModel model(24, 4);
   int64_t a, b;
   ASSERT_TRUE(engine.enqueue({1, 2, 3}, MaxNew(6), &a).ok());
@@ -480,8 +504,8 @@ TEST(Engine, AFailureFailsBothStepsInFlightAndAReleaseWaitsForTheLast) {
   ExpectAllBlocksBack(engine);
 }
 
-TEST(Engine, ListenersHearEveryUpdateAndWaitForWorkWakesUp) {
-  Engine engine(SmallConfig());
+TEST(EngineCore, ListenersHearEveryUpdateAndWaitForWorkWakesUp) {
+  EngineCore engine(SmallConfig());
   FakeModel model(24, 4);
   EXPECT_FALSE(engine.wait_for_work(1));
   std::atomic<bool> stop{false};

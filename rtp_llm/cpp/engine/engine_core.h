@@ -19,16 +19,15 @@
 #include "rtp_llm/cpp/engine/generate_stream.h"
 #include "rtp_llm/cpp/engine/scheduler.h"
 #include "rtp_llm/cpp/engine/step_batch.h"
+#include "rtp_llm/cpp/engine/step_batch_fields.h"
 
 namespace rtp_llm {
 
-struct EngineConfig {
-  int num_blocks = 1024;
-  int block_size = 16;
-  int max_batch_size = 256;
-  int max_num_batched_tokens = 4096;
-  int max_seq_len = 4096;
-  bool enable_prefix_cache = true;
+// Fields, defaults and minimums: RTP_LLM_ENGINE_CONFIG (step_batch_fields.h).
+struct EngineCoreConfig {
+#define RTP_LLM_CONFIG_MEMBER(type, name, def, min) RTP_LLM_CTYPE(type) name = def;
+  RTP_LLM_ENGINE_CONFIG(RTP_LLM_CONFIG_MEMBER)
+#undef RTP_LLM_CONFIG_MEMBER
   std::vector<int32_t> eos_token_ids;
 
   ErrorInfo validate() const;  // names the field at fault
@@ -53,16 +52,16 @@ struct EngineStats {
   int64_t steps, preemptions, finished;
 };
 
-class Engine {
+class EngineCore {
  public:
   using Listener = std::function<void()>;
 
-  explicit Engine(EngineConfig config);  // precondition: config.validate().ok()
-  ~Engine();
-  Engine(const Engine&) = delete;
-  Engine& operator=(const Engine&) = delete;
+  explicit EngineCore(EngineCoreConfig config);  // precondition: config.validate().ok()
+  ~EngineCore();
+  EngineCore(const EngineCore&) = delete;
+  EngineCore& operator=(const EngineCore&) = delete;
 
-  const EngineConfig& config() const { return config_; }
+  const EngineCoreConfig& config() const { return config_; }
 
   // Admits a request or says why it can never run (empty or too long prompt, bad params).
   // max_waiting > 0: refuses it (CONCURRENCY_LIMIT_ERROR) when that many streams already wait,
@@ -107,7 +106,7 @@ class Engine {
   const StepBatch& schedule_locked();                          // with mu_ held
   void erase_released();                                     // with mu_ held
 
-  EngineConfig config_;
+  EngineCoreConfig config_;
   std::mutex mu_;
   std::condition_variable work_cv_;
   KVCacheManager kv_;

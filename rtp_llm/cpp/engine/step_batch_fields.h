@@ -1,0 +1,100 @@
+/* The one declaration of what crosses the engine core's C ABI: the per-stream sampling
+   parameters, the step batch's counts and arrays, and the engine's config and stats. C++
+   (GenerateConfig, StepBatch, EngineCoreConfig, the scheduler, the proto conversion), the C
+   structs of engine_api.h, their self-description (rtp_llm_struct_info) and through it
+   Python's ctypes mirror and numpy views are all expanded from these lists. C-compatible:
+   engine_api.h includes it.
+
+   Element types: i32 (int32_t), i64 (int64_t), f32 (float).
+   Array lengths: S = num_streams, S1 = S + 1, T = num_tokens, SB = S * block_table_stride
+   (row-major [S, B]), H = num_history_tokens.
+   Groups of the step arrays: MODEL (every rank's model path reads it: broadcast under tensor
+   parallelism), SAMPLE (rank 0's sampler reads it, masked to the sampled rows), HOST (the
+   core's bookkeeping). Every sampling parameter is an [S] array of the SAMPLE group. */
+#ifndef RTP_LLM_STEP_BATCH_FIELDS_H_
+#define RTP_LLM_STEP_BATCH_FIELDS_H_
+
+#include <math.h>
+#include <stdint.h>
+
+#define RTP_LLM_CTYPE(t) RTP_LLM_CTYPE_##t
+#define RTP_LLM_CTYPE_i32 int32_t
+#define RTP_LLM_CTYPE_i64 int64_t
+#define RTP_LLM_CTYPE_f32 float
+
+/* Per-stream sampling parameters whose GenerateConfigPB field has the same name and type:
+   X(type, name, default, lo, lo_open, hi). Valid values lie in [lo, hi] ((lo, hi] when
+   lo_open); HUGE_VAL bounds are none. A proto value of 0 outside the range means unset: the
+   default (proto3 cannot tell unset from 0). */
+#define RTP_LLM_SAMPLING_PARAMS(X)                     \
+  X(f32, temperature, 1.0f, 0.0, 0, HUGE_VAL)          \
+  X(i32, top_k, 0, 0.0, 0, HUGE_VAL)                   \
+  X(f32, top_p, 1.0f, 0.0, 1, 1.0)                     \
+  X(f32, min_p, 0.0f, 0.0, 0, 1.0)                     \
+  X(f32, repetition_penalty, 1.0f, 0.0, 1, HUGE_VAL)   \
+  X(f32, presence_penalty, 0.0f, -HUGE_VAL, 0, HUGE_VAL) \
+  X(f32, frequency_penalty, 0.0f, -HUGE_VAL, 0, HUGE_VAL)
+
+/* Sampling parameters converted by hand in proto_convert.cc: random_seed is an Int64Value
+   (-1: none), return_logprobs is return_softmax_probs || return_cum_log_probs. */
+#define RTP_LLM_SAMPLING_SPECIAL(X)                     \
+  X(i64, random_seed, -1, -HUGE_VAL, 0, HUGE_VAL)       \
+  X(i32, return_logprobs, 0, 0.0, 0, 1.0)
+
+#define RTP_LLM_ALL_SAMPLING(X) RTP_LLM_SAMPLING_PARAMS(X) RTP_LLM_SAMPLING_SPECIAL(X)
+
+/* The step batch's counts (int32): X(name). */
+#define RTP_LLM_STEP_COUNTS(X)                                                          \
+  X(num_streams)        /* S */                                                         \
+  X(num_tokens)         /* T = sum(query_lens) */                                       \
+  X(num_sampled)        /* streams with do_sample = 1; commit() takes that many tokens */ \
+  X(block_table_stride) /* B = max blocks of any stream in this step */                 \
+  X(num_prefill)        /* streams that run prompt tokens (not a single decode token) */ \
+  X(num_history_tokens) /* H: tokens in history_tokens */
+
+/* The step batch's arrays other than the sampling parameters: X(type, name, length, group). */
+#define RTP_LLM_STEP_ARRAYS(X)                                                                  \
+  X(i64, stream_ids, S, HOST)                                                                   \
+  X(i32, query_lens, S, MODEL)      /* tokens run this step */                                  \
+  X(i32, prefix_lens, S, MODEL)     /* positions already in the KV cache before this step */   \
+  X(i32, context_lens, S, MODEL)    /* prefix_lens + query_lens (KV length after the step) */  \
+  X(i32, query_starts, S1, MODEL)   /* exclusive prefix sum of query_lens */                    \
+  X(i32, do_sample, S, MODEL)       /* 1 when this step ends the stream's known tokens */       \
+  X(i32, block_tables, SB, MODEL)   /* block ids, rows padded with 0 */                         \
+  X(i32, token_ids, T, MODEL)       /* -1 - r: row r of the step in flight's samples */         \
+  X(i32, positions, T, MODEL)                                                                   \
+  X(i64, slot_mapping, T, MODEL)    /* block_id * block_size + offset of each token's KV */     \
+  X(i32, num_generated, S, SAMPLE)  /* tokens generated so far: a seeded sample's position */   \
+  /* Penalized sampled rows' token history (prompt, then generated; complete: nothing is      \
+     scheduled ahead of such a row), history_tokens[history_starts[i] +: history_lens[i]];    \
+     other rows have history_lens 0. */                                                       \
+  X(i32, history_starts, S, SAMPLE)                                                             \
+  X(i32, history_lens, S, SAMPLE)                                                               \
+  X(i32, history_tokens, H, SAMPLE)
+
+/* RtpEngineConfig's scalar fields: X(type, name, default, min). */
+#define RTP_LLM_ENGINE_CONFIG(X)                   \
+  X(i32, num_blocks, 1024, 1)     /* KV-cache blocks */ \
+  X(i32, block_size, 16, 1)       /* tokens per block */ \
+  X(i32, max_batch_size, 256, 1)  /* streams per step */ \
+  X(i32, max_num_batched_tokens, 4096, 1) /* token budget per step (longer prompts are chunked) */ \
+  X(i32, max_seq_len, 4096, 2)    /* prompt + generated tokens per stream */ \
+  X(i32, reuse_cache, 1, 0)       /* 1: prefix cache on */
+
+/* RtpEngineStats: X(type, name, source in rtp_llm::EngineStats). */
+#define RTP_LLM_ENGINE_STATS(X)                 \
+  X(i32, running, running)                     \
+  X(i32, waiting, waiting)                     \
+  X(i32, tracked_streams, tracked_streams)     \
+  X(i32, total_blocks, kv.total_blocks)        \
+  X(i32, free_blocks, kv.free_blocks)          \
+  X(i32, cached_blocks, kv.cached_blocks)      \
+  X(i32, used_blocks, kv.used_blocks)          \
+  X(i32, block_size, kv.block_size)            \
+  X(i64, hit_tokens, kv.hit_tokens)            \
+  X(i64, lookup_tokens, kv.lookup_tokens)      \
+  X(i64, steps, steps)                         \
+  X(i64, preemptions, preemptions)             \
+  X(i64, finished, finished)
+
+#endif /* RTP_LLM_STEP_BATCH_FIELDS_H_ */
