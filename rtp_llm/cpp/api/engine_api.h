@@ -52,15 +52,8 @@ typedef struct {
 // RTP_LLM_GROUP_PARAM) and engine config fields carry their default and valid range [lo, hi]
 // ((lo, hi] when lo_open; +-HUGE_VAL: no bound).
 enum { RTP_LLM_TYPE_i32 = 1, RTP_LLM_TYPE_i64 = 2, RTP_LLM_TYPE_f32 = 3 };
-enum {
-  RTP_LLM_LEN_SCALAR = 0,
-  RTP_LLM_LEN_S = 1,
-  RTP_LLM_LEN_S1 = 2,
-  RTP_LLM_LEN_T = 3,
-  RTP_LLM_LEN_SB = 4,
-  RTP_LLM_LEN_H = 5,
-  RTP_LLM_LEN_EOS = 6,  // num_eos_token_ids
-};
+// (RTP_LLM_LEN_EOS: num_eos_token_ids)
+enum { RTP_LLM_LEN_SCALAR, RTP_LLM_LEN_S, RTP_LLM_LEN_S1, RTP_LLM_LEN_T, RTP_LLM_LEN_SB, RTP_LLM_LEN_H, RTP_LLM_LEN_EOS };
 enum { RTP_LLM_GROUP_NONE = 0, RTP_LLM_GROUP_HOST = 1, RTP_LLM_GROUP_MODEL = 2, RTP_LLM_GROUP_SAMPLE = 3,
        RTP_LLM_GROUP_PARAM = 4 };
 
