@@ -7,6 +7,7 @@ import grpc
 
 from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2 as pb
 from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2_grpc as pb_grpc
+from rtp_llm.frontend.errors import ErrorCode
 from rtp_llm.ops.engine_core import decode_output
 
 
@@ -79,7 +80,7 @@ class BackendClient:
                 yield Chunk(d.token_ids, d.finished, d.aux, d.logprobs)
         except grpc.aio.AioRpcError as e:
             code, message = e.code(), e.details() or str(e.code())
-            error_code = 514  # UNKNOWN_ERROR
+            error_code = ErrorCode.UNKNOWN_ERROR
             trailing = dict(e.trailing_metadata() or ())
             raw = trailing.get("grpc-status-details-bin")
             if raw:
