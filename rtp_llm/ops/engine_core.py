@@ -6,7 +6,6 @@ it; copy what must outlive that.
 """
 
 import ctypes
-import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -72,12 +71,14 @@ class _Stats(ctypes.Structure):
 
 
 class EngineError(RuntimeError):
-    """A request or call the core refused; `code` is upstream's ErrorCode number."""
+    """A request or call the core refused; `code` is upstream's ErrorCode number, `field` the
+    request field it is about in the core's naming ("token_ids", a generate_config key; "")."""
 
-    def __init__(self, code: int, message: str):
+    def __init__(self, code: int, message: str, field: str = ""):
         super().__init__(f"[{code}] {message}")
         self.code = code
         self.message = message
+        self.field = field
 
 
 @dataclass
@@ -120,21 +121,22 @@ class DecodedOutput:
     finished: bool
     logprobs: Optional[List[float]]  # of token_ids, when the request asked for them
     aux: dict                        # upstream's aux_info names; times in milliseconds
+    finish_reason: Optional[str] = None  # "stop" | "length" once finished (as the core decided)
+    error_field: str = ""                # the field error_info is about, when there is an error
 
 
 def decode_output(out: pb.GenerateOutputsPB) -> DecodedOutput:
     flat = out.flatten_output
     ids = list(memoryview(flat.output_ids.int32_data).cast("i")) if flat.output_ids.int32_data else []
     a = flat.aux_info[0]
-    logprobs = None
-    if a.softmax_probs.fp32_data:  # the engine sends probabilities of the chosen tokens
-        logprobs = [math.log(p) if p > 0 else -math.inf for p in memoryview(a.softmax_probs.fp32_data).cast("f")]
+    logprobs = list(memoryview(a.logprobs.fp32_data).cast("f")) if a.logprobs.fp32_data else None
     aux = {
         "cost_time": a.cost_time_us / 1000.0, "first_token_cost_time": a.first_token_cost_time_us / 1000.0,
         "wait_time": a.wait_time_us / 1000.0, "iter_count": a.iter_count, "input_len": a.input_len,
         "prefix_len": a.prefix_len, "reuse_len": a.total_reuse_len, "output_len": a.output_len,
     }
-    return DecodedOutput(ids, bool(flat.finished and flat.finished[0]), logprobs, aux)
+    return DecodedOutput(ids, bool(flat.finished and flat.finished[0]), logprobs, aux, a.finish_reason or None,
+                         out.error_info.field)
 
 
 def _bind(lib):

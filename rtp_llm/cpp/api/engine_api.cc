@@ -153,6 +153,7 @@ int32_t rtp_llm_engine_poll(RtpEngine* engine, int64_t stream_id, int32_t from, 
     message.mutable_error_info()->set_error_code(update.error.code == ErrorCode::CANCELLED ? ::CANCELLED
                                                                                           : ::UNKNOWN_ERROR);
     message.mutable_error_info()->set_error_message(update.error.message);
+    message.mutable_error_info()->set_field(update.error.field);
   }
   const size_t size = message.ByteSizeLong();
   if (size <= static_cast<size_t>(cap) && out != nullptr) message.SerializeToArray(out, static_cast<int>(size));

@@ -6,18 +6,14 @@
 
 namespace rtp_llm {
 
-namespace {
-ErrorInfo invalid(const std::string& message) { return {ErrorCode::INVALID_PARAMS, message}; }
-}  // namespace
-
 ErrorInfo EngineConfig::validate() const {
-  if (num_blocks < 1) return invalid("num_blocks must be >= 1, got " + std::to_string(num_blocks));
-  if (block_size < 1) return invalid("block_size must be >= 1, got " + std::to_string(block_size));
-  if (max_batch_size < 1) return invalid("max_batch_size must be >= 1, got " + std::to_string(max_batch_size));
+  if (num_blocks < 1) return invalid("num_blocks", "num_blocks must be >= 1, got " + std::to_string(num_blocks));
+  if (block_size < 1) return invalid("block_size", "block_size must be >= 1, got " + std::to_string(block_size));
+  if (max_batch_size < 1) return invalid("max_batch_size", "max_batch_size must be >= 1, got " + std::to_string(max_batch_size));
   if (max_num_batched_tokens < 1) {
-    return invalid("max_num_batched_tokens must be >= 1, got " + std::to_string(max_num_batched_tokens));
+    return invalid("max_num_batched_tokens", "max_num_batched_tokens must be >= 1, got " + std::to_string(max_num_batched_tokens));
   }
-  if (max_seq_len < 2) return invalid("max_seq_len must be >= 2, got " + std::to_string(max_seq_len));
+  if (max_seq_len < 2) return invalid("max_seq_len", "max_seq_len must be >= 2, got " + std::to_string(max_seq_len));
   return {};
 }
 
@@ -51,19 +47,21 @@ int64_t Engine::now_us() {
 
 ErrorInfo Engine::enqueue(std::vector<int32_t> prompt, GenerateConfig config, int64_t* id, int max_waiting) {
   const int len = static_cast<int>(prompt.size());
-  if (len == 0) return invalid("token_ids must not be empty");
+  if (len == 0) return invalid("token_ids", "token_ids must not be empty");
   ErrorInfo bad = config.validate();
   if (!bad.ok()) return bad;
   if (len >= config_.max_seq_len) {
-    return {ErrorCode::LONG_PROMPT_ERROR, "prompt has " + std::to_string(len) + " tokens; max_seq_len is " +
-                                              std::to_string(config_.max_seq_len) +
-                                              " (room for at least one new token is needed)"};
+    return {ErrorCode::LONG_PROMPT_ERROR,
+            "prompt has " + std::to_string(len) + " tokens; max_seq_len is " + std::to_string(config_.max_seq_len) +
+                " (room for at least one new token is needed)",
+            "token_ids"};
   }
   // A stream may never need more blocks than the cache has, or it could wait forever.
   const int capacity = kv_.num_blocks() * kv_.block_size();
   if (len >= capacity) {
-    return {ErrorCode::EXCEEDS_KV_CACHE_MAX_LEN, "prompt has " + std::to_string(len) +
-                                                     " tokens; the whole KV cache holds " + std::to_string(capacity)};
+    return {ErrorCode::EXCEEDS_KV_CACHE_MAX_LEN,
+            "prompt has " + std::to_string(len) + " tokens; the whole KV cache holds " + std::to_string(capacity),
+            "token_ids"};
   }
   const int max_seq_len = std::min(config_.max_seq_len, capacity);
 
@@ -110,10 +108,10 @@ const StepBatch& Engine::schedule_locked() {
 
 ErrorInfo Engine::commit(const int32_t* tokens, const float* logprobs, int n) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (outstanding_ == 0) return invalid("commit() without a scheduled batch");
+  if (outstanding_ == 0) return invalid("", "commit() without a scheduled batch");
   const StepBatch& b = batches_[oldest_];
   if (n != b.num_sampled) {
-    return invalid("commit() got " + std::to_string(n) + " tokens; the batch samples " + std::to_string(b.num_sampled));
+    return invalid("", "commit() got " + std::to_string(n) + " tokens; the batch samples " + std::to_string(b.num_sampled));
   }
   updated_.clear();
   ended_.clear();
@@ -132,7 +130,7 @@ ErrorInfo Engine::commit(const int32_t* tokens, const float* logprobs, int n) {
 
 ErrorInfo Engine::fail_batch(const std::string& message) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (outstanding_ == 0) return invalid("fail_batch() without a scheduled batch");
+  if (outstanding_ == 0) return invalid("", "fail_batch() without a scheduled batch");
   ended_.clear();
   scheduler_.fail_step({ErrorCode::EXECUTION_EXCEPTION, message}, now_us(), ended_);
   outstanding_ = 0;

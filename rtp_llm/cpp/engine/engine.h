@@ -42,7 +42,7 @@ struct StreamUpdate {
   int prompt_len = 0;
   StreamStatus status = StreamStatus::WAITING;
   ErrorInfo error;
-  std::string finish_reason;
+  std::string finish_reason;  // GenerateStream::finish_reason(), sent as AuxInfoPB.finish_reason
   StreamTiming timing;
   bool done() const { return status >= StreamStatus::FINISHED; }
 };

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 namespace rtp_llm {
 
@@ -20,9 +21,20 @@ enum class ErrorCode : int {
 };
 
 struct ErrorInfo {
+  ErrorInfo() = default;
+  ErrorInfo(ErrorCode c, std::string m, std::string f = "") : code(c), message(std::move(m)), field(std::move(f)) {}
+
   ErrorCode code = ErrorCode::NONE_ERROR;
   std::string message;
+  // The request field the error is about, in the core's naming: "token_ids" for the prompt,
+  // a generate_config key otherwise (or a config field of the engine); "" when none.
+  std::string field;
   bool ok() const { return code == ErrorCode::NONE_ERROR; }
 };
+
+// INVALID_PARAMS about `field`.
+inline ErrorInfo invalid(const std::string& field, const std::string& message) {
+  return {ErrorCode::INVALID_PARAMS, message, field};
+}
 
 }  // namespace rtp_llm

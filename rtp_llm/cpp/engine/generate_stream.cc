@@ -65,7 +65,6 @@ void GenerateStream::finish(StreamStatus status, ErrorInfo error, int64_t now_us
   status_ = status;
   error_ = std::move(error);
   timing_.finish_us = now_us;
-  if (status == StreamStatus::CANCELLED && finish_reason_.empty()) finish_reason_ = "cancelled";
 }
 
 }  // namespace rtp_llm

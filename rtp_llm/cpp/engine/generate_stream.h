@@ -49,6 +49,8 @@ class GenerateStream {
   StreamStatus status() const { return status_; }
   bool done() const { return status_ >= StreamStatus::FINISHED; }
   const ErrorInfo& error() const { return error_; }
+  // "" unless FINISHED: "stop" (EOS, stop words) or "length" (max_new_tokens, max_seq_len or
+  // the KV-cache capacity). The one source of AuxInfoPB.finish_reason.
   const std::string& finish_reason() const { return finish_reason_; }
   const StreamTiming& timing() const { return timing_; }
 

@@ -118,7 +118,8 @@ void Scheduler::expire(int64_t now_us, std::vector<GenerateStream*>& ended) {
   auto expired = [&](GenerateStream* s) {
     if (s->in_flight || !s->timed_out(now_us)) return false;
     s->finish(StreamStatus::ERROR,
-              {ErrorCode::GENERATE_TIMEOUT, "request timed out after timeout_ms=" + std::to_string(s->config().timeout_ms)},
+              {ErrorCode::GENERATE_TIMEOUT, "request timed out after timeout_ms=" + std::to_string(s->config().timeout_ms),
+               "timeout_ms"},
               now_us);
     kv_.free(s->block_table);
     ended.push_back(s);

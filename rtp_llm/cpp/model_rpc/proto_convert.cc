@@ -1,7 +1,5 @@
 #include "rtp_llm/cpp/model_rpc/proto_convert.h"
 
-#include <cmath>
-
 namespace rtp_llm {
 
 GenerateConfig from_proto(const GenerateConfigPB& pb, int max_seq_len) {
@@ -62,11 +60,8 @@ void to_proto(int64_t request_id, const StreamUpdate& u, int64_t now_us, Generat
   aux->set_total_reuse_len(t.reuse_len);
   aux->set_local_reuse_len(t.reuse_len);
   aux->set_prefix_len(t.reuse_len);
-  if (!u.new_logprobs.empty()) {
-    std::vector<float> probs(u.new_logprobs.size());
-    for (size_t i = 0; i < probs.size(); ++i) probs[i] = std::exp(u.new_logprobs[i]);
-    set_fp32(aux->mutable_softmax_probs(), probs);
-  }
+  aux->set_finish_reason(u.finish_reason);
+  if (!u.new_logprobs.empty()) set_fp32(aux->mutable_logprobs(), u.new_logprobs);
 }
 
 grpc::Status to_status(const ErrorInfo& error) {
@@ -86,6 +81,7 @@ grpc::Status to_status(const ErrorInfo& error) {
   ErrorDetailsPB details;
   details.set_error_code(static_cast<int64_t>(error.code));
   details.set_error_message(error.message);
+  details.set_field(error.field);
   return grpc::Status(code, error.message, details.SerializeAsString());
 }
 

@@ -92,19 +92,68 @@ TEST(Engine, AdmissionRejectsWhatCanNeverRun) {
   int64_t id;
   ErrorInfo e = engine.enqueue({}, MaxNew(4), &id);
   EXPECT_EQ(e.code, ErrorCode::INVALID_PARAMS);
+  EXPECT_EQ(e.field, "token_ids");
   e = engine.enqueue(std::vector<int32_t>(96, 1), MaxNew(4), &id);
   EXPECT_EQ(e.code, ErrorCode::EXCEEDS_KV_CACHE_MAX_LEN);
+  EXPECT_EQ(e.field, "token_ids");
   EXPECT_NE(e.message.find("96"), std::string::npos) << e.message;
   GenerateConfig bad = MaxNew(4);
   bad.min_new_tokens = -1;
   e = engine.enqueue(std::vector<int32_t>(3, 1), bad, &id);
   EXPECT_NE(e.message.find("min_new_tokens"), std::string::npos);
+  EXPECT_EQ(e.field, "min_new_tokens");
+  e = engine.enqueue(std::vector<int32_t>(3, 1), MaxNew(0), &id);
+  EXPECT_EQ(e.field, "max_new_tokens");
 
   EngineConfig d = SmallConfig();
   Engine short_engine(d);
   e = short_engine.enqueue(std::vector<int32_t>(64, 1), MaxNew(4), &id);
   EXPECT_EQ(e.code, ErrorCode::LONG_PROMPT_ERROR);
+  EXPECT_EQ(e.field, "token_ids");
   EXPECT_NE(e.message.find("max_seq_len"), std::string::npos);
+}
+
+// Runs one request to its end; returns its final update.
+StreamUpdate RunAlone(EngineConfig c, std::vector<int32_t> prompt, GenerateConfig g) {
+  Engine engine(c);
+  FakeModel model(c.num_blocks, c.block_size);
+  int64_t id;
+  EXPECT_TRUE(engine.enqueue(prompt, g, &id).ok());
+  StreamUpdate u;
+  EXPECT_TRUE(engine.poll(id, 0, &u));
+  EXPECT_EQ(u.finish_reason, "");  // unfinished
+  while (Step(engine, model)) {
+  }
+  EXPECT_TRUE(engine.poll(id, 0, &u));
+  EXPECT_EQ(u.status, StreamStatus::FINISHED);
+  return u;
+}
+
+TEST(Engine, FinishReasonIsLengthAtEitherLimitAndStopAtEosOrAStopWord) {
+  FakeModel model(24, 4);
+  const std::vector<int32_t> prompt = {4, 5, 6};
+  const auto expected = model.reference(prompt, 8);
+  StreamUpdate u = RunAlone(SmallConfig(), prompt, MaxNew(8));
+  EXPECT_EQ(u.finish_reason, "length");  // max_new_tokens
+  EXPECT_EQ(u.num_generated, 8);
+
+  EngineConfig c = SmallConfig();
+  c.max_seq_len = 10;
+  u = RunAlone(c, prompt, MaxNew(50));
+  EXPECT_EQ(u.finish_reason, "length");  // max_seq_len
+  EXPECT_EQ(u.prompt_len + u.num_generated, 10);
+
+  c = SmallConfig();
+  c.eos_token_ids = {expected[3]};
+  u = RunAlone(c, prompt, MaxNew(8));
+  EXPECT_EQ(u.finish_reason, "stop");  // EOS
+  EXPECT_EQ(u.new_tokens, std::vector<int32_t>(expected.begin(), expected.begin() + 4));
+
+  GenerateConfig g = MaxNew(8);
+  g.stop_words_list = {{expected[1], expected[2]}};
+  u = RunAlone(SmallConfig(), prompt, g);
+  EXPECT_EQ(u.finish_reason, "stop");  // a stop-word sequence
+  EXPECT_EQ(u.new_tokens, std::vector<int32_t>(expected.begin(), expected.begin() + 3));
 }
 
 TEST(Engine, AWaitingQueueCapRefusesTheExcessUntilTheQueueMoves) {
@@ -195,6 +244,8 @@ TEST(Engine, TimeoutEndsAStreamWithGenerateTimeout) {
   }
   EXPECT_EQ(u.status, StreamStatus::ERROR);
   EXPECT_EQ(u.error.code, ErrorCode::GENERATE_TIMEOUT);
+  EXPECT_EQ(u.error.field, "timeout_ms");
+  EXPECT_EQ(u.finish_reason, "");
   ExpectAllBlocksBack(engine);
 }
 

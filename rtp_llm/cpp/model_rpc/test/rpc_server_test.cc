@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -26,6 +27,9 @@ using testing::FakeModel;
 
 constexpr int kBlocks = 1024;
 constexpr int kBlockSize = 16;
+
+// The "sampler's" log-prob of a token: not a round number, so that an exp/log round trip shows.
+float LogprobOf(int32_t token) { return -0.1f - static_cast<float>(token) / 7.0f; }
 
 std::vector<int32_t> Ids(const GenerateOutputsPB& msg) {
   const std::string& bytes = msg.flatten_output().output_ids().int32_data();
@@ -49,7 +53,14 @@ class Call : public grpc::ClientReadReactor<GenerateOutputsPB> {
     auto ids = Ids(message_);
     tokens_.insert(tokens_.end(), ids.begin(), ids.end());
     finished_ = message_.flatten_output().finished(0);
-    output_len_ = message_.flatten_output().aux_info(0).output_len();
+    const AuxInfoPB& aux = message_.flatten_output().aux_info(0);
+    output_len_ = aux.output_len();
+    finish_reasons_.push_back(aux.finish_reason());
+    const std::string& lp = aux.logprobs().fp32_data();
+    const size_t before = logprobs_.size();
+    logprobs_.resize(before + lp.size() / sizeof(float));
+    std::memcpy(logprobs_.data() + before, lp.data(), lp.size());
+    softmax_probs_ += aux.softmax_probs().fp32_data().size();
     if (first_read_) first_read_();
     StartRead(&message_);
   }
@@ -71,6 +82,9 @@ class Call : public grpc::ClientReadReactor<GenerateOutputsPB> {
   int messages_ = 0;
   bool finished_ = false;
   int output_len_ = 0;
+  std::vector<std::string> finish_reasons_;  // of each message
+  std::vector<float> logprobs_;
+  size_t softmax_probs_ = 0;  // bytes received (no longer sent)
   std::function<void()> first_read_;
 
  private:
@@ -106,8 +120,10 @@ class RpcServerTest : public ::testing::Test {
         const RtpStepBatch* b = rtp_llm_engine_schedule(engine_);
         if (b->num_streams == 0) continue;
         auto tokens = model.run(*b);
+        std::vector<float> logprobs(tokens.size());
+        for (size_t i = 0; i < tokens.size(); ++i) logprobs[i] = LogprobOf(tokens[i]);
         if (step_delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_delay_us_.load()));
-        if (rtp_llm_engine_commit(engine_, tokens.data(), nullptr, static_cast<int32_t>(tokens.size()), error,
+        if (rtp_llm_engine_commit(engine_, tokens.data(), logprobs.data(), static_cast<int32_t>(tokens.size()), error,
                                   sizeof(error)) != 0) {
           ADD_FAILURE() << error;
         }
@@ -195,6 +211,32 @@ TEST_F(RpcServerTest, StreamingSendsOnlyNewTokens) {
   ExpectDrained();
 }
 
+TEST_F(RpcServerTest, MessagesCarryTheFinishReasonAndTheSamplersLogprobs) {
+  const std::vector<int32_t> prompt = {9, 8, 7};
+  const auto expected = FakeModel(kBlocks, kBlockSize).reference(prompt, 12);
+  step_delay_us_ = 500;
+  GenerateInputPB r = Request(prompt, 12, true);
+  r.mutable_generate_config()->set_return_softmax_probs(true);
+  auto length = std::make_unique<Call>(stub_.get(), r);
+  ASSERT_TRUE(length->Await().ok());
+  ASSERT_EQ(length->tokens_, expected);
+  std::vector<float> want;
+  for (int32_t t : expected) want.push_back(LogprobOf(t));
+  EXPECT_EQ(length->logprobs_, want);  // bit-exact
+  EXPECT_EQ(length->softmax_probs_, 0u);
+  EXPECT_EQ(length->finish_reasons_.back(), "length");
+  for (size_t i = 0; i + 1 < length->finish_reasons_.size(); ++i) EXPECT_EQ(length->finish_reasons_[i], "");
+
+  GenerateInputPB s = Request(prompt, 12, false);
+  s.mutable_generate_config()->mutable_stop_words_list()->add_rows()->add_values(expected[4]);
+  auto stop = std::make_unique<Call>(stub_.get(), s);
+  ASSERT_TRUE(stop->Await().ok());
+  EXPECT_EQ(stop->tokens_, std::vector<int32_t>(expected.begin(), expected.begin() + 5));
+  EXPECT_EQ(stop->finish_reasons_, std::vector<std::string>{"stop"});
+  EXPECT_TRUE(stop->logprobs_.empty());  // not asked for
+  ExpectDrained();
+}
+
 TEST_F(RpcServerTest, ClientCancelAbortsTheStreamAndFreesItsBlocks) {
   step_delay_us_ = 2000;  // 400 tokens take ~0.8 s; the clients cancel after 50 ms
   std::vector<std::unique_ptr<Call>> calls;
@@ -218,6 +260,7 @@ TEST_F(RpcServerTest, ErrorsMapToGrpcCodesWithErrorDetails) {
   ErrorDetailsPB details;
   ASSERT_TRUE(details.ParseFromString(status.error_details()));
   EXPECT_EQ(details.error_code(), 511);  // LONG_PROMPT_ERROR
+  EXPECT_EQ(details.field(), "token_ids");
   EXPECT_NE(details.error_message().find("max_seq_len"), std::string::npos);
 
   GenerateInputPB bad = Request({1, 2}, 4, false);
@@ -226,6 +269,8 @@ TEST_F(RpcServerTest, ErrorsMapToGrpcCodesWithErrorDetails) {
   status = invalid->Await();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(status.error_message().find("top_p"), std::string::npos);
+  ASSERT_TRUE(details.ParseFromString(status.error_details()));
+  EXPECT_EQ(details.field(), "top_p");
 
   // 510 steps of at least 1 ms each cannot finish within the 5 ms timeout.
   step_delay_us_ = 1000;
@@ -233,7 +278,11 @@ TEST_F(RpcServerTest, ErrorsMapToGrpcCodesWithErrorDetails) {
   slow.mutable_generate_config()->set_timeout_ms(5);
   slow.mutable_generate_config()->set_ignore_eos(true);
   auto timeout = std::make_unique<Call>(stub_.get(), slow);
-  EXPECT_EQ(timeout->Await().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  status = timeout->Await();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ASSERT_TRUE(details.ParseFromString(status.error_details()));
+  EXPECT_EQ(details.error_code(), 603);  // GENERATE_TIMEOUT
+  EXPECT_EQ(details.field(), "timeout_ms");
   ExpectDrained();
 }
 
