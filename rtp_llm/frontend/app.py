@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 from aiohttp import web
 
 from rtp_llm.config.generate_config import GenerateConfig
-from rtp_llm.frontend.backend_client import BackendClient
+from rtp_llm.frontend.backend_client import BackendClient, BackendError
 from rtp_llm.frontend.errors import ErrorCode, RequestError
 from rtp_llm.frontend.generation import generate_sequences
 from rtp_llm.frontend.metrics import Metrics
@@ -28,6 +28,7 @@ from rtp_llm.frontend.middleware import auth_middleware, error_middleware
 from rtp_llm.frontend.native_api import NativeApi
 from rtp_llm.frontend.openai_api import OpenAIApi
 from rtp_llm.frontend.prompts import Prompts, fit
+from rtp_llm.frontend.request import Namer
 from rtp_llm.frontend.status import StatusRoutes
 
 
@@ -102,11 +103,21 @@ class Frontend:
         """prompts.fit against this engine's context and the server's defaults."""
         return fit(prompt_ids, config, field, self.context_len, self.default_timeout_ms, self.prompts.vocab_size)
 
-    def events(self, prompt_ids: List[int], config: GenerateConfig, stop: Sequence[str],
-               print_stop_words: bool = False):
-        """The request's SequenceEvents (all its sequences), timed into the metrics."""
-        return self.stats.timed(generate_sequences(self.client, self.tokenizer, prompt_ids, config, stop,
-                                                   print_stop_words, next(self.ids)))
+    async def events(self, prompt_ids: List[int], config: GenerateConfig, stop: Sequence[str],
+                     print_stop_words: bool, prompt_field: str, name: Namer):
+        """The SequenceEvents of one prompt's sequences, timed into the metrics. An engine error
+        leaves with its `param` set to the request's name for the field it is about
+        (prompt_field for the prompt's token ids, name() of a generate_config key)."""
+        source = self.stats.timed(generate_sequences(self.client, self.tokenizer, prompt_ids, config, stop,
+                                                     print_stop_words, next(self.ids)))
+        try:
+            async for ev in source:
+                yield ev
+        except BackendError as e:
+            e.param = prompt_field if e.field == "token_ids" else name(e.field) if e.field else None
+            raise
+        finally:
+            await source.aclose()  # closed early: the sequences' gRPC calls end now
 
     def _chat_ids(self, messages, kwargs) -> List[int]:
         """Prompts.chat_ids (kept on Frontend: tests/test_server.py renders templates with it)."""

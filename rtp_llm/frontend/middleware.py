@@ -34,17 +34,6 @@ def _retry(status: int):
     return {"Retry-After": "1"} if status == 429 else None
 
 
-# Engine error codes -> the request field they are about.
-_BACKEND_FIELDS = {ErrorCode.LONG_PROMPT_ERROR: "prompt", ErrorCode.EXCEEDS_KV_CACHE_MAX_LEN: "prompt",
-                   ErrorCode.GENERATE_TIMEOUT: "timeout_ms"}
-
-
-def _backend_field(e: BackendError) -> Optional[str]:
-    if e.error_code == ErrorCode.INVALID_PARAMS:  # the engine's message starts with the field
-        return e.message.split(" ", 1)[0]
-    return _BACKEND_FIELDS.get(e.error_code)
-
-
 def error_middleware(frontend):
     """Maps what a handler raises to a status and a JSON error body (native or OpenAI form by
     the path), and counts every answer in frontend.stats."""
@@ -57,8 +46,7 @@ def error_middleware(frontend):
         except RequestError as e:
             resp = error_response(e.status, e.error_code, str(e), openai, e.field or None, _retry(e.status))
         except BackendError as e:
-            resp = error_response(e.http_status, e.error_code, e.message, openai, _backend_field(e),
-                                  _retry(e.http_status))
+            resp = error_response(e.http_status, e.error_code, e.message, openai, e.param, _retry(e.http_status))
         except web.HTTPRequestEntityTooLarge:
             resp = error_response(413, ErrorCode.ERROR_INPUT_FORMAT_ERROR,
                                   f"body: larger than the limit of {frontend.max_body_size} bytes", openai, "body")

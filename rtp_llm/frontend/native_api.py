@@ -7,7 +7,8 @@ from typing import Any, Dict, List, Tuple
 from aiohttp import web
 
 from rtp_llm.frontend.errors import RequestError
-from rtp_llm.frontend.request import MAX_SEQUENCES_PER_REQUEST, flag, native_config, read_json, stop_strings
+from rtp_llm.frontend.request import (MAX_SEQUENCES_PER_REQUEST, flag, native_config, native_name, read_json,
+                                     stop_strings)
 from rtp_llm.frontend.streaming import clamp_header, open_stream, sse, sse_done, stream_errors, with_clamp
 
 
@@ -26,9 +27,9 @@ class NativeApi:
         async with self.fe.admitted():
             runs = [self.fe.fit(p, config, f) for p, f in zip(ids, fields)]
             if streaming:
-                return await self._stream(request, ids[0], *runs[0], stop, options)
-            results = await asyncio.gather(*[self._collect(p, c, clamped, stop, options)
-                                             for p, (c, clamped) in zip(ids, runs)])
+                return await self._stream(request, ids[0], *runs[0], stop, options, fields[0])
+            results = await asyncio.gather(*[self._collect(p, c, clamped, stop, options, f)
+                                             for p, (c, clamped), f in zip(ids, runs, fields)])
             headers = clamp_header(runs[0][1]) if len(ids) == 1 else None
             return web.json_response(results if "prompt_batch" in body else results[0], headers=headers)
 
@@ -50,10 +51,13 @@ class NativeApi:
             return [prompts.encode(body["prompt"], "prompt")], ["prompt"]
         raise RequestError("prompt", "is required (or prompt_batch, or messages)")
 
-    async def _collect(self, prompt_ids, config, clamped, stop, options):
+    def _events(self, prompt_ids, config, stop, options, field):
+        return self.fe.events(prompt_ids, config, stop, options.get("print_stop_words"), field, native_name)
+
+    async def _collect(self, prompt_ids, config, clamped, stop, options, field):
         n = config.num_return_sequences
         texts, aux = [""] * n, [{}] * n
-        async for ev in self.fe.events(prompt_ids, config, stop, options.get("print_stop_words")):
+        async for ev in self._events(prompt_ids, config, stop, options, field):
             texts[ev.index] += ev.delta
             if ev.finished:
                 aux[ev.index] = with_clamp(ev.aux, clamped)
@@ -61,13 +65,13 @@ class NativeApi:
             return {"response": texts[0], "finished": True, "aux_info": aux[0]}
         return {"response": texts, "finished": True, "aux_info": aux}
 
-    async def _stream(self, request, prompt_ids, config, clamped, stop, options):
+    async def _stream(self, request, prompt_ids, config, clamped, stop, options, field):
         """One event per SequenceEvent: the sequence's text so far (or only the new text with
         return_incremental) at its index, "finished" once all sequences are."""
         incremental = bool(options.get("return_incremental"))
         n = config.num_return_sequences
         texts, finished = [""] * n, [False] * n
-        source = self.fe.events(prompt_ids, config, stop, options.get("print_stop_words"))
+        source = self._events(prompt_ids, config, stop, options, field)
         try:
             resp, events = await open_stream(request, source, clamped)
             async with stream_errors(resp, openai=False):

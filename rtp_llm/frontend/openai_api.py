@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional
 from aiohttp import web
 
 from rtp_llm.frontend.errors import RequestError
-from rtp_llm.frontend.request import flag, openai_config, read_json
+from rtp_llm.frontend.request import flag, openai_config, openai_name, read_json
 from rtp_llm.frontend.streaming import clamp_header, open_stream, sse, sse_done, stream_errors
 from rtp_llm.openai.protocol import Reply, usage
 
@@ -72,8 +72,9 @@ class OpenAIApi:
         include_usage = _include_usage(body)
         reply = Reply(self.fe.model_name, chat, self.fe.tokenizer if config.return_logprobs else None)
         async with self.fe.admitted():
-            config, clamped = self.fe.fit(prompt_ids, config, "messages" if chat else "prompt")
-            source = self.fe.events(prompt_ids, config, stop)
+            field = "messages" if chat else "prompt"
+            config, clamped = self.fe.fit(prompt_ids, config, field)
+            source = self.fe.events(prompt_ids, config, stop, False, field, openai_name)
             try:
                 if not stream:
                     return await self._collect(source, reply, config.num_return_sequences, prompt_ids, clamped)
