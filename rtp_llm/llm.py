@@ -24,7 +24,7 @@ Prompt = Union[str, Sequence[int]]
 class SequenceOutput:
     token_ids: List[int]
     text: Optional[str]
-    finish_reason: str  # "stop" | "length" | "error: ..."
+    finish_reason: str  # "stop" | "length" (as the core decided) | "error: ..."
     logprobs: Optional[List[float]] = None
 
 
@@ -89,10 +89,7 @@ class LLM:
             for i, j, sid in pending:
                 out, code = core.poll(sid)
                 d = decode_output(out)
-                if code != 0:
-                    reason = f"error: {out.error_info.error_message} ({code})"
-                else:
-                    reason = "length" if len(d.token_ids) >= parsed[i].max_new_tokens else "stop"
+                reason = f"error: {out.error_info.error_message} ({code})" if code != 0 else d.finish_reason
                 logprobs = d.logprobs if parsed[i].return_logprobs else None
                 results[i].outputs.append(SequenceOutput(d.token_ids, self._decode(d.token_ids), reason, logprobs))
                 results[i].aux_info = d.aux

@@ -1,41 +1,101 @@
-"""Per-request generation settings (upstream's generate_config names) and their proto form."""
+"""Per-request generation settings (upstream's generate_config names): the one declaration of
+each request field. A field's type, default, range and description live in its metadata here;
+its validation (`validate`), its proto form (`to_proto`), its OpenAI name and the OpenAPI text
+(rtp_llm/frontend/openapi.py) are derived from them. Adding a sampling parameter here adds it to
+the native API, the OpenAI API (when it has an OpenAI name), the OpenAPI document and the wire."""
 
+import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2 as pb
 
+INT32_MAX = (1 << 31) - 1
+# A sequence's seed is random_seed + its index (< 64, num_return_sequences' bound) in an int64.
+SEED_MAX = (1 << 63) - 65
+
+
+@dataclass(frozen=True)
+class Range:
+    """Closed [lo, hi], or (lo, hi] when lo_open. Bounds are what the int32 proto fields and the
+    sampler's fp32 arithmetic can take: beyond them a value overflows the proto or turns logits
+    into inf/nan."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+
+    def __contains__(self, v) -> bool:
+        return (self.lo < v if self.lo_open else self.lo <= v) and v <= self.hi
+
+    def __str__(self) -> str:
+        return f"{'(' if self.lo_open else '['}{self.lo}, {self.hi}]"
+
+
+# How a field crosses to GenerateConfigPB, when not as the proto field of the same name.
+SAME = "same"          # the proto field of the same name
+SEED = "seed"          # Int64Value random_seed, plus the sequence index
+ONE_PER_STREAM = "1"   # num_return_sequences: the frontend fans out one stream per sequence
+TOKEN_LISTS = "rows"   # an IntMatrix of token id lists
+
+
+def _field(default, doc: str, range: Optional[Range] = None, openai: Optional[str] = "",
+           proto: str = SAME, default_factory=None):
+    """A request field. openai: its name in the OpenAI API ("" = the same, None = not there);
+    proto: the GenerateConfigPB field it becomes (SAME, another name, or a conversion above)."""
+    meta = {"doc": doc, "range": range, "openai": openai, "proto": proto}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
 
 class GenerateConfigError(ValueError):
-    """A bad generate_config; `field` names the key at fault."""
+    """A bad generate_config: `field` names the key at fault, `reason` says what is wrong."""
 
-    def __init__(self, field_name: str, message: str):
-        super().__init__(f"generate_config.{field_name}: {message}")
+    def __init__(self, field_name: str, reason: str):
+        super().__init__(f"generate_config.{field_name}: {reason}")
         self.field = field_name
+        self.reason = reason
 
 
 @dataclass
 class GenerateConfig:
-    max_new_tokens: int = 256
-    min_new_tokens: int = 0
-    num_return_sequences: int = 1
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    random_seed: Optional[int] = None
-    ignore_eos: bool = False
-    stop_words_list: List[List[int]] = field(default_factory=list)
-    return_logprobs: bool = False
-    timeout_ms: int = 0
+    # name: type = _field(default, description, range, openai=..., proto=...)
+    max_new_tokens: int = _field(
+        256, "at most this many new tokens; a server clamps it to the context left after the prompt and says so "
+        "(aux_info.clamped_max_new_tokens, the X-Max-New-Tokens-Clamped header)", Range(1, INT32_MAX),
+        openai="max_tokens")
+    min_new_tokens: int = _field(
+        0, "no EOS or stop token before this many new tokens", Range(0, INT32_MAX), openai=None)
+    num_return_sequences: int = _field(
+        1, "independent sequences generated for the prompt", Range(1, 64), openai="n", proto=ONE_PER_STREAM)
+    temperature: float = _field(1.0, "0 = greedy", Range(0, 1e4))
+    top_k: int = _field(0, "0 = no cap; at least the vocabulary size = no cap", Range(0, INT32_MAX))
+    top_p: float = _field(
+        1.0, "nucleus sampling: the smallest set of tokens with this much probability", Range(0, 1, lo_open=True))
+    min_p: float = _field(0.0, "drop tokens less likely than this times the most likely one", Range(0, 1))
+    repetition_penalty: float = _field(
+        1.0, "HF's: logits of prompt and generated tokens divided by it (times it if negative); 1 = off",
+        Range(0.01, 100))
+    presence_penalty: float = _field(
+        0.0, "OpenAI's: subtracted from the logits of tokens generated so far", Range(-2, 2))
+    frequency_penalty: float = _field(
+        0.0, "OpenAI's: times a token's count so far in the output, subtracted from its logit", Range(-2, 2))
+    random_seed: Optional[int] = _field(
+        None, "seeds sampling; sequence i of n uses random_seed + i", Range(0, SEED_MAX), openai="seed", proto=SEED)
+    ignore_eos: bool = _field(False, "generate past EOS (stop token lists still apply)")
+    stop_words_list: List[List[int]] = _field(
+        None, "token id sequences that end generation", Range(-INT32_MAX, INT32_MAX), openai=None,
+        proto=TOKEN_LISTS, default_factory=list)
+    return_logprobs: bool = _field(
+        False, "return the log-prob of each generated token", openai=None, proto="return_softmax_probs")
+    timeout_ms: int = _field(
+        0, "0 = the server's --default_timeout_ms (0 there: none)", Range(0, INT32_MAX), openai=None)
 
     @classmethod
     def from_dict(cls, d: Optional[Dict[str, Any]]) -> "GenerateConfig":
         d = dict(d or {})
-        known = {f.name: f for f in fields(cls)}
+        known = {f.name for f in fields(cls)}
         unknown = sorted(k for k in d if k not in known)
         if unknown:
             raise GenerateConfigError(unknown[0], f"unknown field (known: {', '.join(sorted(known))})")
@@ -44,38 +104,79 @@ class GenerateConfig:
         return cfg
 
     def validate(self) -> None:
-        def need(ok: bool, name: str, what: str):
-            if not ok:
-                raise GenerateConfigError(name, f"{what}, got {getattr(self, name)!r}")
-
-        for name in ("max_new_tokens", "min_new_tokens", "num_return_sequences", "top_k", "timeout_ms"):
-            need(isinstance(getattr(self, name), int) and not isinstance(getattr(self, name), bool), name,
-                 "must be an integer")
-        need(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
-        need(self.min_new_tokens >= 0, "min_new_tokens", "must be >= 0")
-        need(1 <= self.num_return_sequences <= 64, "num_return_sequences", "must be in [1, 64]")
-        need(self.temperature >= 0, "temperature", "must be >= 0")
-        need(self.top_k >= 0, "top_k", "must be >= 0")
-        need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
-        need(0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
-        need(self.repetition_penalty > 0, "repetition_penalty", "must be > 0")
-        need(self.timeout_ms >= 0, "timeout_ms", "must be >= 0")
-        need(self.random_seed is None or (isinstance(self.random_seed, int) and self.random_seed >= 0),
-             "random_seed", "must be a non-negative integer")
-        need(all(isinstance(w, list) and w and all(isinstance(t, int) for t in w) for w in self.stop_words_list),
-             "stop_words_list", "must be a list of non-empty token id lists")
+        """Raises GenerateConfigError naming the first field (in declaration order) whose value
+        has the wrong type, else the first out of its range."""
+        for check in (check_type, check_range):
+            for f in fields(self):
+                reason = check(f, getattr(self, f.name))
+                if reason:
+                    raise GenerateConfigError(f.name, reason)
 
     def to_proto(self, sequence_index: int = 0) -> pb.GenerateConfigPB:
-        c = pb.GenerateConfigPB(
-            max_new_tokens=self.max_new_tokens, min_new_tokens=self.min_new_tokens, top_k=self.top_k,
-            top_p=self.top_p, min_p=self.min_p, temperature=self.temperature,
-            repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty, ignore_eos=self.ignore_eos, timeout_ms=self.timeout_ms,
-            return_softmax_probs=self.return_logprobs, num_return_sequences=1,
-        )
-        if self.random_seed is not None:
-            # Sequence i of num_return_sequences draws from its own seed.
-            c.random_seed.value = self.random_seed + sequence_index
-        for words in self.stop_words_list:
-            c.stop_words_list.rows.add(values=words)
+        """The proto for sequence `sequence_index` of num_return_sequences (its own stream)."""
+        c = pb.GenerateConfigPB()
+        for f in fields(self):
+            v, proto = getattr(self, f.name), f.metadata["proto"]
+            if proto == SEED:
+                if v is not None:
+                    c.random_seed.value = v + sequence_index
+            elif proto == ONE_PER_STREAM:
+                setattr(c, f.name, 1)
+            elif proto == TOKEN_LISTS:
+                for words in v:
+                    c.stop_words_list.rows.add(values=words)
+            else:
+                setattr(c, f.name if proto == SAME else proto, v)
         return c
+
+
+def request_fields() -> Tuple:
+    """The declared fields (dataclasses.Field), in declaration order."""
+    return fields(GenerateConfig)
+
+
+def openai_names() -> Dict[str, str]:
+    """GenerateConfig field -> its OpenAI request name, for the fields the OpenAI API has."""
+    out = {}
+    for f in fields(GenerateConfig):
+        name = f.metadata["openai"]
+        if name is not None:
+            out[f.name] = name or f.name
+    return out
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_finite_number(v) -> bool:
+    # abs() first: a huge int has no float form for isfinite.
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= 1e300 and math.isfinite(v))
+
+
+def check_type(f, v) -> Optional[str]:
+    """What is wrong with the type of value `v` for field `f` (a dataclasses.Field of
+    GenerateConfig, typed by its annotation), or None."""
+    kind = f.type
+    if kind is bool:
+        return None if isinstance(v, bool) else "must be a boolean"
+    if kind == List[List[int]]:
+        ok = isinstance(v, list) and all(isinstance(w, list) and w and all(_is_int(t) for t in w) for w in v)
+        return None if ok else f"must be a list of non-empty token id lists, got {v!r}"
+    if kind == Optional[int] and v is None:
+        return None
+    if kind is float:
+        return None if _is_finite_number(v) else f"must be a finite number, got {v!r}"
+    return None if _is_int(v) else f"must be an integer, got {v!r}"
+
+
+def check_range(f, v) -> Optional[str]:
+    """What is wrong with `v` (of the right type) for the range in `f`'s metadata, or None.
+    A list of token id lists has the range on each token id."""
+    rng = f.metadata["range"]
+    if rng is None or v is None:
+        return None
+    if f.type == List[List[int]]:
+        bad = next((t for w in v for t in w if t not in rng), None)
+        return None if bad is None else f"token ids must be in {rng}, got {bad!r}"
+    return None if v in rng else f"must be in {rng}, got {v!r}"

@@ -7,6 +7,7 @@ import grpc
 
 from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2 as pb
 from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2_grpc as pb_grpc
+from rtp_llm.frontend.errors import ErrorCode
 from rtp_llm.ops.engine_core import decode_output
 
 
@@ -16,16 +17,22 @@ class Chunk:
     finished: bool
     aux: dict = field(default_factory=dict)
     logprobs: Optional[List[float]] = None  # of new_ids, when the request asked for them
+    finish_reason: Optional[str] = None     # "stop" | "length" once finished, as the core decided
 
 
 class BackendError(Exception):
-    """The engine refused or failed a request: `http_status`, upstream `error_code`, message."""
+    """The engine refused or failed a request: `http_status`, upstream `error_code`, message;
+    `field`: the request field it is about in the core's naming ("token_ids" for the prompt, a
+    generate_config key, "" for none); `param`: that field as the request named it, once known
+    (Frontend.events sets it)."""
 
-    def __init__(self, http_status: int, error_code: int, message: str):
+    def __init__(self, http_status: int, error_code: int, message: str, field: str = ""):
         super().__init__(message)
         self.http_status = http_status
         self.error_code = error_code
         self.message = message
+        self.field = field
+        self.param: Optional[str] = None
 
 
 _HTTP = {
@@ -76,10 +83,10 @@ class BackendClient:
         try:
             async for out in call:
                 d = decode_output(out)
-                yield Chunk(d.token_ids, d.finished, d.aux, d.logprobs)
+                yield Chunk(d.token_ids, d.finished, d.aux, d.logprobs, d.finish_reason)
         except grpc.aio.AioRpcError as e:
             code, message = e.code(), e.details() or str(e.code())
-            error_code = 514  # UNKNOWN_ERROR
+            error_code, field_name = ErrorCode.UNKNOWN_ERROR, ""
             trailing = dict(e.trailing_metadata() or ())
             raw = trailing.get("grpc-status-details-bin")
             if raw:
@@ -87,9 +94,10 @@ class BackendClient:
                 try:
                     details.ParseFromString(raw)
                     error_code, message = int(details.error_code), details.error_message or message
+                    field_name = details.field
                 except Exception:
                     pass
-            raise BackendError(_HTTP.get(code, 500), error_code, message) from None
+            raise BackendError(_HTTP.get(code, 500), error_code, message, field_name) from None
         finally:
             call.cancel()
 

@@ -62,6 +62,3 @@ class IncrementalDetokenizer:
             if any(s.startswith(tail) for s in self.stop):
                 return n
         return 0
-
-    def final_text(self) -> str:
-        return self.text[: self.emitted]

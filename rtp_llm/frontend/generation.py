@@ -30,7 +30,7 @@ async def generate_sequences(client: BackendClient, tokenizer, prompt_ids: List[
     async def run(index: int):
         detok = IncrementalDetokenizer(tokenizer, stop, print_stop_words)
         stream = client.generate(prompt_ids, config.to_proto(index), request_id)
-        reason = "stop"
+        reason = "stop"  # a stop string, unless the core says otherwise
         aux: dict = {}
         try:
             pending: List[tuple] = []
@@ -43,8 +43,7 @@ async def generate_sequences(client: BackendClient, tokenizer, prompt_ids: List[
                     break  # a stop string: leaving the loop cancels the call
                 if chunk.finished:
                     delta += detok.finish()
-                    if aux.get("output_len", 0) >= config.max_new_tokens:
-                        reason = "length"
+                    reason = chunk.finish_reason
                     break
                 if delta:
                     await queue.put(SequenceEvent(index, delta, False, aux=aux, num_tokens=len(detok.ids),

@@ -1,7 +1,8 @@
 """Prometheus text-format metrics of one frontend process (no client library needed)."""
 
 import bisect
-from typing import Dict, List, Sequence, Tuple
+import time
+from typing import AsyncIterator, Dict, List, Sequence, Tuple
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -38,6 +39,26 @@ class Metrics:
     def count(self, method: str, path: str, status: int) -> None:
         key = (method, path, status)
         self.requests[key] = self.requests.get(key, 0) + 1
+
+    async def timed(self, events: AsyncIterator) -> AsyncIterator:
+        """Passes a request's SequenceEvents through, recording TTFT, inter-token latency and
+        e2e latency."""
+        start = last = time.perf_counter()
+        first = True
+        try:
+            async for ev in events:
+                if ev.delta:
+                    now = time.perf_counter()
+                    if first:
+                        self.ttft.observe(now - start)
+                        first = False
+                    else:
+                        self.itl.observe(now - last)
+                    last = now
+                yield ev
+        finally:
+            await events.aclose()  # closed early: the sequences' gRPC calls end now, not at garbage collection
+        self.e2e.observe(time.perf_counter() - start)
 
     def render(self, gauges: Dict[str, Tuple[str, float]]) -> str:
         lines = ["# HELP rtp_llm_http_requests_total HTTP requests by route and status",

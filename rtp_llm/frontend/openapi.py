@@ -1,18 +1,24 @@
 """The OpenAPI 3.1 description of the HTTP API, served at GET /openapi.json (and read by the
-fuzz test, tests/test_fuzz.py, to build its requests). Ranges are the ones the frontend
-enforces; anything outside them gets a 400 naming the field."""
+fuzz test, tests/test_fuzz.py, to build its requests). The request fields' types, ranges and
+descriptions are derived from their declarations (GenerateConfig, NATIVE_OPTIONS), which the
+frontend enforces: anything outside them gets a 400 naming the field."""
 
-from typing import Any, Dict
+from typing import Any, Dict, List
 
-_INT32 = (1 << 31) - 1
+from rtp_llm.config.generate_config import INT32_MAX, Range, request_fields
+from rtp_llm.frontend.errors import ErrorCode
+from rtp_llm.frontend.request import MAX_SEQUENCES_PER_REQUEST, NATIVE_OPTIONS, OPENAI_NAMES
 
 
-def _int(lo: int, hi: int = _INT32, **kw) -> Dict[str, Any]:
+def _int(lo: int, hi: int = INT32_MAX, **kw) -> Dict[str, Any]:
     return {"type": "integer", "minimum": lo, "maximum": hi, **kw}
 
 
-def _num(lo: float, hi: float, **kw) -> Dict[str, Any]:
-    return {"type": "number", "minimum": lo, "maximum": hi, **kw}
+def _range(kind: str, r: Range) -> Dict[str, Any]:
+    out = {"type": kind, "minimum": r.lo, "maximum": r.hi}
+    if r.lo_open:
+        out["exclusiveMinimum"] = r.lo
+    return out
 
 
 _STR = {"type": "string"}
@@ -20,38 +26,34 @@ _BOOL = {"type": "boolean"}
 _STRINGS = {"type": "array", "items": _STR}
 _TOKEN_IDS = {"type": "array", "items": _int(0), "minItems": 1}
 
-_SAMPLING = {  # shared by generate_config and the OpenAI routes (OpenAI names in the latter)
-    "temperature": _num(0, 1e4, description="0 = greedy"),
-    "top_p": _num(0, 1, exclusiveMinimum=0),
-    "top_k": _int(0, description="0 = no cap; at least the vocabulary size = no cap"),
-    "min_p": _num(0, 1),
-    "repetition_penalty": _num(0.01, 100),
-    "presence_penalty": _num(-2, 2),
-    "frequency_penalty": _num(-2, 2),
-    "ignore_eos": _BOOL,
-}
 
+def field_schema(f) -> Dict[str, Any]:
+    """The JSON schema of a GenerateConfig field (a dataclasses.Field), from its declaration:
+    the annotation gives the type, the metadata the range and the description."""
+    kind, r = f.type, f.metadata["range"]
+    if kind is bool:
+        out = dict(_BOOL)
+    elif kind is float:
+        out = _range("number", r)
+    elif kind == List[List[int]]:  # the range bounds each token id
+        out = {"type": "array", "items": {"type": "array", "items": _range("integer", r), "minItems": 1}}
+    else:  # int, Optional[int]
+        out = _range("integer", r)
+    return dict(out, description=f.metadata["doc"])
+
+
+def _option_schema(kind, doc: str) -> Dict[str, Any]:
+    return dict(_BOOL if kind is bool else _STRINGS, description=doc)
+
+
+_FIELDS = {f.name: field_schema(f) for f in request_fields()}
 _GENERATE_CONFIG = {
     "type": "object",
     "additionalProperties": False,
-    "properties": {
-        "max_new_tokens": _int(1, description="clamped to the context left after the prompt (max_seq_len and "
-                                              "the KV cache); aux_info.clamped_max_new_tokens and the "
-                                              "X-Max-New-Tokens-Clamped header say so"),
-        "min_new_tokens": _int(0),
-        "num_return_sequences": _int(1, 64),
-        **_SAMPLING,
-        "random_seed": _int(0, (1 << 63) - 65),
-        "stop_words_list": {"type": "array", "items": {"type": "array", "items": _int(-_INT32), "minItems": 1}},
-        "stop_words_str": _STRINGS,
-        "return_logprobs": _BOOL,
-        "timeout_ms": _int(0, description="0 = the server's --default_timeout_ms (0 there: none)"),
-        "yield_generator": _BOOL,
-        "return_incremental": _BOOL,
-        "print_stop_words": _BOOL,
-        "is_streaming": _BOOL,
-    },
+    "properties": {**_FIELDS, **{k: _option_schema(kind, doc) for k, (kind, doc) in NATIVE_OPTIONS.items()}},
 }
+# The OpenAI routes' sampling fields, by their OpenAI names.
+_OPENAI_FIELDS = {theirs: _FIELDS[ours] for ours, theirs in OPENAI_NAMES.items()}
 
 _MESSAGES = {"type": "array", "minItems": 1, "items": {
     "type": "object", "required": ["role", "content"],
@@ -63,7 +65,7 @@ _NATIVE = {
     "properties": {
         "prompt": {"oneOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS]},
         "prompt_batch": {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1,
-                         "maxItems": 64},
+                         "maxItems": MAX_SEQUENCES_PER_REQUEST},
         "messages": _MESSAGES,
         "chat_template_kwargs": {"type": "object"},
         "generate_config": {"$ref": "#/components/schemas/GenerateConfig"},
@@ -74,20 +76,17 @@ _NATIVE = {
 
 _OPENAI_COMMON = {
     "model": _STR,
-    "max_tokens": _int(1),
-    "n": _int(1, 64),
-    "seed": _int(0, (1 << 63) - 65),
     "stop": {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}]},
     "stream": _BOOL,
     "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
-    **_SAMPLING,
+    **_OPENAI_FIELDS,
 }
 
 _CHAT = {
     "type": "object", "required": ["messages"],
     "properties": {
         "messages": _MESSAGES,
-        "max_completion_tokens": _int(1),
+        "max_completion_tokens": _OPENAI_FIELDS["max_tokens"],
         "logprobs": _BOOL,
         "top_logprobs": _int(0, 0, description="only the chosen token's log-prob is returned"),
         "chat_template_kwargs": {"type": "object"},
@@ -109,7 +108,7 @@ _ERRORS = {
     "401": "missing or wrong API key (--api_key)",
     "413": "body larger than --max_body_size",
     "429": "over --concurrency_limit or --max_queue_size (Retry-After: 1)",
-    "500": "the model step failed (error_code 606, the message says why)",
+    "500": f"the model step failed (error_code {int(ErrorCode.EXECUTION_EXCEPTION)}, the message says why)",
     "503": "starting, draining or unhealthy",
     "504": "timeout_ms (or --default_timeout_ms) expired",
 }

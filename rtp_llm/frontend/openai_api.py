@@ -1,0 +1,124 @@
+"""The OpenAI API: /v1/completions, /v1/chat/completions (both also streamed as server-sent
+events) and /v1/models. The response objects' shapes are in rtp_llm/openai/protocol.py."""
+
+from typing import Any, Dict, List, Optional
+
+from aiohttp import web
+
+from rtp_llm.frontend.errors import RequestError
+from rtp_llm.frontend.request import flag, openai_config, openai_name, read_json
+from rtp_llm.frontend.streaming import clamp_header, open_stream, sse, sse_done, stream_errors
+from rtp_llm.openai.protocol import Reply, usage
+
+
+def _logprobs_wanted(body: Dict[str, Any], chat: bool) -> bool:
+    """Chat asks with logprobs: true (top_logprobs 0); completions with logprobs: 0 or 1.
+    Only the chosen token's log-prob is returned, never alternatives."""
+    top = body.get("top_logprobs") if chat else body.get("logprobs")
+    if chat and body.get("logprobs") not in (None, False, True):
+        raise RequestError("logprobs", "must be a boolean")
+    if top not in (None, 0, False, True) and not (isinstance(top, int) and top >= 0):
+        raise RequestError("top_logprobs" if chat else "logprobs", "must be a non-negative integer")
+    if isinstance(top, int) and not isinstance(top, bool) and top > (0 if chat else 1):
+        raise RequestError("top_logprobs" if chat else "logprobs",
+                           "alternatives are not supported: only the chosen token's log-prob is returned")
+    return bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
+
+
+def _stop(body: Dict[str, Any]) -> List[str]:
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > 16:
+        raise RequestError("stop", "must be a string or a list of at most 16 strings")
+    return stop
+
+
+def _include_usage(body: Dict[str, Any]) -> bool:
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise RequestError("stream_options", "must be an object")
+    return flag(options, "include_usage", "stream_options.include_usage")
+
+
+class OpenAIApi:
+    def __init__(self, frontend):
+        self.fe = frontend
+
+    async def models(self, request):
+        return web.json_response({"object": "list", "data": [
+            {"id": self.fe.model_name, "object": "model", "created": 0, "owned_by": "rtp_llm"}]})
+
+    async def completions(self, request):
+        body = await read_json(request)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        ids = self.fe.prompts.encode(prompt, "prompt")
+        return await self._generate(request, body, ids, chat=False, default_max=16)
+
+    async def chat(self, request):
+        body = await read_json(request)
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise RequestError("chat_template_kwargs", "must be an object")
+        ids = self.fe.prompts.chat_ids(body.get("messages"), kwargs)
+        return await self._generate(request, body, ids, chat=True, default_max=None)
+
+    async def _generate(self, request, body, prompt_ids: List[int], chat: bool, default_max: Optional[int]):
+        config = openai_config(body, default_max)
+        config.return_logprobs = _logprobs_wanted(body, chat)
+        stop = _stop(body)
+        stream = flag(body, "stream", "stream")
+        include_usage = _include_usage(body)
+        reply = Reply(self.fe.model_name, chat, self.fe.tokenizer if config.return_logprobs else None)
+        async with self.fe.admitted():
+            field = "messages" if chat else "prompt"
+            config, clamped = self.fe.fit(prompt_ids, config, field)
+            source = self.fe.events(prompt_ids, config, stop, False, field, openai_name)
+            try:
+                if not stream:
+                    return await self._collect(source, reply, config.num_return_sequences, prompt_ids, clamped)
+                return await self._stream(request, source, reply, config.num_return_sequences, prompt_ids,
+                                          clamped, include_usage)
+            finally:
+                await source.aclose()  # ends the gRPC calls whatever happened
+
+    @staticmethod
+    async def _collect(events, reply: Reply, n: int, prompt_ids, clamped):
+        texts, reasons, tokens = [""] * n, ["stop"] * n, [0] * n
+        pairs: List[list] = [[] for _ in range(n)]
+        async for ev in events:
+            texts[ev.index] += ev.delta
+            pairs[ev.index] += ev.logprobs
+            if ev.finished:
+                reasons[ev.index], tokens[ev.index] = ev.finish_reason, ev.num_tokens
+        choices = [reply.choice(i, texts[i], reasons[i], pairs[i]) for i in range(n)]
+        return web.json_response(reply.completion(choices, usage(len(prompt_ids), sum(tokens))),
+                                 headers=clamp_header(clamped))
+
+    @staticmethod
+    async def _stream(request, source, reply: Reply, n: int, prompt_ids, clamped, include_usage: bool):
+        """A chunk per event that carries text or ends a sequence (chat first opens each
+        sequence's assistant turn); with include_usage every chunk has "usage" (null until the
+        last, choice-less chunk)."""
+        resp, events = await open_stream(request, source, clamped)
+
+        async def send(choices, counts=None):
+            await resp.write(sse(reply.chunk(choices, counts, include_usage), openai=True))
+
+        async with stream_errors(resp, openai=True):
+            if reply.chat:
+                for i in range(n):
+                    await send([reply.opening_delta(i)])
+            completion_tokens = 0
+            async for ev in events:
+                if ev.finished:
+                    completion_tokens += ev.num_tokens
+                if not ev.delta and not ev.finished:
+                    continue
+                await send([reply.delta(ev.index, ev.delta, ev.finish_reason if ev.finished else None, ev.logprobs)])
+            if include_usage:
+                await send([], usage(len(prompt_ids), completion_tokens))
+        await resp.write(sse_done(openai=True))  # also after an error event
+        await resp.write_eof()
+        return resp

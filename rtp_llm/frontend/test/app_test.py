@@ -1,0 +1,122 @@
+"""The frontend's routes over a scripted backend: the core's finish_reason reaches both APIs
+(also "length" when a stream ends before max_new_tokens, e.g. at max_seq_len), an engine
+error's field is named as the request named it, and SSE framing of both APIs."""
+
+import asyncio
+import json
+import unittest
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from rtp_llm.frontend.app import Frontend
+from rtp_llm.frontend.backend_client import BackendError, Chunk
+from rtp_llm.frontend.errors import ErrorCode
+
+
+class ByteTokenizer:
+    """One token per UTF-8 byte (ids < 256), a trivial chat template."""
+
+    def __len__(self):
+        return 256
+
+    def __call__(self, text, add_special_tokens=True):
+        class Encoded:
+            input_ids = list(text.encode())
+        return Encoded()
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+
+class Worker:
+    alive, running_query_len, waiting_query_len, iterate_count = True, 0, 0, 1
+    available_kv_cache = total_kv_cache = 1000
+    max_seq_len = 512
+
+
+class ScriptedBackend:
+    """Streams `text` a byte a chunk and finishes with `reason`; a prompt with a "!" is refused
+    as the core refuses an empty prompt (field token_ids), one with a "?" as a bad
+    max_new_tokens."""
+
+    def __init__(self, text="abc", reason="length"):
+        self.text, self.reason = text, reason
+
+    async def health(self, timeout=2.0, wait_for_ready=False):
+        return True
+
+    async def worker_status(self, timeout=5.0, wait_for_ready=False):
+        return Worker
+
+    async def generate(self, token_ids, config, request_id=0):
+        if ord("!") in token_ids:
+            raise BackendError(400, ErrorCode.INVALID_PARAMS, "token_ids must not be empty", "token_ids")
+        if ord("?") in token_ids:
+            raise BackendError(400, ErrorCode.INVALID_PARAMS, "max_new_tokens must be >= 1", "max_new_tokens")
+        data = self.text.encode()
+        for i, b in enumerate(data):
+            last = i == len(data) - 1
+            yield Chunk([b], last, {"output_len": i + 1}, None, self.reason if last else None)
+            await asyncio.sleep(0)
+
+
+class AppTest(unittest.IsolatedAsyncioTestCase):
+    async def request(self, path, body, backend=None):
+        fe = Frontend(ByteTokenizer(), backend or ScriptedBackend(), "m", concurrency_limit=4)
+        async with TestClient(TestServer(fe.app())) as client:
+            r = await client.post(path, data=json.dumps(body))
+            return r.status, r.headers, await r.text()
+
+    async def test_the_core_finish_reason_reaches_openai(self):
+        # The stream ends after 3 tokens of max_tokens 100: only the core knows it was length.
+        status, _, text = await self.request("/v1/completions", {"prompt": "hi", "max_tokens": 100})
+        self.assertEqual(status, 200, text)
+        self.assertEqual(json.loads(text)["choices"][0]["finish_reason"], "length")
+        status, _, text = await self.request("/v1/completions", {"prompt": "hi", "max_tokens": 100},
+                                             ScriptedBackend(reason="stop"))
+        self.assertEqual(json.loads(text)["choices"][0]["finish_reason"], "stop")
+
+    async def test_a_stop_string_is_stop_whatever_the_core_says(self):
+        status, _, text = await self.request("/v1/completions", {"prompt": "hi", "max_tokens": 100, "stop": "b"})
+        choice = json.loads(text)["choices"][0]
+        self.assertEqual((choice["text"], choice["finish_reason"]), ("a", "stop"))
+
+    async def test_streamed_chat_framing_and_finish_reason(self):
+        status, headers, text = await self.request("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "stream": True})
+        self.assertEqual((status, headers["Content-Type"]), (200, "text/event-stream"))
+        events = text.split("\n\n")
+        self.assertEqual(events[-2:], ["data: [DONE]", ""])
+        chunks = [json.loads(e[len("data: "):]) for e in events[:-2]]
+        self.assertEqual(chunks[0]["choices"][0]["delta"], {"role": "assistant", "content": ""})
+        self.assertEqual("".join(c["choices"][0]["delta"].get("content", "") for c in chunks), "abc")
+        self.assertEqual([c["choices"][0]["finish_reason"] for c in chunks][-1], "length")
+
+    async def test_native_stream_framing(self):
+        status, _, text = await self.request("/", {"prompt": "hi", "generate_config": {"yield_generator": True}})
+        events = text.split("\n\n")
+        self.assertEqual(events[-2:], ["data:[done]", ""])
+        self.assertEqual([json.loads(e[len("data:"):])["response"] for e in events[:-2]], ["a", "ab", "abc"])
+
+    async def test_engine_errors_name_the_field_as_the_request_does(self):
+        cases = [("/v1/completions", {"prompt": "!x"}, "prompt"),
+                 ("/v1/chat/completions", {"messages": [{"role": "user", "content": "!"}]}, "messages"),
+                 ("/v1/completions", {"prompt": "?x"}, "max_tokens")]
+        for path, body, param in cases:
+            with self.subTest(path=path, param=param):
+                status, _, text = await self.request(path, body)
+                self.assertEqual(status, 400, text)
+                self.assertEqual(json.loads(text)["error"]["param"], param)
+
+    async def test_native_prompt_batch_errors_keep_the_native_body(self):
+        status, _, text = await self.request("/", {"prompt_batch": ["ok", "!x"]})
+        self.assertEqual(status, 400, text)
+        self.assertEqual(json.loads(text), {"error_code": 605, "error_code_str": "INVALID_PARAMS",
+                                            "message": "token_ids must not be empty"})
+
+
+if __name__ == "__main__":
+    unittest.main()
