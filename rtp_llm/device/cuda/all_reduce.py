@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rtp_llm.device.cuda.kernels import launch_options, pdl_enter, weighted_rms_norm
+from rtp_llm.device.cuda.kernels.launch import launch_options, pdl_enter
+from rtp_llm.device.cuda.kernels.row_ops import weighted_rms_norm
 
 
 @triton.jit
