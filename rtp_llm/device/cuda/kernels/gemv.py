@@ -12,12 +12,11 @@ GEMV_MAX_ROWS = 4
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether gemv() beats cuBLAS (F.linear on the same [N, K] weight) for this projection.
-    Measured on an H200 inside CUDA graphs over Qwen3-0.6B and 8B (TP 1 and 2) shapes
-    (`bench_gemv`): one row, 4-200 MB weights: gemv 2.4-46 us against cuBLAS's 5.3-48 us (over
-    [N, K] or [K, N] memory alike); 2 and 4 rows: better only where N <= 1024 (Qwen3-0.6B's o
-    projection: 4.4 / 7.0 us against 5.8 us). Never for fp32: the parity reference keeps
-    cuBLAS, i.e. HF's very sums."""
+    """Whether gemv() beats cuBLAS (F.linear on the same [N, K] weight) for this projection, as
+    measured on an H200 inside CUDA graphs over Qwen3-0.6B and 8B (TP 1 and 2) shapes
+    (`bench_gemv`; readings in docs/benchmarks.md): one row always (cuBLAS is slower over [N, K]
+    or [K, N] memory alike); 2 and 4 rows only where N <= 1024. Never for fp32: the parity
+    reference keeps cuBLAS, i.e. HF's very sums."""
     if weight.dtype == torch.float32:
         return False
     if x.dim() != 2 or x.dtype != weight.dtype or x.stride(1) != 1 or not weight.is_contiguous():
@@ -81,8 +80,8 @@ def gemv_config(n: int, k: int, gated: bool = False):
     """(BLOCK_N, BLOCK_K, num_warps) for a [N, K] weight (gated: [2 I, K], BLOCK_N counting
     gate and up rows). From an H200 sweep with PDL over the Qwen3-0.6B and 8B (TP 1 and 2)
     projections (`bench_gemv --sweep`): long K tiles win everywhere (the first tile is loaded
-    before the PDL wait), and a program should stream ~8K weights: within 2-8% of each shape's
-    best, 1.2-1.6x faster than the sweep before PDL picked for the 8B shapes."""
+    before the PDL wait), and a program should stream ~8K weights (readings in
+    docs/benchmarks.md)."""
     block_k = min(1024, triton.next_power_of_2(k))
     if gated:
         return _pow2_floor(max(2, min(8, 8192 // k))), min(512, block_k), 4
