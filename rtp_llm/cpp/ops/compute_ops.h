@@ -1,5 +1,5 @@
-// Torch-linked compute ops exposed to Python as the librtp_compute_ops extension.
-// Device-specific sources are selected by arch_config/arch_select.bzl:compute_ops_srcs.
+// Torch-linked compute ops exposed to Python as the librtp_compute_ops extension: the CPU
+// kernels (every wheel has them, so --device=cpu works with the CUDA and Ascend wheels too).
 #pragma once
 
 #include <optional>
