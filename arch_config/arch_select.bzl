@@ -1,4 +1,4 @@
-"""select() helpers: device x arch -> requirement set, compute-ops sources, compatibility.
+"""select() helpers: device x arch -> requirement set, compatibility, wheel platform.
 
 The device comes from --config=cuda / --config=ascend (default: cpu)."""
 
@@ -10,28 +10,6 @@ def requirements_file():
         "//arch_config:device_cuda": "//deps:requirements_cuda.txt",
         "//arch_config:device_ascend": "//deps:requirements_ascend.txt",
         "//conditions:default": "//deps:requirements_cpu.txt",
-    })
-
-def compute_ops_srcs(cpu, ascend):
-    """The compute-ops sources for the selected device (the GPU path is Python + Triton)."""
-    return select({
-        "//arch_config:device_ascend": ascend,
-        "//conditions:default": cpu,
-    })
-
-def if_ascend(then, otherwise = []):
-    """`then` under --config=ascend, else `otherwise`. Keeps @local_config_torch_npu out of
-    every other build: only a selected branch's labels are fetched."""
-    return select({
-        "//arch_config:device_ascend": then,
-        "//conditions:default": otherwise,
-    })
-
-def ascend_compatible_with():
-    """target_compatible_with for targets that exist only under --config=ascend."""
-    return select({
-        "//arch_config:device_ascend": TORCH_COMPATIBLE_WITH,
-        "//conditions:default": ["@platforms//:incompatible"],
     })
 
 def torch_compatible_with():

@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # Builds the Ascend wheel (`bazelisk build --config=ascend //rtp_llm:rtp_llm_whl`) on any
-# x86_64 or aarch64 machine, NPU or not, and checks the torch_npu extension's link.
-# Idempotent: a second run reuses the environment and Bazel's cache.
+# x86_64 or aarch64 machine, NPU or not, and checks it. The Ascend wheel is the package built
+# against the torch that torch_npu needs (its compute-ops extension: the CPU kernels, linked
+# with that torch) and requiring the pinned torch and torch_npu; the NPU backend calls
+# torch_npu's ops from Python (docs/ascend.md). Idempotent: a second run reuses the
+# environment and Bazel's cache.
 #
 #   scripts/build_ascend.sh [--shutdown]
 #
-#  1. A build-only Python environment, $CACHE/ascend-venv, with the torch and torch_npu that
+#  1. A build-only Python environment, $CACHE/ascend-venv, with the torch that
 #     deps/requirements_ascend.txt pins (installed --no-deps: the x86_64 PyPI torch is the CUDA
 #     build, whose nvidia-* packages linking does not need) and deps/requirements_build.txt.
-#     Wheels are kept in $CACHE/ascend-wheels. Nothing in it imports torch: without CANN,
-#     `import torch` fails there (torch_npu's autoload), and the build only reads files.
+#     Wheels are kept in $CACHE/ascend-wheels. Nothing in it imports torch; the build only
+#     reads files.
 #  2. The build, with its own Bazel output base ($CACHE/bazel-ascend/<checkout>) and no
 #     convenience links, so the default build's cache and bazel-* links stay as they are
 #     (links into a second output base would also put its copy of the tree under `//...`).
 #     The wheel is copied to $CACHE/ascend-dist/.
-#     --config=ascend links the shim with -Wl,--no-undefined against torch, libtorch_npu.so
-#     and CANN stubs generated from the wheel's headers (3rdparty/torch_npu/).
-#  3. Checks, printed: the wheel's Requires-Dist, the extension's NEEDED and RUNPATH, that
-#     every symbol it imports resolves (3rdparty/torch_npu/check_link.py), and that the wheel
-#     bundles no torch, torch_npu or CANN library.
+#  3. Checks, printed: the wheel's Requires-Dist (the pinned torch and torch_npu), the
+#     extension's NEEDED and RUNPATH, that every symbol it imports resolves against torch or
+#     the interpreter (3rdparty/torch_npu/check_link.py), and that the wheel bundles no torch,
+#     torch_npu or CANN library.
 # --shutdown stops this output base's Bazel server afterwards (CI: frees its memory).
 # Environment: RTP_LLM_CACHE (default ~/.cache/rtp_llm); PYTHON, an interpreter that torch_npu
 # has wheels for (CPython 3.10 or 3.11; default: the first of python3, python3.11, python3.10).
@@ -67,7 +69,7 @@ fi
 STAMP="$VENV/.rtp_llm_ascend"
 WANT=$(cat "$REQS" deps/requirements_build.txt | sha256sum | cut -c1-16)-$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-$(uname -m)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
-  log "creating $VENV (torch==$TORCH_VERSION, torch_npu==$TORCH_NPU_VERSION, build tools)"
+  log "creating $VENV (torch==$TORCH_VERSION, build tools)"
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
   mkdir -p "$WHEELS"
@@ -86,11 +88,10 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   # pip picks the host's wheels (manylinux x86_64 or aarch64); an already downloaded file is
   # reused. torch from PyPI: torch_npu's own requirement, torch==X+cpu, lives on PyTorch's
   # index, and its libraries are ABI-identical for linking.
-  retry pip download --no-deps --retries 5 --progress-bar off --dest "$WHEELS" "torch==$TORCH_VERSION" "torch_npu==$TORCH_NPU_VERSION" \
-    || die "downloading torch==$TORCH_VERSION and torch_npu==$TORCH_NPU_VERSION from PyPI failed (see pip's message above; a proxy needs HTTPS_PROXY)"
-  # --no-warn-conflicts: torch's nvidia-* requirements and torch_npu's torch==X+cpu are left
-  # out on purpose.
-  pip install -q --no-deps --no-warn-conflicts --no-index --find-links "$WHEELS" "torch==$TORCH_VERSION" "torch_npu==$TORCH_NPU_VERSION" \
+  retry pip download --no-deps --retries 5 --progress-bar off --dest "$WHEELS" "torch==$TORCH_VERSION" \
+    || die "downloading torch==$TORCH_VERSION from PyPI failed (see pip's message above; a proxy needs HTTPS_PROXY)"
+  # --no-warn-conflicts: torch's nvidia-* requirements are left out on purpose.
+  pip install -q --no-deps --no-warn-conflicts --no-index --find-links "$WHEELS" "torch==$TORCH_VERSION" \
     || die "installing the downloaded wheels from $WHEELS failed (delete that directory to download them again)"
   echo "$WANT" > "$STAMP"
 else
@@ -100,7 +101,8 @@ PYTHON_BIN=$VENV/bin/python
 
 # --- build -------------------------------------------------------------------------------
 command -v bazelisk >/dev/null || die "bazelisk not found: run scripts/bootstrap.sh"
-# Nothing here imports torch; should anything, torch_npu's autoload must not run without CANN.
+# Nothing here imports torch; should anything where torch_npu is installed, its autoload must
+# not run without CANN.
 export TORCH_DEVICE_BACKEND_AUTOLOAD=0
 BAZEL=(bazelisk --output_base="$OUTPUT_BASE")
 log "bazelisk build --config=ascend //rtp_llm:rtp_llm_whl (output base $OUTPUT_BASE)"
@@ -113,7 +115,6 @@ log "build took $((SECONDS - start)) s"
 BIN=$("${BAZEL[@]}" info --config=ascend bazel-bin 2>/dev/null)
 WHEEL=$(ls "$BIN"/rtp_llm/rtp_llm-*.whl)
 [ "$(echo "$WHEEL" | wc -l)" = 1 ] || die "expected one wheel in $BIN/rtp_llm/, found: $WHEEL"
-STUBS=$OUTPUT_BASE/external/local_config_torch_npu/stubs
 SITE=$("$PYTHON_BIN" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 UNPACKED=$(mktemp -d)
 trap 'rm -rf "$UNPACKED"' EXIT
@@ -138,11 +139,10 @@ SO=$UNPACKED/rtp_llm/libs/librtp_compute_ops.so
 echo "librtp_compute_ops.so, readelf -d:"
 readelf -d "$SO" | grep -E '\((NEEDED|RUNPATH|RPATH)\)' | sed 's/^ */  /'
 "$PYTHON_BIN" 3rdparty/torch_npu/check_link.py \
-  --lib_dir "$SITE/torch/lib" --lib_dir "$SITE/torch_npu/lib" --lib_dir "$STUBS" \
-  --python "$PYTHON_BIN" --require libtorch_npu.so --require libascendcl.so \
+  --lib_dir "$SITE/torch/lib" --python "$PYTHON_BIN" \
   --forbid_runpath _solib --forbid_runpath "$OUTPUT_BASE" "$SO" \
   || die "the extension imports symbols nothing provides (above): see 3rdparty/torch_npu/check_link.py"
-log "link check passed: every imported symbol resolves against torch, torch_npu, the CANN stubs or the interpreter"
+log "link check passed: every imported symbol resolves against torch or the interpreter"
 DIST=$CACHE/ascend-dist
 rm -rf "$DIST" && mkdir -p "$DIST" && cp "$WHEEL" "$DIST/"
 log "wheel: $DIST/$(basename "$WHEEL")"

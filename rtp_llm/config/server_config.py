@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import List, Optional
 
+from rtp_llm.config.parallel_config import ParallelConfig
+
 
 @dataclass
 class ServerConfig:
@@ -63,10 +65,8 @@ class ServerConfig:
                              f"{self.local_world_size}")
         self.parallel(self.world_rank).validate()
 
-    def parallel(self, rank: int):
+    def parallel(self, rank: int) -> ParallelConfig:
         """This node's rank `rank` (a global rank) as a ParallelConfig."""
-        from rtp_llm.distributed.tensor_parallel import ParallelConfig
-
         return ParallelConfig(tp_size=self.tp_size, world_size=self.world_size, world_rank=rank,
                               local_world_size=self.local_world_size, master_addr=self.master_addr,
                               master_port=self.master_port, dist_timeout_s=self.dist_timeout_s)

@@ -21,8 +21,33 @@ def accelerator_kv_cache_bytes(free_bytes: int) -> int:
     return max(0, int(free_bytes * 0.85) - (1 << 30))
 
 
+# torch.distributed's backend for host tensors: the CPU's collectives and, on every device,
+# the step-batch broadcasts.
+HOST_DIST_BACKEND = "gloo"
+
+
+class SmallAllReduce(ABC):
+    """A device's all-reduce for the small tensors of decode steps (a few KB per layer), faster
+    there than its torch.distributed backend's. What create() returns is TPShard.one_shot:
+    `(x)` the sum over the ranks (None: x does not fit, nothing done), `send_buffer(shape,
+    dtype)` where a producer may write x so that no copy precedes the all-reduce (None: does not
+    fit), `add_rms_norm(x, residual, weight, eps)` residual += the sum, returning
+    rms_norm(residual) (None: does not apply), and `fused`, whether add_rms_norm may be used."""
+
+    name: str  # for the logs
+
+    @abstractmethod
+    def available(self) -> bool:
+        """Whether this process may build one now (every rank is asked: all build one or none)."""
+
+    @abstractmethod
+    def create(self, group: Any, device: torch.device) -> Any:
+        """One for the process group `group`; may raise (then the torch.distributed backend does
+        every all-reduce)."""
+
+
 class AttentionMetadata:
-    """Backend-specific, built by prepare_attention() and shared by all layers of a step."""
+    """Backend-specific, built by prepare_inputs() and shared by all layers of a step."""
 
 
 @dataclass
@@ -42,6 +67,23 @@ class DeviceBackend(ABC):
     # Kernels run asynchronously to the host (a device stream), so the engine loop can schedule
     # and prepare a step while the one before runs (overlap), and host copies use pinned memory.
     async_execution: bool = False
+    # torch.distributed's backend for this device's tensors (the model's collectives).
+    dist_backend: str = HOST_DIST_BACKEND
+
+    @classmethod
+    def rank_device(cls, local_rank: int) -> torch.device:
+        """The device of a tensor-parallel rank, the local_rank-th of its node, made the current
+        one (the backend, built afterwards, runs there)."""
+        return torch.device(cls.name)
+
+    @classmethod
+    def prepare_distributed(cls) -> None:
+        """Called before the process group starts: settings of the device's collective library."""
+
+    @classmethod
+    def small_all_reduce(cls) -> Optional[SmallAllReduce]:
+        """None: the torch.distributed backend does every all-reduce."""
+        return None
 
     def host_copy_event(self) -> Any:
         """An event to record after a non-blocking device-to-host copy; its synchronize() waits
@@ -76,12 +118,14 @@ class DeviceBackend(ABC):
                    max_seq_len: int) -> None:
         """Told once, before the first step, the shapes it will run (to size workspaces)."""
 
-    @abstractmethod
     def prepare_attention(self, batch: Any, block_size: int) -> AttentionMetadata:
-        """From a core StepBatch (numpy views, valid only for this step)."""
+        """From a core StepBatch (numpy views, valid only for this step): what the default
+        prepare_inputs() asks for. A backend that overrides prepare_inputs() need not have it."""
+        raise NotImplementedError(f"{type(self).__name__} builds its attention metadata in prepare_inputs()")
 
     def prepare_inputs(self, batch: Any, block_size: int) -> StepInputs:
-        """Token ids, positions, attention metadata and sampled rows of a StepBatch, on the device."""
+        """Token ids, positions, attention metadata and sampled rows of a StepBatch, on the device
+        (the only call the engine makes per step)."""
         rows = (batch.query_starts[1:] - 1)[batch.do_sample == 1]
         return StepInputs(torch.from_numpy(batch.token_ids.astype(np.int64)).to(self.device),
                           torch.from_numpy(batch.positions.astype(np.int64)).to(self.device),
@@ -106,8 +150,7 @@ class DeviceBackend(ABC):
 
     def pack_linear(self, weight: torch.Tensor) -> torch.Tensor:
         """A projection weight, HF's [out, in], in the layout linear() wants. Default: [in, out]
-        contiguous, applied as x @ w (on the CPU ~10% faster than F.linear for decode-sized
-        batches)."""
+        contiguous, applied as x @ w (on the CPU faster than F.linear for decode-sized batches)."""
         return weight.t().contiguous()
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -8,18 +8,16 @@ from typing import List
 
 import torch
 
-from rtp_llm.distributed.tensor_parallel import ParallelConfig, init_tensor_parallel
+from rtp_llm.config.parallel_config import ParallelConfig
+from rtp_llm.device import backend_class
+from rtp_llm.distributed.tensor_parallel import init_tensor_parallel
 
 log = logging.getLogger(__name__)
 
 
 def set_rank_device(device: str, parallel: ParallelConfig) -> torch.device:
-    """One GPU per local rank (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES pick which)."""
-    if device == "cuda":
-        index = parallel.world_rank % parallel.local_world_size
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-    return torch.device(device)
+    """This rank's device of --device `device`, made the current one (DeviceBackend.rank_device)."""
+    return backend_class(device).rank_device(parallel.local_rank)
 
 
 def _worker_main(load_args: dict, engine_args: dict, parallel: dict):

@@ -1,17 +1,16 @@
-"""Tensor parallelism (Megatron-style) over torch.distributed: NCCL on GPUs, gloo on the CPU.
+"""Tensor parallelism (Megatron-style) over torch.distributed, with the device's collectives
+(DeviceBackend.dist_backend; step batches always go over the host's).
 
 Each rank holds a shard of every layer: its H / tp query heads and their KV heads (split when
 there are at least tp KV heads, else the one KV head its query heads share, replicated), a
 slice of the MLP's intermediate dimension, and a vocab slice of the embedding and LM head.
 Column-parallel projections (QKV, gate/up) need no communication; row-parallel ones (attention
 output, down) produce partial sums that an all-reduce completes; the embedding lookup is an
-all-reduce of masked local lookups, the logits an all-gather of vocab slices. On GPUs the
-small all-reduces of decode steps (a few KB per layer) go through symmetric memory
-(rtp_llm.device.cuda.all_reduce): the row-parallel projections write their partial sums
-straight into the symmetric buffer (send_buffer) and one kernel stores them into the peers'
-receive buffers, sums what the peers stored into its own, and applies the residual add and
-RMSNorm that follow (all_reduce_add_rms_norm); NCCL's ring takes several times its latency at
-those sizes.
+all-reduce of masked local lookups, the logits an all-gather of vocab slices. A device may bring
+a faster all-reduce for the small tensors of decode steps (DeviceBackend.small_all_reduce, e.g.
+symmetric memory on GPUs): the row-parallel projections then write their partial sums straight
+into its send buffer (send_buffer), and it may fuse the residual add and RMSNorm that follow
+(all_reduce_add_rms_norm).
 
 Rank 0 owns the C++ core and samples; every step it broadcasts the step batch (StepBroadcast)
 and all ranks run the model on it. Collectives time out (--dist_timeout_s) so that a dead rank
@@ -19,7 +18,6 @@ stops the others with an error instead of a hang."""
 
 import datetime
 import logging
-import os
 import socket
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -29,6 +27,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rtp_llm.config.parallel_config import ParallelConfig  # noqa: F401  (importers take it from here too)
+from rtp_llm.device import backend_class
+from rtp_llm.device.base import HOST_DIST_BACKEND
 
 log = logging.getLogger(__name__)
 
@@ -47,28 +48,6 @@ def _collective(what: str, fn, *args, **kwargs):
                               f"past --dist_timeout_s") from e
 
 
-@dataclass
-class ParallelConfig:
-    """Upstream's flags (each with an upper-case env twin)."""
-
-    tp_size: int = 1
-    world_size: int = 1
-    world_rank: int = 0
-    local_world_size: int = 1
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0            # 0: pick a free one (single-node launches)
-    dist_timeout_s: int = 120
-
-    def validate(self) -> None:
-        if self.tp_size < 1:
-            raise ValueError(f"--tp_size must be >= 1, got {self.tp_size}")
-        if self.world_size != self.tp_size:
-            raise ValueError(f"--world_size ({self.world_size}) must equal --tp_size ({self.tp_size}): only tensor "
-                             f"parallelism is supported")
-        if not 0 <= self.world_rank < self.world_size:
-            raise ValueError(f"--world_rank must be in [0, {self.world_size}), got {self.world_rank}")
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -81,9 +60,9 @@ class TPShard:
 
     rank: int = 0
     size: int = 1
-    group: Any = None       # the model's collectives (NCCL on GPUs, gloo on the CPU)
-    cpu_group: Any = None   # step-batch broadcasts (always gloo: host arrays)
-    one_shot: Any = None    # rtp_llm.device.cuda.all_reduce.OneShotAllReduce: small all-reduces on GPUs
+    group: Any = None       # the model's collectives (the device's DeviceBackend.dist_backend)
+    cpu_group: Any = None   # step-batch broadcasts (always the host's backend: host arrays)
+    one_shot: Any = None    # small all-reduces, from the device's SmallAllReduce (None: all through group)
     timeout_s: float = 0.0  # --dist_timeout_s: a step waiting longer on the device means a rank is gone
 
     def heads(self, num_heads: int, num_kv_heads: int) -> Tuple[int, int, int, int]:
@@ -140,8 +119,8 @@ class TPShard:
 
     def all_reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                                 backend) -> torch.Tensor:
-        """residual += all_reduce(x); returns backend.rms_norm(residual) (one kernel on GPUs
-        for decode-sized x)."""
+        """residual += all_reduce(x); returns backend.rms_norm(residual) (one kernel where the
+        device's small all-reduce fuses them, for decode-sized x)."""
         if self.size > 1 and self.one_shot is not None:
             y = self.one_shot.add_rms_norm(x, residual, weight, eps)
             if y is not None:
@@ -163,43 +142,42 @@ class TPShard:
         return torch.cat(parts, dim=-1)[:, :vocab_size]
 
 
-_symm_mem_used = [False]  # this process rendezvoused symmetric memory for a group already
-
-
 def init_tensor_parallel(config: ParallelConfig, device: torch.device) -> TPShard:
-    """Joins the process group (TCP rendezvous at master_addr:master_port)."""
+    """Joins the process group (TCP rendezvous at master_addr:master_port) with the collectives
+    of `device`'s backend."""
     config.validate()
     if config.tp_size == 1:
         return TPShard()
     timeout = datetime.timedelta(seconds=config.dist_timeout_s)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (shared machines)
-    dist.init_process_group(backend, init_method=f"tcp://{config.master_addr}:{config.master_port}",
+    policy = backend_class(device.type)
+    policy.prepare_distributed()
+    dist.init_process_group(policy.dist_backend, init_method=f"tcp://{config.master_addr}:{config.master_port}",
                             rank=config.world_rank, world_size=config.world_size, timeout=timeout)
-    cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
-    shard = TPShard(config.world_rank, config.tp_size, dist.group.WORLD, cpu_group, None, config.dist_timeout_s)
-    one_shot = None
-    want = device.type == "cuda" and os.environ.get("RTP_LLM_ONE_SHOT_ALL_REDUCE", "1") != "0"
-    # torch numbers symmetric-memory rendezvous per process, so ranks of a second group in a
-    # process that already had one would wait on keys the others never write: all or none.
-    if shard.min_over_ranks(want and not _symm_mem_used[0]):
-        _symm_mem_used[0] = True
-        try:
-            from rtp_llm.device.cuda.all_reduce import OneShotAllReduce
-
-            one_shot = OneShotAllReduce(dist.group.WORLD, device)
-        except Exception as e:  # e.g. no peer access between the GPUs: NCCL does it all
-            log.warning("symmetric-memory all-reduce unavailable (%s: %s); using NCCL", type(e).__name__, e)
-        # Every rank or none, for the one-shot kernel and for the fused one: ranks in different
-        # kernels (NCCL, torch's one-shot, the fused one) would wait on each other forever.
-        if not shard.min_over_ranks(one_shot is not None):
-            one_shot = None
-        elif not shard.min_over_ranks(one_shot.fused):
-            one_shot.fused = False
-    elif want:
-        log.info("symmetric-memory all-reduce not used: this process had a tensor-parallel group before; using NCCL")
-    shard.one_shot = one_shot
+    host_group = (dist.new_group(backend=HOST_DIST_BACKEND, timeout=timeout)
+                  if policy.dist_backend != HOST_DIST_BACKEND else dist.group.WORLD)
+    shard = TPShard(config.world_rank, config.tp_size, dist.group.WORLD, host_group, None, config.dist_timeout_s)
+    shard.one_shot = _agree_on_small_all_reduce(shard, policy.small_all_reduce(), device, policy.dist_backend)
     return shard
+
+
+def _agree_on_small_all_reduce(shard: TPShard, factory, device: torch.device, fallback: str):
+    """The device's small all-reduce where every rank has one, else None: ranks in different
+    kernels (the fallback's, the small one's, its fused one) would wait on each other forever."""
+    if not shard.min_over_ranks(factory is not None and factory.available()):
+        if factory is not None:
+            log.info("%s not used: not available on every rank (one had a tensor-parallel group in this process "
+                     "before); using %s", factory.name, fallback)
+        return None
+    try:
+        one_shot = factory.create(dist.group.WORLD, device)
+    except Exception as e:  # e.g. no peer access between the devices: the fallback does it all
+        log.warning("%s unavailable (%s: %s); using %s", factory.name, type(e).__name__, e, fallback)
+        one_shot = None
+    if not shard.min_over_ranks(one_shot is not None):
+        return None
+    if not shard.min_over_ranks(one_shot.fused):
+        one_shot.fused = False
+    return one_shot
 
 
 # ------------------------------------------------------------------ step batch broadcast

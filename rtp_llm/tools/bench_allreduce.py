@@ -39,9 +39,10 @@ def _time_graph(device, calls: int, iters: int, op) -> float:
 
 
 def _rank(rank: int, a, port: int, queue):
+    from rtp_llm.config.parallel_config import ParallelConfig
     from rtp_llm.device.cuda import kernels as K
     from rtp_llm.distributed.launch import set_rank_device
-    from rtp_llm.distributed.tensor_parallel import ParallelConfig, init_tensor_parallel
+    from rtp_llm.distributed.tensor_parallel import init_tensor_parallel
 
     parallel = ParallelConfig(tp_size=a.tp, world_size=a.tp, world_rank=rank, local_world_size=a.tp,
                               master_port=port)

@@ -1,5 +1,5 @@
-// Torch-linked compute ops exposed to Python as the librtp_compute_ops extension.
-// Device-specific sources are selected by arch_config/arch_select.bzl:compute_ops_srcs.
+// Torch-linked compute ops exposed to Python as the librtp_compute_ops extension: the CPU
+// kernels (every wheel has them, so --device=cpu works with the CUDA and Ascend wheels too).
 #pragma once
 
 #include <optional>
@@ -45,8 +45,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rope_store(const at::Tensor& 
                                                               const std::optional<at::Tensor>& k_norm, double eps);
 
 // logits: [N, V] -> [N] int64, each row's torch.argmax (the first largest; the first NaN where
-// there is one). fp32 rows on the CPU with AVX-512 run 16 lanes at a time (torch's: 7-10x
-// slower); others take torch.argmax.
+// there is one). fp32 rows on the CPU with AVX-512 run 16 lanes at a time (faster than
+// torch's); others take torch.argmax.
 at::Tensor argmax_rows(const at::Tensor& logits);
 
 // x: [T, 2 I] (gate, then up) -> silu(gate) * up: [T, I].

@@ -61,10 +61,9 @@ class CpuBackend(DeviceBackend):
         return super().allocate_kv_cache(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype)
 
     def bind_model(self, num_heads: int, num_kv_heads: int, head_dim: int, max_streams: int, max_seq_len: int):
-        # Where the paged kernel was measured against SDPA: bf16 through its vectorized kernel
-        # with scores by `vdpbf16ps` (CPUs with AVX512-BF16). 1.6-2x SDPA's speed for 16 x
-        # 128-token prompts, even at 512 x 512, slower beyond (1,024 x 1,024: 0.7x; SDPA's GEMMs
-        # win on long prompts).
+        # Prompt chunks go to the paged kernel where it beats SDPA (docs/benchmarks.md): bf16
+        # through its vectorized kernel with scores by `vdpbf16ps` (CPUs with AVX512-BF16), up
+        # to 512 x 512 query-key pairs; SDPA's GEMMs win on longer prompts.
         dtype, block_size = self._kv_format
         fast = (self._bf16_gemm and dtype == torch.bfloat16
                 and self._ops.paged_attention_vectorized(head_dim, num_heads // num_kv_heads, block_size))
@@ -142,11 +141,10 @@ class CpuBackend(DeviceBackend):
         return out
 
     # bf16 projections, weights packed once at load: on CPUs with AVX512-BF16 into the compute
-    # ops' GEMM layout (ops.bf16_linear: 1.15-2.2x oneDNN's speed at 1-16 rows for Qwen2.5-0.5B's
-    # shapes, 0.86-1.07x at 2,048-row prefill chunks; one copy of the weights serves both),
-    # elsewhere into oneDNN's blocked layout (what torch's own CPU compiler does; 1.3-1.7x
-    # x @ w for SmolLM2's shapes at 1-16 rows). fp32 (the parity reference) keeps x @ w over
-    # [in, out].
+    # ops' GEMM layout (ops.bf16_linear, faster than oneDNN at decode rows and about even at
+    # prefill chunks, so one copy of the weights serves both), elsewhere into oneDNN's blocked
+    # layout (what torch's own CPU compiler does; faster than x @ w at decode rows). Readings:
+    # docs/benchmarks.md. fp32 (the parity reference) keeps x @ w over [in, out].
     def _bf16_gemm_packs(self, weight) -> bool:
         return (weight.dtype == torch.bfloat16 and self._bf16_gemm and weight.shape[0] % 16 == 0
                 and weight.shape[1] % 2 == 0)
@@ -159,8 +157,8 @@ class CpuBackend(DeviceBackend):
         return weight.t().contiguous()
 
     # SiLU-and-mul in the bf16 GEMM's epilogue (gate and up blocks interleaved by the packing,
-    # a 5-D layout of its own): one pass instead of writing [T, 2 I] and reading it back, 8-12%
-    # off the prefill's gate-up at SmolLM2's shapes. Other layouts take linear + silu_and_mul.
+    # a 5-D layout of its own): one pass instead of writing [T, 2 I] and reading it back.
+    # Other layouts take linear + silu_and_mul.
     def pack_gate_up(self, weight):
         if self._bf16_gemm_packs(weight) and weight.shape[0] % 32 == 0:
             return self._ops.pack_bf16_gate_up(weight)

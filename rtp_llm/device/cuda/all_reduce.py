@@ -18,7 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rtp_llm.device.cuda.kernels import launch_options, pdl_enter, weighted_rms_norm
+from rtp_llm.device.base import SmallAllReduce
+from rtp_llm.device.cuda.kernels.launch import launch_options, pdl_enter
+from rtp_llm.device.cuda.kernels.row_ops import weighted_rms_norm
 
 
 @triton.jit
@@ -174,3 +176,24 @@ class OneShotAllReduce:
                                              BLOCK=triton.next_power_of_2(d), num_warps=4 if d <= 4096 else 8,
                                              **launch_options())
         return out
+
+
+class _SymmetricMemory(SmallAllReduce):
+    """OneShotAllReduce for this process's first tensor-parallel group only: torch numbers
+    symmetric-memory rendezvous per process, so ranks of a second group in a process that
+    already had one would wait on keys the others never write (all ranks or none)."""
+
+    name = "symmetric-memory all-reduce"
+
+    def __init__(self):
+        self.used = False  # this process rendezvoused symmetric memory for a group already
+
+    def available(self) -> bool:
+        return not self.used
+
+    def create(self, group, device: torch.device) -> OneShotAllReduce:
+        self.used = True
+        return OneShotAllReduce(group, device)
+
+
+SYMMETRIC_MEMORY = _SymmetricMemory()  # CudaBackend.small_all_reduce()

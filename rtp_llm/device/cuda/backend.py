@@ -3,33 +3,44 @@ cache, the cache write, rotary, RMSNorm with fused residual add, SiLU-and-mul an
 projections (GEMV); cuBLAS (torch) for the other GEMMs. A step's integer inputs reach the GPU in
 one copy from a pinned buffer."""
 
-from dataclasses import dataclass
+import gc
+import os
 from typing import Optional
 
 import numpy as np
 import torch
 
-from rtp_llm.device.base import AttentionMetadata, DeviceBackend, StepInputs, accelerator_kv_cache_bytes
+from rtp_llm.device.base import DeviceBackend, SmallAllReduce, StepInputs, accelerator_kv_cache_bytes
 from rtp_llm.device.cuda import kernels as K
-
-
-@dataclass
-class CudaAttentionMetadata(AttentionMetadata):
-    # All int32 on the GPU. S streams, T tokens.
-    slot_mapping: torch.Tensor   # [T]; < 0: padding row, not written
-    block_tables: torch.Tensor   # [S, max_blocks]
-    query_starts: torch.Tensor   # [S + 1]
-    context_lens: torch.Tensor   # [S]; 0: padding stream
-    # > 0 when every stream has one query token: the split-context decode kernel with this
-    # many splits; 0: the extend kernel (prefill, chunks, mixed batches) over `tiles`.
-    decode_splits: int
-    tiles: Optional[torch.Tensor] = None  # [2, num_tiles]: kernels.extend_tiles
+from rtp_llm.device.cuda.graph_runner import CudaGraphRunner
+from rtp_llm.device.cuda.metadata import CudaAttentionMetadata
 
 
 class CudaBackend(DeviceBackend):
     name = "cuda"
     block_sizes = (16, 32, 64)
     async_execution = True
+    dist_backend = "nccl"
+
+    @classmethod
+    def rank_device(cls, local_rank: int) -> torch.device:
+        """One GPU per local rank (CUDA_VISIBLE_DEVICES picks which)."""
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+
+    @classmethod
+    def prepare_distributed(cls) -> None:
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (shared machines)
+
+    @classmethod
+    def small_all_reduce(cls) -> Optional[SmallAllReduce]:
+        """Symmetric memory (rtp_llm.device.cuda.all_reduce) unless RTP_LLM_ONE_SHOT_ALL_REDUCE=0:
+        NCCL's ring takes several times its latency at decode sizes."""
+        if os.environ.get("RTP_LLM_ONE_SHOT_ALL_REDUCE", "1") == "0":
+            return None
+        from rtp_llm.device.cuda.all_reduce import SYMMETRIC_MEMORY  # tensor parallelism only
+
+        return SYMMETRIC_MEMORY
 
     def __init__(self, device_index: Optional[int] = None):
         if not torch.cuda.is_available():
@@ -100,9 +111,6 @@ class CudaBackend(DeviceBackend):
             tiles=None if decode else views[7].view(2, -1))
         return StepInputs(views[0], views[1], meta, None if sample_all else views[6])
 
-    def prepare_attention(self, batch, block_size: int) -> CudaAttentionMetadata:
-        return self.prepare_inputs(batch, block_size).meta
-
     # ------------------------------------------------------------------ ops
 
     def bind_model(self, num_heads: int, num_kv_heads: int, head_dim: int, max_streams: int, max_seq_len: int):
@@ -135,9 +143,8 @@ class CudaBackend(DeviceBackend):
                 qkv[:, q_size + kv_size:].view(t, num_kv_heads, head_dim))
 
     # Projections: decode batches of 1 (and 2-4 for narrow outputs) run the Triton gemv over
-    # HF's [out, in] weights (faster than cuBLAS's GEMV kernels there: Qwen3-8B batch-1 decode
-    # 2-4 us less per projection on an H200), the rest cuBLAS via F.linear. fp32 (the parity
-    # reference) keeps cuBLAS, i.e. HF's very sums.
+    # HF's [out, in] weights (faster than cuBLAS's GEMV kernels there: kernels.use_gemv), the
+    # rest cuBLAS via F.linear. fp32 (the parity reference) keeps cuBLAS, i.e. HF's very sums.
     def pack_linear(self, weight):
         return weight.contiguous()
 
@@ -168,14 +175,10 @@ class CudaBackend(DeviceBackend):
 
     def make_graph_runner(self, model, kv_cache, block_size: int, max_batch_size: int, max_seq_len: int,
                           max_num_batched_tokens: int):
-        from rtp_llm.device.cuda.graph_runner import CudaGraphRunner
-
         return CudaGraphRunner(model, self, kv_cache, block_size, max_batch_size, max_seq_len,
                                max_num_batched_tokens)
 
     def release_memory(self):
-        import gc
-
         self._ws = None
         self._ws_shape = (0, 0, 0, 0)
         self._retired_ws = []

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from rtp_llm.device.cuda import kernels as K
-from rtp_llm.device.cuda.backend import CudaAttentionMetadata
+from rtp_llm.device.cuda.metadata import CudaAttentionMetadata
 
 log = logging.getLogger(__name__)
 

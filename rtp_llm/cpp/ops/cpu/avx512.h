@@ -1,6 +1,9 @@
-// AVX-512 versions of the CPU kernels' inner loops, on raw pointers. The portable kernels
-// (paged_attention.cc, fused_ops.cc, rms_norm.cc) call these when the running CPU has
-// AVX-512 (F, BW, DQ, VL) and fall back to their own loops elsewhere (AVX2, aarch64).
+// AVX-512 versions of the CPU kernels' inner loops, on raw pointers, by family:
+// avx512_attention.cc (paged attention), avx512_gemm.cc (bf16 GEMM), avx512_row_ops.cc (norms,
+// rotary, SiLU-and-mul, argmax); avx512.cc says whether this CPU runs them. The portable
+// kernels (paged_attention.cc, bf16_linear.cc, fused_ops.cc, rms_norm.cc) call these when the
+// running CPU has AVX-512 (F, BW, DQ, VL) and fall back to their own loops elsewhere (AVX2,
+// aarch64).
 // GCC does not vectorize the portable loops well: bf16 <-> fp32 bit casts and expf stay
 // scalar, and a dot product per key ends in a horizontal reduction.
 #pragma once
@@ -57,7 +60,7 @@ struct AttendItem {
   int kv_head_begin, kv_head_end;
   // Whether to prefetch the item's blocks: a decode token's are read once per step, from
   // memory; a prompt's tokens read their stream's blocks one after another, from cache
-  // (prefetching them made 16 x 128-token prompts 30% slower).
+  // (prefetching them made prompts slower: docs/benchmarks.md).
   bool prefetch;
 };
 

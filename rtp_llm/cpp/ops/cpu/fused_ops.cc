@@ -12,53 +12,6 @@
 
 namespace rtp_llm::ops {
 
-at::Tensor fused_add_rms_norm(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.sizes() == residual.sizes() && x.dim() == 2, "fused_add_rms_norm: x and residual must be [N, D]");
-  TORCH_CHECK(residual.is_contiguous(), "fused_add_rms_norm: residual must be contiguous");
-  TORCH_CHECK(x.scalar_type() == residual.scalar_type() && x.scalar_type() == weight.scalar_type(),
-              "fused_add_rms_norm: dtypes differ");
-  const at::Tensor xc = x.contiguous();
-  at::Tensor out = at::empty_like(residual);
-  const int64_t rows = x.size(0), dim = x.size(1);
-  TORCH_CHECK(weight.is_contiguous() && weight.numel() == dim, "fused_add_rms_norm: weight must be a contiguous [", dim,
-              "]");
-  if (const auto dtype = avx512::usable_for(x.scalar_type())) {
-    const size_t row_bytes = dim * x.element_size();
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-      avx512::add_rms_norm(*dtype, static_cast<const char*>(xc.data_ptr()) + begin * row_bytes,
-                           static_cast<char*>(residual.data_ptr()) + begin * row_bytes, weight.data_ptr(),
-                           static_cast<char*>(out.data_ptr()) + begin * row_bytes, end - begin, dim,
-                           static_cast<float>(eps));
-    });
-    return out;
-  }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fused_add_rms_norm", [&] {
-    const scalar_t* xp = xc.data_ptr<scalar_t>();
-    const scalar_t* wp = weight.data_ptr<scalar_t>();
-    scalar_t* rp = residual.data_ptr<scalar_t>();
-    scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        scalar_t* res = rp + r * dim;
-        const scalar_t* in = xp + r * dim;
-        float sum_sq = 0.f;
-        for (int64_t i = 0; i < dim; ++i) {
-          res[i] = static_cast<scalar_t>(static_cast<float>(res[i]) + static_cast<float>(in[i]));  // h + o, in dtype
-          const float v = static_cast<float>(res[i]);
-          sum_sq += v * v;
-        }
-        const float inv = 1.f / std::sqrt(sum_sq / static_cast<float>(dim) + static_cast<float>(eps));
-        scalar_t* o = op + r * dim;
-        for (int64_t i = 0; i < dim; ++i) {
-          const scalar_t normed = static_cast<scalar_t>(static_cast<float>(res[i]) * inv);
-          o[i] = static_cast<scalar_t>(static_cast<float>(wp[i]) * static_cast<float>(normed));
-        }
-      }
-    });
-  });
-  return out;
-}
-
 namespace {
 
 void check_rotary(const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
@@ -95,6 +48,15 @@ void rotate_token(at::Tensor& x, int64_t t, const float* cos, const float* sin) 
       }
     }
   });
+}
+
+// Rotary of token t (at position `pos`) of q [T, H, D] and k [T, Hkv, D], in place.
+void rotate_qk(at::Tensor& q, at::Tensor& k, int64_t t, int64_t pos, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = q.size(2) / 2;
+  const float* c = cos.data_ptr<float>() + pos * half;
+  const float* s = sin.data_ptr<float>() + pos * half;
+  rotate_token(q, t, c, s);
+  rotate_token(k, t, c, s);
 }
 
 // The paged cache's K and V planes and the bytes of one slot (Hkv x D), checked.
@@ -135,14 +97,8 @@ void rotary_embedding(at::Tensor& q, at::Tensor& k, const at::Tensor& positions,
   TORCH_CHECK(positions.numel() == q.size(0), "rotary_embedding: one position per token expected");
   check_rotary(positions, cos, sin, q.size(2), "rotary_embedding");
   const int64_t* pos = positions.data_ptr<int64_t>();
-  const int64_t half = q.size(2) / 2;
   at::parallel_for(0, q.size(0), 16, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const float* c = cos.data_ptr<float>() + pos[t] * half;
-      const float* s = sin.data_ptr<float>() + pos[t] * half;
-      rotate_token(q, t, c, s);
-      rotate_token(k, t, c, s);
-    }
+    for (int64_t t = begin; t < end; ++t) rotate_qk(q, k, t, pos[t], cos, sin);
   });
 }
 
@@ -177,14 +133,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rope_store(const at::Tensor& 
   }
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* slot = slot_mapping.data_ptr<int64_t>();
-  const int64_t half = D / 2;
   // Decode batches stay on the calling thread: the whole step is a few microseconds.
   at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const float* c = cos.data_ptr<float>() + pos[t] * half;
-      const float* s = sin.data_ptr<float>() + pos[t] * half;
-      rotate_token(q, t, c, s);
-      rotate_token(k, t, c, s);
+      rotate_qk(q, k, t, pos[t], cos, sin);
       store_row(k, t, kv.k, slot[t], kv.slot_bytes);
       store_row(v, t, kv.v, slot[t], kv.slot_bytes);
     }

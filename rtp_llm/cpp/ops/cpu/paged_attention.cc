@@ -214,8 +214,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   if (const auto dtype = avx512::usable_for(qc.scalar_type());
       dtype && avx512::attention_supports(static_cast<int>(D), group, block_size)) {
     // Whole token rows (every KV head) per item where the tokens alone keep the threads busy:
-    // a block's rows are then read whole, not as one head's slice of each (5-10% faster over
-    // a cache larger than the caches); single KV heads for fewer tokens (batch-1 decode), so
+    // a block's rows are then read whole, not as one head's slice of each (faster over a
+    // cache larger than the caches); single KV heads for fewer tokens (batch-1 decode), so
     // that they split.
     if (T >= 2 * at::get_num_threads()) problem.heads_per_item = std::max(1, avx512::kMaxItemHeads / group);
     const int64_t items = T * problem.items_per_token();

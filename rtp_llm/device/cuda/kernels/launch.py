@@ -1,0 +1,37 @@
+"""Programmatic dependent launch and the launch helpers every kernel family shares.
+
+A decode step is ~9 short kernels per layer, so the gap between two kernels is a large part
+of it. With PDL (Hopper and later) a kernel is launched while its predecessor still runs; it
+waits in pdl_enter() (griddepcontrol.wait: the predecessor has completed and its writes are
+visible) before touching anything the predecessor may write, and then lets its own successor
+launch. Invariant: every kernel launched with launch_pdl calls pdl_enter() unconditionally,
+before its first read of a predecessor's output and before its first write, so a kernel
+completes only after its predecessor did and ordering stays transitive along the stream."""
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+
+@functools.lru_cache(maxsize=None)
+def pdl() -> bool:
+    """Whether the kernels launch with PDL: a Hopper or later GPU, not Triton's interpreter,
+    and RTP_LLM_CUDA_PDL not 0."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("RTP_LLM_CUDA_PDL", "1") == "0":
+        return False
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+def launch_options() -> dict:
+    return dict(PDL=True, launch_pdl=True) if pdl() else dict(PDL=False)
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
