@@ -3,12 +3,27 @@
 The models are fetched by scripts/fetch_models.sh into RTP_LLM_MODEL_CACHE (default
 ~/.cache/rtp_llm/models); tests run against the installed rtp_llm wheel."""
 
+import importlib.util
 import os
 import subprocess
+import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load_testlib():
+    """The tests' shared helpers, rtp_llm/test/testlib.py, as the module `testlib`. The wheel
+    does not ship rtp_llm/test, and the source tree cannot go on sys.path (its `rtp_llm` would
+    shadow the installed one, which has the built libraries): load the one file."""
+    spec = importlib.util.spec_from_file_location("testlib", os.path.join(ROOT, "rtp_llm", "test", "testlib.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["testlib"] = module
+    spec.loader.exec_module(module)
+
+
+_load_testlib()
 
 
 def pytest_configure(config):

@@ -3,49 +3,22 @@ tied and untied; Qwen3, Qwen2, Llama): greedy tokens equal for mixed-length batc
 chunked prefill, the prefix cache and preemption, with CUDA graphs and overlapped scheduling
 on and off; logits within a tolerance. Marked `gpu`: skipped where torch sees no GPU."""
 
-import importlib.util
-import os
-
 import pytest
 import torch
+from testlib import TINY, hf_greedy, hf_model, make_tiny, overlap_sampling_configs, random_prompts
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW_TOKENS = 48
-
-
-def _tiny_models():
-    # rtp_llm/test is not part of the wheel: load the fixture module from the source tree.
-    spec = importlib.util.spec_from_file_location("tiny_models", os.path.join(ROOT, "rtp_llm", "test", "tiny_models.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    import transformers
-
-    mod = _tiny_models()
     root = str(tmp_path_factory.mktemp("tiny"))
-    paths = {name: mod.make_tiny(name, root) for name in mod.TINY}
-    hf = {name: transformers.AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()
-          for name, p in paths.items()}
+    paths = {name: make_tiny(name, root) for name in TINY}
+    hf = {name: hf_model(p) for name, p in paths.items()}
     return paths, hf
-
-
-def _prompts(seed, lengths, prefix=()):
-    g = torch.Generator().manual_seed(seed)
-    return [list(prefix) + torch.randint(0, 512, (n,), generator=g).tolist() for n in lengths]
-
-
-def _hf_greedy(model, prompt, n):
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        out = model.generate(ids, max_new_tokens=n, do_sample=False, attention_mask=torch.ones_like(ids))
-    return out[0, len(prompt):].tolist()
 
 
 def _llm(path, **kw):
@@ -60,7 +33,7 @@ def _check_greedy(paths, hf, name, batch, **kw):
     try:
         outs = llm.generate(batch, {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True})
         for prompt, out in zip(batch, outs):
-            assert out.outputs[0].token_ids == _hf_greedy(hf[name], prompt, NEW_TOKENS), (name, len(prompt), kw)
+            assert out.outputs[0].token_ids == hf_greedy(hf[name], prompt, NEW_TOKENS), (name, len(prompt), kw)
         return llm.engine.core.stats()
     finally:
         llm.close()
@@ -70,27 +43,27 @@ def _check_greedy(paths, hf, name, batch, **kw):
 @pytest.mark.parametrize("name", ["qwen3_gqa_untied", "qwen2_mqa_tied", "llama_gqa_tied", "llama_mha_untied"])
 def test_greedy_tokens_equal_hf_mixed_batch(tiny, name, graphs):
     paths, hf = tiny
-    _check_greedy(paths, hf, name, _prompts(1, [3, 17, 40, 9, 64, 1, 120]), cuda_graph=graphs)
+    _check_greedy(paths, hf, name, random_prompts(1, [3, 17, 40, 9, 64, 1, 120]), cuda_graph=graphs)
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "in_turn"])
 @pytest.mark.parametrize("name", ["qwen3_gqa_untied", "llama_mha_untied"])
 def test_chunked_prefill_prefix_cache_and_preemption(tiny, name, overlap):
     paths, hf = tiny
-    _check_greedy(paths, hf, name, _prompts(2, [50, 33, 7]), max_num_batched_tokens=16, overlap_schedule=overlap)
+    _check_greedy(paths, hf, name, random_prompts(2, [50, 33, 7]), max_num_batched_tokens=16, overlap_schedule=overlap)
     # 20 blocks: short enough that overlapped steps (which wait rather than preempt) preempt too.
-    stats = _check_greedy(paths, hf, name, _prompts(5, [30, 36, 25, 40, 31]), num_kv_blocks=20, warm_up=False,
+    stats = _check_greedy(paths, hf, name, random_prompts(5, [30, 36, 25, 40, 31]), num_kv_blocks=20, warm_up=False,
                           overlap_schedule=overlap)
     assert stats["preemptions"] > 0 and stats["used_blocks"] == 0
-    shared = _prompts(3, [48])[0]
-    batch = _prompts(4, [5, 11, 20], prefix=shared)
+    shared = random_prompts(3, [48])[0]
+    batch = random_prompts(4, [5, 11, 20], prefix=shared)
     llm = _llm(paths[name], overlap_schedule=overlap)
     try:
         cfg = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
         first = llm.generate(batch[0], cfg)[0]
         rest = llm.generate(batch[1:], cfg)
         for prompt, out in zip(batch, [first] + rest):
-            assert out.outputs[0].token_ids == _hf_greedy(hf[name], prompt, NEW_TOKENS)
+            assert out.outputs[0].token_ids == hf_greedy(hf[name], prompt, NEW_TOKENS)
         assert all(o.aux_info["reuse_len"] >= 48 for o in rest)
     finally:
         llm.close()
@@ -98,8 +71,8 @@ def test_chunked_prefill_prefix_cache_and_preemption(tiny, name, overlap):
 
 def test_overlap_is_on_by_default_and_samples_the_same(tiny):
     paths, _ = tiny
-    batch = _prompts(7, [12, 30, 5])
-    configs = _tiny_models().overlap_sampling_configs(batch[2][-1])
+    batch = random_prompts(7, [12, 30, 5])
+    configs = overlap_sampling_configs(batch[2][-1])
     outs = []
     for overlap in (None, False):
         llm = _llm(paths["qwen3_gqa_untied"], overlap_schedule=overlap)
@@ -131,16 +104,13 @@ def _step_logits(llm, prompt):
 def test_prefill_and_decode_logits_match_hf(tiny, dtype, tol):
     paths, hf = tiny
     name = "qwen3_gqa_untied"
-    prompt = _prompts(6, [37])[0]
+    prompt = random_prompts(6, [37])[0]
     llm = _llm(paths[name], act_type=dtype)
     try:
         (prefill, decode), generated = _step_logits(llm, prompt)
     finally:
         llm.close()
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        paths[name], dtype=torch.float32 if dtype == "fp32" else torch.bfloat16).to("cuda").eval()
+    model = hf_model(paths[name], torch.float32 if dtype == "fp32" else torch.bfloat16, device="cuda")
     with torch.inference_mode():
         ref = model(torch.tensor([prompt + generated[:1]], device="cuda")).logits[0].float().cpu()
     # bf16: both sides round differently (fused vs separate projections), so the bar is
@@ -155,8 +125,8 @@ def test_seeded_sampling_is_reproducible_across_batch_composition(tiny):
     llm = _llm(paths["llama_gqa_tied"])
     try:
         cfg = {"max_new_tokens": 24, "temperature": 1.0, "top_p": 0.9, "random_seed": 7}
-        alone = llm.generate(_prompts(8, [10])[0], cfg)[0].outputs[0].token_ids
-        crowd = llm.generate(_prompts(9, [4, 30]) + _prompts(8, [10]),
+        alone = llm.generate(random_prompts(8, [10])[0], cfg)[0].outputs[0].token_ids
+        crowd = llm.generate(random_prompts(9, [4, 30]) + random_prompts(8, [10]),
                              [{"max_new_tokens": 24, "temperature": 1.0}] * 2 + [cfg])
         assert crowd[2].outputs[0].token_ids == alone
     finally:

@@ -370,27 +370,18 @@ class _InterpretedCudaBackend:
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-inputs"])
 @pytest.mark.parametrize("name", ["llama_mha_untied", "qwen3_gqa_untied"])
 def test_cuda_backend_greedy_equals_hf_with_chunked_prefill(tmp_path, monkeypatch, name, graphs):
-    import importlib.util
-
-    import transformers
+    from testlib import hf_greedy, hf_model, make_tiny, random_prompts
 
     import rtp_llm.async_decoder_engine.engine as engine_mod
     from rtp_llm.llm import LLM
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("tiny_models", os.path.join(root, "rtp_llm", "test", "tiny_models.py"))
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
-    path = tiny.make_tiny(name, str(tmp_path))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    path = make_tiny(name, str(tmp_path))
+    hf = hf_model(path)
     monkeypatch.setattr(engine_mod, "get_backend", lambda _: _InterpretedCudaBackend.make(graphs))
     llm = LLM(path, act_type="fp32", progress=False, max_seq_len=128, max_num_batched_tokens=16, num_kv_blocks=64,
               max_batch_size=4, warm_up=False)
-    g = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (50, 7)]
+    prompts = random_prompts(2, (50, 7))
     outs = llm.generate(prompts, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
     for prompt, out in zip(prompts, outs):
-        ids = torch.tensor([prompt])
-        want = hf.generate(ids, max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(ids))
-        assert out.outputs[0].token_ids == want[0, len(prompt):].tolist(), (name, len(prompt))
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 8), (name, len(prompt))
     llm.close()

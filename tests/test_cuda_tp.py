@@ -4,16 +4,11 @@ eager and replayed in a CUDA graph, alone and fed by the MLP's GEMVs as the deco
 in bf16; and TP=2 greedy tokens equal to TP=1 on the tiny fixture models (fp32). Marked `gpu`:
 skipped with fewer than two GPUs."""
 
-import importlib.util
-import os
-
 import pytest
 import torch
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _fused_all_reduce_rank(rank: int, port: int, errors):
@@ -135,16 +130,14 @@ def test_fused_all_reduce_add_rms_norm_equals_the_composed_ops():
 def test_tp2_greedy_tokens_equal_tp1():
     import tempfile
 
+    from testlib import make_tiny, random_prompts
+
     from rtp_llm.llm import LLM
 
-    spec = importlib.util.spec_from_file_location("tiny_models", os.path.join(ROOT, "rtp_llm", "test", "tiny_models.py"))
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
-    g = torch.Generator().manual_seed(1)
-    batch = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (3, 17, 40, 9, 33)]
+    batch = random_prompts(1, (3, 17, 40, 9, 33))
     with tempfile.TemporaryDirectory() as root:
         for name in ("qwen3_gqa_untied", "qwen2_mqa_tied"):
-            path = tiny.make_tiny(name, root)
+            path = make_tiny(name, root)
             runs = []
             for tp in (1, 2):
                 llm = LLM(path, act_type="fp32", progress=False, device="cuda", tp_size=tp, max_seq_len=128)

@@ -4,11 +4,12 @@ ranks' arithmetic matches the launcher's (--world_rank is a node's first rank)."
 
 import os
 from dataclasses import fields
+from unittest import mock
 
 import pytest
 import yaml
 
-from rtp_llm.config.server_config import ServerConfig
+from rtp_llm.config.server_config import ServerConfig, parse_server_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MANIFESTS = ["deploy/k8s/single-node.yaml", "deploy/k8s/multi-node-lws.yaml"]
@@ -23,6 +24,16 @@ def _containers(doc):
         yield "worker", t["workerTemplate"]["spec"]["containers"][0]
 
 
+def _parse_as_the_server(env, flags):
+    """The ServerConfig the launcher makes of the container's environment (set values only),
+    validated; --checkpoint_path wins over CHECKPOINT_PATH (the model volume is not here)."""
+    with mock.patch.dict(os.environ):
+        for name in flags:
+            os.environ.pop(name, None)
+        os.environ.update({k: v for k, v in env.items() if k in flags and v is not None})
+        return parse_server_config([f"--checkpoint_path={ROOT}"])
+
+
 @pytest.mark.parametrize("path", MANIFESTS)
 def test_manifest_env_are_server_flags_and_probes_hit_health(path):
     flags = {f.name.upper() for f in fields(ServerConfig)}
@@ -34,12 +45,7 @@ def test_manifest_env_are_server_flags_and_probes_hit_health(path):
             env = {e["name"]: e.get("value") for e in c["env"]}
             unknown = {n for n in env if n not in flags and not n.startswith("NCCL_")}
             assert not unknown, f"{path} {role}: not server flags: {unknown}"
-            defaults = ServerConfig()
-            values = {k.lower(): v for k, v in env.items() if k in flags and v is not None}
-            config = ServerConfig(**{k: type(getattr(defaults, k))(v) if getattr(defaults, k) is not None else v
-                                     for k, v in values.items()})
-            config.checkpoint_path = ROOT  # the model volume is not here; validate() checks the rest
-            config.validate()
+            config = _parse_as_the_server(env, flags)
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 if role != "worker":
                     assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}, (path, role, probe)

@@ -9,7 +9,6 @@ are refused or clamped to the small context."""
 
 import json
 import re
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,8 +16,7 @@ import pytest
 import requests
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-
-from test_server import start_server
+from testlib import sse_events, sse_payload, start_server, stop_server
 
 BATCH = 16             # requests in flight at once
 BATCHES = 128          # BATCH x BATCHES = 2,048 requests
@@ -160,8 +158,8 @@ def _problem(case, status, ctype, text):
             return f"{status} whose message names no field: {text[:300]}"
         return None
     if "event-stream" in ctype:  # an error after the stream started is its last event
-        for event in text.split("\n\n"):
-            payload = event.partition(":")[2].strip()
+        for event in sse_events(text):
+            payload = sse_payload(event)
             if payload.startswith("{") and ('"error_code"' in payload or '"error"' in payload):
                 return f"{status} stream ended with an error: {payload[:300]}"
         return None
@@ -178,8 +176,7 @@ def server(smollm2):
     proc, base = start_server(smollm2, "--max_seq_len=64", "--kv_cache_mem_mb=32", "--concurrency_limit=1000",
                               "--max_batch_size=64", f"--max_body_size={BODY_LIMIT}", frontends=1)
     yield base
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
+    assert stop_server(proc) == 0
 
 
 def test_fuzz_native_and_openai_routes(server):

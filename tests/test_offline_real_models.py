@@ -1,10 +1,8 @@
 """The offline API on real GGUF models: it knows the capital of France, and its greedy tokens
 equal HF transformers' on the same (dequantized, fp32) weights."""
 
-import os
-
 import pytest
-import torch
+from testlib import hf_greedy, hf_model
 
 from rtp_llm.llm import LLM
 
@@ -29,20 +27,12 @@ def test_capital_of_france(model):
 
 
 def test_greedy_tokens_equal_hf_transformers(model):
-    from transformers import AutoModelForCausalLM
-
     path, llm = model
-    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                              dtype=torch.float32).eval()
-    # Like ignore_eos: EOS is an ordinary token (min_new_tokens would instead forbid it).
-    hf.generation_config.eos_token_id = None
+    hf = hf_model(path)  # the GGUF's weights dequantized, fp32; EOS an ordinary token, like ignore_eos
     config = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
     ours = llm.generate(PROMPTS, config)
     for out in ours:
-        ids = torch.tensor([out.prompt_token_ids])
-        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                          do_sample=False)[0, ids.shape[1]:].tolist()
-        assert out.outputs[0].token_ids == ref, out.prompt
+        assert out.outputs[0].token_ids == hf_greedy(hf, out.prompt_token_ids, NEW_TOKENS), out.prompt
 
 
 @pytest.mark.parametrize("name", ["smollm2", "qwen25"])

@@ -7,7 +7,6 @@ launcher tell the truth about a stuck engine or a dead backend."""
 import http.client
 import json
 import os
-import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,15 +15,9 @@ from urllib.parse import urlparse
 import psutil
 import pytest
 import requests
-
-from test_server import start_server
+from testlib import start_server, stop_server
 
 OOM, MEMORY, HANG = 49000, 49001, 49002  # token ids the test-only fault hook reacts to
-
-
-def _stop(proc):
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
 
 
 def _wait_idle(base, limit_s=10.0):
@@ -49,7 +42,7 @@ def limits_server(smollm2):
     proc, base = start_server(smollm2, "--concurrency_limit=64", "--max_batch_size=64", "--max_queue_size=40",
                               "--max_seq_len=256", "--max_body_size=65536", frontends=1)
     yield base
-    _stop(proc)
+    assert stop_server(proc) == 0
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +137,7 @@ def test_max_new_tokens_is_clamped_to_the_context_and_said_so(limits_server):
 def test_over_the_concurrency_limit_429_and_the_admitted_answer_as_unloaded(fault_server):
     _, base = fault_server
     prompts = ["1, 2, 3, 4,", "The capital of France is", "def add(a, b):", "Monday, Tuesday,"]
-    # Long enough (~1 s) that all 16 arrive while the first 4 are still generating.
+    # Long enough that all 16 arrive while the first 4 are still generating.
     config = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "timeout_ms": 120000}
     unloaded = {p: _native(base, p, **config)[1]["response"] for p in prompts}
     with ThreadPoolExecutor(16) as pool:  # 4x --concurrency_limit=4

@@ -6,62 +6,18 @@ offline API's."""
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
 import urllib.request
 
 import pytest
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return port if port < 65000 else _free_port()
-
-
-def _post(url, body, timeout=120):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def start_server(model, *flags, frontends=2, env=None):
-    """(process, base URL) of a server that answers /health; `flags` add to or override the
-    defaults (argparse keeps the last)."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={model}",
-                             f"--start_port={port}", f"--frontend_server_count={frontends}", "--kv_cache_mem_mb=256",
-                             "--max_seq_len=2048", "--act_type=fp32", *flags], env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        assert proc.poll() is None, "the server exited while starting"
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass
-        time.sleep(1)
-    else:
-        proc.kill()
-        pytest.fail("the server did not become healthy")
-    return proc, base
+from testlib import post_json, sse_events, sse_payload, start_server, stop_server
 
 
 @pytest.fixture(scope="module")
 def server(smollm2):
     proc, base = start_server(smollm2)
     yield base
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
+    assert stop_server(proc) == 0
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +28,7 @@ def client(server):
 
 
 def test_seed_flow_native(server):
-    status, text = _post(server + "/", {"prompt": "hello, what is your name", "generate_config": {"max_new_tokens": 16}})
+    status, text = post_json(server + "/", {"prompt": "hello, what is your name", "generate_config": {"max_new_tokens": 16}})
     assert status == 200, text
     body = json.loads(text)
     assert body["response"] and body["finished"] is True
@@ -84,9 +40,9 @@ def test_native_streaming_ends_with_done(server):
         "prompt": "The capital of France is", "generate_config": {"max_new_tokens": 8, "temperature": 0},
         "yield_generator": True}).encode())
     with urllib.request.urlopen(req, timeout=120) as r:
-        events = [line for line in r.read().decode().split("\n\n") if line]
+        events = sse_events(r.read().decode())
     assert events[-1] == "data:[done]"
-    last = json.loads(events[-2][len("data:"):])
+    last = json.loads(sse_payload(events[-2]))
     assert last["finished"] is True and "Paris" in last["response"]
 
 
@@ -133,19 +89,19 @@ def test_n_sequences_with_seeds(client):
 def test_bad_input_is_a_400_naming_the_field(server, client):
     import openai
 
-    status, text = _post(server + "/", {"prompt": "hi", "generate_config": {"top_p": 3}})
+    status, text = post_json(server + "/", {"prompt": "hi", "generate_config": {"top_p": 3}})
     assert status == 400 and "top_p" in json.loads(text)["message"]
-    status, text = _post(server + "/", {"generate_config": {}})
+    status, text = post_json(server + "/", {"generate_config": {}})
     assert status == 400 and "prompt" in json.loads(text)["message"]
-    status, _ = _post(server + "/nope", {})
+    status, _ = post_json(server + "/nope", {})
     assert status == 404
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="m", prompt="hi", max_tokens=0)
     assert "max_tokens" in str(e.value)
-    status, text = _post(server + "/", {"prompt": "x " * 3000, "generate_config": {"max_new_tokens": 4}})
+    status, text = post_json(server + "/", {"prompt": "x " * 3000, "generate_config": {"max_new_tokens": 4}})
     assert status == 400 and json.loads(text)["error_code"] == 511
     # Text the tokenizer drops entirely ("\x04" is no token of SmolLM2's): the field, not the engine.
-    status, text = _post(server + "/", {"prompt_batch": ["hi", "\u0004"]})
+    status, text = post_json(server + "/", {"prompt_batch": ["hi", "\u0004"]})
     assert status == 400 and json.loads(text)["message"].startswith("prompt_batch[1]:"), text
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="m", prompt="\u0004", max_tokens=4)
@@ -156,7 +112,7 @@ def test_served_greedy_equals_offline(server, smollm2):
     from rtp_llm.llm import LLM
 
     prompts = ["The capital of France is", "def add(a, b):"]
-    served = [json.loads(_post(server + "/", {"prompt": p, "generate_config": {"max_new_tokens": 24,
+    served = [json.loads(post_json(server + "/", {"prompt": p, "generate_config": {"max_new_tokens": 24,
                                                                                   "temperature": 0}})[1])["response"]
               for p in prompts]
     llm = LLM(smollm2, act_type="fp32", progress=False, max_seq_len=2048, kv_cache_mem_mb=256)
@@ -166,7 +122,7 @@ def test_served_greedy_equals_offline(server, smollm2):
 
 
 def test_metrics_after_traffic(server):
-    _post(server + "/", {"prompt": "hi there", "generate_config": {"max_new_tokens": 4}})
+    post_json(server + "/", {"prompt": "hi there", "generate_config": {"max_new_tokens": 4}})
     with urllib.request.urlopen(server + "/metrics", timeout=10) as r:
         text = r.read().decode()
     for name in ("rtp_llm_http_requests_total", "rtp_llm_time_to_first_token_seconds_bucket",
@@ -215,7 +171,7 @@ def test_sigterm_drains_requests_in_flight(smollm2):
     result = {}
 
     def request():
-        result["reply"] = _post(base + "/", {"prompt": "Tell me a story.",
+        result["reply"] = post_json(base + "/", {"prompt": "Tell me a story.",
                                              "generate_config": {"max_new_tokens": 48, "ignore_eos": True}})
 
     t = threading.Thread(target=request)
@@ -244,26 +200,15 @@ def test_qwen3_chat_template_honours_enable_thinking(model_cache):
 
 
 def test_api_key_guards_every_route_but_health(smollm2):
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={smollm2}",
-                             f"--start_port={port}", "--frontend_server_count=1", "--kv_cache_mem_mb=128",
-                             "--max_seq_len=512", "--host=127.0.0.1"], env=dict(os.environ, API_KEY="s3cret"))
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_server(smollm2, "--kv_cache_mem_mb=128", "--max_seq_len=512", "--act_type=bf16",
+                              "--host=127.0.0.1", frontends=1, env=dict(os.environ, API_KEY="s3cret"))
     try:
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                time.sleep(1)
         body = {"prompt": "hi", "generate_config": {"max_new_tokens": 2}}
-        status, text = _post(base + "/", body)
+        status, text = post_json(base + "/", body)
         assert status == 401 and "API key" in json.loads(text)["message"]
         req = urllib.request.Request(base + "/", data=json.dumps(body).encode(),
                                      headers={"Authorization": "Bearer s3cret"})
         with urllib.request.urlopen(req, timeout=60) as r:
             assert json.loads(r.read())["finished"] is True
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        stop_server(proc)

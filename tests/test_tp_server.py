@@ -4,13 +4,10 @@ The answer equals the single-process offline one; a node going away takes the se
 with a non-zero exit instead of hanging."""
 
 import json
-import signal
 import subprocess
-import sys
 
 import pytest
-
-from test_server import _free_port, _post, start_server
+from testlib import free_port, post_json, server_argv, start_server, stop_server
 
 PROMPT = "The capital of France is"
 CONFIG = {"max_new_tokens": 8, "temperature": 0}
@@ -28,7 +25,7 @@ def offline_answer(qwen25):
 
 
 def _answer(base):
-    status, body = _post(base + "/", {"prompt": PROMPT, "generate_config": CONFIG})
+    status, body = post_json(base + "/", {"prompt": PROMPT, "generate_config": CONFIG})
     assert status == 200, body
     return json.loads(body)["response"]
 
@@ -39,25 +36,22 @@ def test_tp2_on_one_node_answers_like_tp1(qwen25, offline_answer):
     try:
         assert _answer(base) == offline_answer
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=90) == 0  # rank 0 stopped rank 1: both exit cleanly
+        assert stop_server(proc, timeout=90) == 0  # rank 0 stopped rank 1: both exit cleanly
 
 
 def test_two_nodes_over_tcp_and_a_lost_node_stops_the_server(qwen25, offline_answer):
-    master_port = _free_port()
+    master_port = free_port()
     common = ["--tp_size=2", "--world_size=2", "--local_world_size=1", "--master_addr=127.0.0.1",
               f"--master_port={master_port}", "--dist_timeout_s=30"]
-    node1 = subprocess.Popen([sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={qwen25}",
-                              f"--start_port={_free_port()}", "--act_type=fp32", "--kv_cache_mem_mb=256",
-                              "--max_seq_len=2048", "--world_rank=1", *common])
+    node1 = subprocess.Popen(server_argv(qwen25, free_port(), "--act_type=fp32", "--kv_cache_mem_mb=256",
+                                         "--max_seq_len=2048", "--world_rank=1", *common))
     node0 = None
     try:
         node0, base = start_server(qwen25, "--world_rank=0", *common, frontends=1)
         assert _answer(base) == offline_answer
-        node1.send_signal(signal.SIGTERM)  # node 1 stops its rank; rank 0 finds out at its next step
-        assert node1.wait(timeout=60) == 0
+        assert stop_server(node1) == 0  # node 1 stops its rank; rank 0 finds out at its next step
         try:
-            _post(base + "/", {"prompt": PROMPT, "generate_config": CONFIG}, timeout=60)
+            post_json(base + "/", {"prompt": PROMPT, "generate_config": CONFIG}, timeout=60)
         except Exception:
             pass  # the frontends may already be going down
         assert node0.wait(timeout=90) != 0

@@ -9,7 +9,7 @@ POISON = 499
 os.environ["RTP_LLM_TEST_FAIL_ON_TOKEN"] = str(POISON)  # test-only hook, read by the ModelRunner
 
 from rtp_llm.llm import LLM  # noqa: E402
-from rtp_llm.test.tiny_models import make_tiny  # noqa: E402
+from rtp_llm.test.testlib import make_tiny  # noqa: E402
 
 
 class FaultTest(unittest.TestCase):

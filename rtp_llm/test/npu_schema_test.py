@@ -19,7 +19,7 @@ import yaml
 import rtp_llm.async_decoder_engine.engine as engine_mod
 from rtp_llm.device.npu import backend as npu_backend
 from rtp_llm.llm import LLM
-from rtp_llm.test.tiny_models import make_tiny
+from rtp_llm.test.testlib import make_tiny, random_prompts
 
 BACKEND_SRC = npu_backend.__file__
 
@@ -170,8 +170,7 @@ class NpuSchemaTest(unittest.TestCase):
         for name in ("qwen3_gqa_untied", "qwen2_mqa_tied"):
             with self.subTest(name):
                 path = make_tiny(name, self.tmp.name)
-                g = torch.Generator().manual_seed(3)
-                batch = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (3, 40, 17, 70)]
+                batch = random_prompts(3, (3, 40, 17, 70))
                 cpu = LLM(path, seq_size_per_block=64, num_kv_blocks=16, **args)
                 want = [o.outputs[0].token_ids for o in cpu.generate(batch, cfg)]
                 cpu.close()

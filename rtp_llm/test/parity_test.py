@@ -8,32 +8,19 @@ import unittest
 import torch
 
 from rtp_llm.llm import LLM
-from rtp_llm.test.tiny_models import TINY, make_tiny, overlap_sampling_configs
+from rtp_llm.test.testlib import TINY, hf_greedy, hf_model, make_tiny, overlap_sampling_configs
+from rtp_llm.test.testlib import random_prompts as prompts
 
 NEW_TOKENS = 64
 LOGIT_TOL = 1e-4
 
 
-def hf_greedy(model, prompt, n):
-    ids = torch.tensor([prompt])
-    out = model.generate(ids, max_new_tokens=n, do_sample=False, attention_mask=torch.ones_like(ids))
-    return out[0, len(prompt):].tolist()
-
-
-def prompts(seed, lengths, prefix=()):
-    g = torch.Generator().manual_seed(seed)
-    return [list(prefix) + torch.randint(0, 512, (n,), generator=g).tolist() for n in lengths]
-
-
 class ParityTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        import transformers
-
         cls.tmp = tempfile.TemporaryDirectory()
         cls.paths = {name: make_tiny(name, cls.tmp.name) for name in TINY}
-        cls.hf = {name: transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-                  for name, path in cls.paths.items()}
+        cls.hf = {name: hf_model(path) for name, path in cls.paths.items()}
 
     @classmethod
     def tearDownClass(cls):

@@ -11,14 +11,10 @@ import torch
 
 from rtp_llm.distributed.tensor_parallel import CollectiveError
 from rtp_llm.llm import LLM
-from rtp_llm.test.tiny_models import make_tiny
+from rtp_llm.test.testlib import make_tiny
+from rtp_llm.test.testlib import random_prompts as prompts
 
 CONFIG = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
-
-
-def prompts(seed, lengths):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 512, (n,), generator=g).tolist() for n in lengths]
 
 
 def tokens(path, tp_size, batch, **engine_args):

@@ -1,0 +1,189 @@
+"""Server flags as the launcher parses them: every flag and its upper-case environment twin,
+the defaults, flags winning over the environment, bad values rejected naming the flag, and
+the flags a child process is given. Through parse_server_config and ServerConfig only (not
+through where the parallel settings live)."""
+
+import argparse
+import contextlib
+import io
+import os
+import tempfile
+import typing
+import unittest
+from dataclasses import fields
+from unittest import mock
+
+from rtp_llm.config.server_config import ServerConfig, parse_server_config
+
+NAMES = [f.name for f in fields(ServerConfig)]
+# Values that validate only with another flag set too: field -> (value, the other flags).
+NEEDS = {"world_rank": (1, {"tp_size": 2})}
+
+
+def _kind(name):
+    """The type a flag's value has: the field's annotation, Optional[...] unwrapped."""
+    hint = typing.get_type_hints(ServerConfig)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def _other_value(name, checkpoint):
+    """A valid value of the flag that is not its default."""
+    if name == "checkpoint_path":
+        return checkpoint
+    if name in NEEDS:
+        return NEEDS[name][0]
+    default, kind = getattr(ServerConfig(), name), _kind(name)
+    if kind is bool:
+        return not default
+    if kind is int:
+        return (default or 0) + 1
+    return f"{default or name}-x"
+
+
+@contextlib.contextmanager
+def _environment(**values):
+    """os.environ without any flag's twin, plus `values` (upper-cased names)."""
+    with mock.patch.dict(os.environ):
+        for name in NAMES:
+            os.environ.pop(name.upper(), None)
+        os.environ.update({k.upper(): str(v) for k, v in values.items()})
+        yield
+
+
+def _rejected(argv):
+    """argparse's message for argv (it exits with status 2)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), _environment():
+        with unittest.TestCase().assertRaises(SystemExit) as cm:
+            parse_server_config(argv)
+    assert cm.exception.code == 2, cm.exception.code
+    return err.getvalue()
+
+
+class ServerConfigTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+        self.ckpt = self.tmp.name
+
+    def parse(self, *flags, **env):
+        with _environment(**env):
+            return parse_server_config(list(flags))
+
+    def test_defaults(self):
+        config = self.parse(f"--checkpoint_path={self.ckpt}")
+        # Unset parallel sizes follow tp_size, the rendezvous port start_port.
+        self.assertEqual(config, ServerConfig(checkpoint_path=self.ckpt, world_size=1, local_world_size=1,
+                                              master_port=8088 + 3))
+        self.assertEqual((config.start_port, config.frontend_server_count, config.concurrency_limit,
+                          config.max_batch_size, config.reuse_cache, config.act_type, config.device, config.host),
+                         (8088, 4, 32, 32, True, "bf16", "cpu", "0.0.0.0"))
+        self.assertIsNone(config.max_seq_len)
+        self.assertIsNone(config.api_key)
+        self.assertEqual(config.rpc_address, "127.0.0.1:8089")
+        self.assertEqual(config.local_ranks, range(0, 1))
+
+    def test_every_flag_is_read_from_its_upper_case_environment_twin(self):
+        for name in NAMES:
+            with self.subTest(name):
+                value = _other_value(name, self.ckpt)
+                extra = NEEDS.get(name, (None, {}))[1]
+                config = self.parse(**{"checkpoint_path": self.ckpt, **extra, name: value})
+                self.assertEqual(getattr(config, name), value)
+                self.assertEqual(type(getattr(config, name)), _kind(name))
+
+    def test_every_flag_is_read_from_the_command_line(self):
+        for name in NAMES:
+            with self.subTest(name):
+                value = _other_value(name, self.ckpt)
+                extra = NEEDS.get(name, (None, {}))[1]
+                flags = [f"--{k}={v}" for k, v in {"checkpoint_path": self.ckpt, **extra, name: value}.items()]
+                self.assertEqual(getattr(self.parse(*flags), name), value)
+
+    def test_a_flag_wins_over_its_environment_twin(self):
+        other = tempfile.TemporaryDirectory()
+        self.addCleanup(other.cleanup)
+        config = self.parse(f"--checkpoint_path={self.ckpt}", "--start_port=9000", "--reuse_cache=1",
+                            "--act_type=fp32", "--max_seq_len=128", checkpoint_path=other.name, start_port=7000,
+                            reuse_cache="0", act_type="fp16", max_seq_len=64)
+        self.assertEqual((config.checkpoint_path, config.start_port, config.reuse_cache, config.act_type,
+                          config.max_seq_len), (self.ckpt, 9000, True, "fp32", 128))
+        # Without the flags the environment applies.
+        config = self.parse(checkpoint_path=other.name, start_port=7000, reuse_cache="0", max_seq_len=64)
+        self.assertEqual((config.checkpoint_path, config.start_port, config.reuse_cache, config.max_seq_len),
+                         (other.name, 7000, False, 64))
+
+    def test_the_last_flag_wins(self):
+        config = self.parse(f"--checkpoint_path={self.ckpt}", "--max_batch_size=4", "--max_batch_size=8")
+        self.assertEqual(config.max_batch_size, 8)
+
+    def test_booleans(self):
+        for text, value in [("1", True), ("true", True), ("Yes", True), ("ON", True), ("0", False),
+                            ("false", False), ("No", False), ("off", False)]:
+            with self.subTest(text):
+                self.assertIs(self.parse(f"--checkpoint_path={self.ckpt}", f"--cuda_graph={text}").cuda_graph, value)
+                self.assertIs(self.parse(f"--checkpoint_path={self.ckpt}", cuda_graph=text).cuda_graph, value)
+
+    def test_malformed_values_are_rejected_naming_the_flag(self):
+        for flag, text in [("start_port", "abc"), ("max_seq_len", "1.5"), ("reuse_cache", "maybe"),
+                           ("tp_size", "")]:
+            with self.subTest(flag):
+                message = _rejected([f"--checkpoint_path={self.ckpt}", f"--{flag}={text}"])
+                self.assertIn(f"--{flag}", message)
+                self.assertIn(repr(text), message)
+        self.assertIn("--no_such_flag", _rejected([f"--checkpoint_path={self.ckpt}", "--no_such_flag=1"]))
+
+    def test_malformed_environment_values_are_rejected(self):
+        for name, text in [("START_PORT", "abc"), ("REUSE_CACHE", "maybe")]:
+            with self.subTest(name), self.assertRaises((ValueError, argparse.ArgumentTypeError)) as cm:
+                self.parse(f"--checkpoint_path={self.ckpt}", **{name: text})
+            self.assertIn(text, str(cm.exception))
+
+    def test_out_of_range_values_are_rejected_naming_the_flag(self):
+        ckpt = f"--checkpoint_path={self.ckpt}"
+        cases = [
+            ([], "--checkpoint_path"),
+            ([f"--checkpoint_path={self.ckpt}/missing"], "--checkpoint_path"),
+            ([ckpt, "--start_port=0"], "--start_port"),
+            ([ckpt, "--start_port=65535"], "--start_port"),
+            ([ckpt, "--frontend_server_count=0"], "--frontend_server_count"),
+            ([ckpt, "--concurrency_limit=0"], "--concurrency_limit"),
+            ([ckpt, "--max_body_size=0"], "--max_body_size"),
+            ([ckpt, "--max_queue_size=-1"], "--max_queue_size"),
+            ([ckpt, "--default_timeout_ms=-1"], "--default_timeout_ms"),
+            ([ckpt, "--engine_stall_timeout_s=-1"], "--engine_stall_timeout_s"),
+            ([ckpt, "--tp_size=0", "--world_size=1"], "--tp_size"),
+            ([ckpt, "--tp_size=2", "--world_size=4"], "--world_size"),
+            ([ckpt, "--tp_size=2", "--local_world_size=3"], "--local_world_size"),
+            ([ckpt, "--tp_size=2", "--world_rank=2"], "--world_rank"),
+        ]
+        for flags, named in cases:
+            with self.subTest(flags), self.assertRaises(ValueError) as cm:
+                self.parse(*flags)
+            self.assertIn(named, str(cm.exception))
+        # The boundaries themselves are valid.
+        self.assertEqual(self.parse(ckpt, "--start_port=65534").start_port, 65534)
+        self.assertEqual(self.parse(ckpt, "--start_port=1", "--max_queue_size=0").start_port, 1)
+
+    def test_a_node_starts_at_a_multiple_of_its_rank_count(self):
+        flags = [f"--checkpoint_path={self.ckpt}", "--tp_size=4", "--world_size=4", "--local_world_size=2"]
+        self.assertEqual(self.parse(*flags, "--world_rank=2").local_ranks, range(2, 4))
+        config = self.parse(*flags, "--world_rank=1")
+        with self.assertRaises(ValueError) as cm:
+            config.local_ranks
+        self.assertIn("--world_rank", str(cm.exception))
+
+    def test_a_child_gets_the_same_config_from_its_flags_and_the_api_key_from_the_environment(self):
+        config = self.parse(f"--checkpoint_path={self.ckpt}", "--tp_size=2", "--max_seq_len=512",
+                            "--cuda_graph=0", api_key="s3cret")
+        self.assertEqual(config.api_key, "s3cret")
+        args = config.to_args()
+        self.assertFalse([a for a in args if "s3cret" in a or a.startswith("--api_key")], args)
+        self.assertIn("--cuda_graph=0", args)
+        self.assertNotIn("--tokenizer_path", " ".join(args))  # unset (None) flags are left out
+        self.assertEqual(self.parse(*args, api_key="s3cret"), config)
+
+
+if __name__ == "__main__":
+    unittest.main()

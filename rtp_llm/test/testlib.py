@@ -1,0 +1,166 @@
+"""What the tests share: tiny random-weight checkpoints, HF transformers' references, random
+prompts, and real servers (started as subprocesses, probed on /health, stopped) with their
+SSE framing.
+
+One module for both kinds of test: the bazel unit tests (rtp_llm/test/, the py_library
+//rtp_llm:testlib) import it as `rtp_llm.test.testlib`; the integration tests (tests/, run with
+pytest against the installed wheel, which does not ship rtp_llm/test) import it as `testlib`,
+which tests/conftest.py loads from this file. So it imports nothing of its own package
+relatively, and `rtp_llm` only from the installed (or bazel-built) package, lazily."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import torch
+
+# ------------------------------------------------------------------ tiny checkpoints
+
+TINY = {
+    # name: (transformers config class, kwargs)
+    "qwen3_gqa_untied": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                             tie_word_embeddings=False)),
+    "qwen2_mqa_tied": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)),
+    "llama_gqa_tied": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                                           rope_theta=100000.0)),
+    "llama_mha_untied": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=4,
+                                             tie_word_embeddings=False)),
+}
+TINY_VOCAB = 512
+
+
+def make_tiny(name: str, root: str) -> str:
+    """Writes the tiny HF checkpoint `name` (Qwen3, Qwen2, Llama; GQA, MQA, tied and untied)
+    under root and returns its directory. The weights are scaled up so that greedy choices are
+    decisive rather than near-ties; the seed is the name's, so a name always gives the same
+    weights. (rtp_llm.tools.random_checkpoint writes benchmark-sized Qwen3 checkpoints whose
+    values do not matter; these are for parity.)"""
+    import transformers
+
+    cls_name, kwargs = TINY[name]
+    config = getattr(transformers, cls_name)(
+        vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        max_position_embeddings=512, bos_token_id=None, eos_token_id=None, pad_token_id=None, **kwargs)
+    torch.manual_seed(sum(map(ord, name)))
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+            elif pname.endswith("bias"):
+                p.normal_(0.0, 0.1)
+            else:  # norm weights
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    path = os.path.join(root, name)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def random_prompts(seed: int, lengths, prefix=()):
+    """Prompts of random token ids below the tiny vocabulary, one per length, after `prefix`."""
+    g = torch.Generator().manual_seed(seed)
+    return [list(prefix) + torch.randint(0, TINY_VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def overlap_sampling_configs(prompt_tail: int):
+    """generate_configs whose tokens must not depend on overlapped scheduling: seeded samples,
+    penalties (while such a stream samples the engine steps in turn) and a stop word."""
+    return [{"max_new_tokens": 40, "temperature": 0.9, "top_k": 50, "random_seed": 3},
+            {"max_new_tokens": 40, "temperature": 0.7, "random_seed": 4, "repetition_penalty": 1.3},
+            {"max_new_tokens": 40, "temperature": 0, "stop_words_list": [[prompt_tail]]}]
+
+
+# ------------------------------------------------------------------ HF references
+
+def hf_model(path: str, dtype=torch.float32, device: str = "cpu"):
+    """HF transformers' model of an HF checkpoint directory or a .gguf file (dequantized), in
+    eval mode, with EOS an ordinary token to its generate() like the engine's ignore_eos: the
+    package's own loader (the offline benchmark's reference side)."""
+    from rtp_llm.tools.bench_offline import load_hf
+
+    return load_hf(path, dtype, device)
+
+
+def hf_greedy(model, prompt, n: int):
+    """HF's first n greedy tokens after `prompt` (token ids)."""
+    ids = torch.tensor([prompt], device=model.device)
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=n, do_sample=False, attention_mask=torch.ones_like(ids))
+    return out[0, len(prompt):].tolist()
+
+
+# ------------------------------------------------------------------ servers
+
+SERVER_DEFAULTS = ("--kv_cache_mem_mb=256", "--max_seq_len=2048", "--act_type=fp32")
+HEALTHY_WITHIN_S = 300
+
+
+def free_port() -> int:
+    """A free TCP port below 65000 (the server also listens on the next few)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return port if port < 65000 else free_port()
+
+
+def server_argv(model: str, port: int, *flags) -> list:
+    """The command line of rtp_llm.start_server on `model` at HTTP port `port`."""
+    return [sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={model}", f"--start_port={port}",
+            *flags]
+
+
+def start_server(model: str, *flags, frontends: int = 2, env=None):
+    """(process, base URL) of a server that answers /health; `flags` add to or override the
+    defaults (argparse keeps the last)."""
+    port = free_port()
+    proc = subprocess.Popen(server_argv(model, port, f"--frontend_server_count={frontends}", *SERVER_DEFAULTS,
+                                        *flags), env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + HEALTHY_WITHIN_S
+    while time.time() < deadline:
+        assert proc.poll() is None, "the server exited while starting"
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, base
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        time.sleep(1)
+    proc.kill()
+    raise AssertionError("the server did not become healthy")
+
+
+def stop_server(proc, timeout: float = 60) -> int:
+    """SIGTERM (the launcher drains and stops its children), then the exit status."""
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=timeout)
+
+
+def post_json(url: str, body, timeout: float = 120, headers=None):
+    """(status, body text) of a JSON POST; HTTP errors are answers, not exceptions."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+# ------------------------------------------------------------------ SSE
+
+def sse_events(text: str):
+    """The events of a whole SSE body, as sent: the native API frames them "data:<json>" (no
+    space) and ends with "data:[done]"; the OpenAI API frames them "data: <json>"."""
+    return [event for event in text.split("\n\n") if event]
+
+
+def sse_payload(event: str) -> str:
+    """An event's payload, whichever framing."""
+    return event.partition(":")[2].strip()
