@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from rtp_llm.async_decoder_engine.engine import Engine, EngineArgs
+from rtp_llm.async_decoder_engine.engine import EngineArgs, EngineLoop
 from rtp_llm.config.generate_config import GenerateConfig
 from rtp_llm.model_loader import load_model, parse_dtype
 from rtp_llm.ops.engine_core import EngineError, decode_output
@@ -56,7 +56,7 @@ class LLM:
             tp = init_tensor_parallel(parallel, set_rank_device(EngineArgs(**engine_args).device, parallel))
         self.loaded = load_model(checkpoint_path, model_type, parse_dtype(act_type), tokenizer_path, progress)
         self.tokenizer = self.loaded.tokenizer
-        self.engine = Engine(self.loaded, EngineArgs(**engine_args), tp)
+        self.engine = EngineLoop(self.loaded, EngineArgs(**engine_args), tp)
 
     def encode(self, prompt: Prompt) -> List[int]:
         if isinstance(prompt, str):

@@ -13,7 +13,7 @@ log = logging.getLogger("rtp_llm.backend")
 
 
 def serve(config: ServerConfig) -> int:
-    from rtp_llm.async_decoder_engine.engine import Engine, EngineArgs
+    from rtp_llm.async_decoder_engine.engine import EngineArgs, EngineLoop
     from rtp_llm.distributed.launch import set_rank_device
     from rtp_llm.distributed.tensor_parallel import init_tensor_parallel
     from rtp_llm.model_loader import load_model, parse_dtype
@@ -22,7 +22,7 @@ def serve(config: ServerConfig) -> int:
     tp = init_tensor_parallel(parallel, set_rank_device(config.device, parallel))
     loaded = load_model(config.checkpoint_path, config.model_type, parse_dtype(config.act_type),
                         config.tokenizer_path, progress=tp.rank == 0)
-    engine = Engine(loaded, EngineArgs(device=config.device, max_seq_len=config.max_seq_len,
+    engine = EngineLoop(loaded, EngineArgs(device=config.device, max_seq_len=config.max_seq_len,
                                        max_batch_size=config.max_batch_size,
                                        max_num_batched_tokens=config.max_num_batched_tokens,
                                        seq_size_per_block=config.seq_size_per_block,

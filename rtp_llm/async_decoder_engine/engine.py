@@ -16,15 +16,13 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
-from rtp_llm.async_decoder_engine.model_runner import PendingStep
-
 import torch
 
+from rtp_llm.async_decoder_engine.model_runner import ModelRunner, PendingStep
 from rtp_llm.device import get_backend
 from rtp_llm.distributed.tensor_parallel import CollectiveError, StepBroadcast, TPShard
 from rtp_llm.model_loader import LoadedModel
 from rtp_llm.models_py.decoder import DecoderModel
-from rtp_llm.async_decoder_engine.model_runner import ModelRunner
 from rtp_llm.ops.engine_core import EngineCore
 
 log = logging.getLogger(__name__)
@@ -61,7 +59,7 @@ def kv_block_bytes(loaded: LoadedModel, block_size: int, num_kv_heads: Optional[
     return 2 * c.num_layers * block_size * heads * c.head_dim * torch.tensor([], dtype=loaded.dtype).element_size()
 
 
-class Engine:
+class EngineLoop:
     """Rank 0 (or the only rank) owns the C++ core and steps it; under tensor parallelism the
     other ranks hold shards of the model and KV cache and follow rank 0's steps (run_worker)."""
 

@@ -113,7 +113,9 @@ def parse_server_config(argv=None, description: str = "") -> ServerConfig:
         if f.name in ("model_type", "tokenizer_path", "api_key"):
             kind = str
         env = os.environ.get(f.name.upper())
-        p.add_argument(f"--{f.name}", type=kind, default=kind(env) if env is not None else default,
+        # An environment value is a string default: argparse converts it with `kind`, so a bad
+        # one is an error naming the flag, as a bad flag is.
+        p.add_argument(f"--{f.name}", type=kind, default=env if env is not None else default,
                        help=f"env {f.name.upper()}; default {default}")
     config = ServerConfig(**vars(p.parse_args(argv)))
     config.validate()

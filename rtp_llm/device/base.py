@@ -114,7 +114,7 @@ class DeviceBackend(ABC):
     def release_memory(self) -> None:
         """Called once the engine dropped its tensors: hand cached memory back to the device."""
 
-    def bind_model(self, num_heads: int, num_kv_heads: int, head_dim: int, max_streams: int,
+    def bind_model(self, num_heads: int, num_kv_heads: int, head_dim: int, max_batch_size: int,
                    max_seq_len: int) -> None:
         """Told once, before the first step, the shapes it will run (to size workspaces)."""
 

@@ -21,7 +21,7 @@ def set_rank_device(device: str, parallel: ParallelConfig) -> torch.device:
 
 
 def _worker_main(load_args: dict, engine_args: dict, parallel: dict):
-    from rtp_llm.async_decoder_engine.engine import Engine, EngineArgs
+    from rtp_llm.async_decoder_engine.engine import EngineArgs, EngineLoop
     from rtp_llm.model_loader import load_model, parse_dtype
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -30,7 +30,7 @@ def _worker_main(load_args: dict, engine_args: dict, parallel: dict):
     tp = init_tensor_parallel(config, set_rank_device(args.device, config))
     loaded = load_model(load_args["checkpoint_path"], load_args["model_type"], parse_dtype(load_args["act_type"]),
                         load_args["tokenizer_path"], False)
-    engine = Engine(loaded, args, tp)
+    engine = EngineLoop(loaded, args, tp)
     engine.run_worker()
     engine.close()
     torch.distributed.destroy_process_group()

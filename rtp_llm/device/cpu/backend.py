@@ -60,7 +60,7 @@ class CpuBackend(DeviceBackend):
         self._kv_format = (dtype, block_size)  # for bind_model, which comes next
         return super().allocate_kv_cache(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype)
 
-    def bind_model(self, num_heads: int, num_kv_heads: int, head_dim: int, max_streams: int, max_seq_len: int):
+    def bind_model(self, num_heads: int, num_kv_heads: int, head_dim: int, max_batch_size: int, max_seq_len: int):
         # Prompt chunks go to the paged kernel where it beats SDPA (docs/benchmarks.md): bf16
         # through its vectorized kernel with scores by `vdpbf16ps` (CPUs with AVX512-BF16), up
         # to 512 x 512 query-key pairs; SDPA's GEMMs win on longer prompts.

@@ -69,8 +69,8 @@ class CudaBackend(DeviceBackend):
     def default_kv_cache_bytes(self) -> int:
         return accelerator_kv_cache_bytes(self.available_memory_bytes())
 
-    def reserve_decode_workspace(self, max_streams: int, num_heads: int, head_dim: int, max_splits: int):
-        want = (max_streams, num_heads, head_dim, max_splits)
+    def reserve_decode_workspace(self, max_batch_size: int, num_heads: int, head_dim: int, max_splits: int):
+        want = (max_batch_size, num_heads, head_dim, max_splits)
         if self._ws is None or any(w > h for w, h in zip(want, self._ws_shape)):
             self._ws_shape = tuple(max(w, h) for w, h in zip(want, self._ws_shape))
             if self._ws is not None:
@@ -113,10 +113,10 @@ class CudaBackend(DeviceBackend):
 
     # ------------------------------------------------------------------ ops
 
-    def bind_model(self, num_heads: int, num_kv_heads: int, head_dim: int, max_streams: int, max_seq_len: int):
+    def bind_model(self, num_heads: int, num_kv_heads: int, head_dim: int, max_batch_size: int, max_seq_len: int):
         self._kv_heads = num_kv_heads
         splits = K.decode_splits(1, num_kv_heads, max_seq_len, self.num_sms)
-        self.reserve_decode_workspace(max_streams, num_heads, head_dim, splits)
+        self.reserve_decode_workspace(max_batch_size, num_heads, head_dim, splits)
 
     def write_kv(self, k, v, kv, meta):
         K.store_kv(k, v, kv, meta.slot_mapping)

@@ -243,12 +243,13 @@ def decode_splits(num_streams: int, num_kv_heads: int, max_context: int, num_sms
 
 class DecodeWorkspace:
     """Partial outputs of split decode and the per-(stream, KV head) split counters,
-    preallocated for up to max_streams (graph-safe; every launch leaves the counters at 0)."""
+    preallocated for up to max_batch_size (graph-safe; every launch leaves the counters at 0)."""
 
-    def __init__(self, max_streams: int, num_heads: int, head_dim: int, max_splits: int, device):
-        self.o_part = torch.empty(max_streams * num_heads * max_splits * head_dim, dtype=torch.float32, device=device)
-        self.lse = torch.empty(max_streams * num_heads * max_splits, dtype=torch.float32, device=device)
-        self.counters = torch.zeros(max_streams * num_heads, dtype=torch.int32, device=device)
+    def __init__(self, max_batch_size: int, num_heads: int, head_dim: int, max_splits: int, device):
+        self.o_part = torch.empty(max_batch_size * num_heads * max_splits * head_dim, dtype=torch.float32,
+                                  device=device)
+        self.lse = torch.empty(max_batch_size * num_heads * max_splits, dtype=torch.float32, device=device)
+        self.counters = torch.zeros(max_batch_size * num_heads, dtype=torch.int32, device=device)
 
 
 def decode_attention(q: torch.Tensor, kv: torch.Tensor, block_tables: torch.Tensor, query_starts: torch.Tensor,
