@@ -6,7 +6,7 @@ the native API, the OpenAI API (when it has an OpenAI name), the OpenAPI documen
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2 as pb
 
@@ -95,10 +95,9 @@ class GenerateConfig:
     @classmethod
     def from_dict(cls, d: Optional[Dict[str, Any]]) -> "GenerateConfig":
         d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(k for k in d if k not in known)
+        unknown = sorted(k for k in d if k not in _FIELD_NAMES)
         if unknown:
-            raise GenerateConfigError(unknown[0], f"unknown field (known: {', '.join(sorted(known))})")
+            raise GenerateConfigError(unknown[0], f"unknown field (known: {', '.join(sorted(_FIELD_NAMES))})")
         cfg = cls(**d)
         cfg.validate()
         return cfg
@@ -106,27 +105,26 @@ class GenerateConfig:
     def validate(self) -> None:
         """Raises GenerateConfigError naming the first field (in declaration order) whose value
         has the wrong type, else the first out of its range."""
-        for check in (check_type, check_range):
-            for f in fields(self):
-                reason = check(f, getattr(self, f.name))
+        values = [(c, getattr(self, c.name)) for c in _CHECKS]
+        for reason_of in (lambda c, v: c.type_error(v), lambda c, v: c.range_error(v)):
+            for c, v in values:
+                reason = reason_of(c, v)
                 if reason:
-                    raise GenerateConfigError(f.name, reason)
+                    raise GenerateConfigError(c.name, reason)
 
     def to_proto(self, sequence_index: int = 0) -> pb.GenerateConfigPB:
         """The proto for sequence `sequence_index` of num_return_sequences (its own stream)."""
-        c = pb.GenerateConfigPB()
-        for f in fields(self):
-            v, proto = getattr(self, f.name), f.metadata["proto"]
+        c = pb.GenerateConfigPB(**{proto: getattr(self, name) for name, proto in _PLAIN_PROTO})
+        for check in _SPECIAL_PROTO:
+            v, proto = getattr(self, check.name), check.proto
             if proto == SEED:
                 if v is not None:
                     c.random_seed.value = v + sequence_index
             elif proto == ONE_PER_STREAM:
-                setattr(c, f.name, 1)
+                setattr(c, check.name, 1)
             elif proto == TOKEN_LISTS:
                 for words in v:
                     c.stop_words_list.rows.add(values=words)
-            else:
-                setattr(c, f.name if proto == SAME else proto, v)
         return c
 
 
@@ -154,29 +152,48 @@ def _is_finite_number(v) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= 1e300 and math.isfinite(v))
 
 
-def check_type(f, v) -> Optional[str]:
-    """What is wrong with the type of value `v` for field `f` (a dataclasses.Field of
-    GenerateConfig, typed by its annotation), or None."""
-    kind = f.type
+def _type_check(kind) -> Callable[[Any], Optional[str]]:
+    """What is wrong with the type of a value of annotation `kind`, as a function of the value
+    (None: nothing)."""
     if kind is bool:
-        return None if isinstance(v, bool) else "must be a boolean"
+        return lambda v: None if isinstance(v, bool) else "must be a boolean"
     if kind == List[List[int]]:
-        ok = isinstance(v, list) and all(isinstance(w, list) and w and all(_is_int(t) for t in w) for w in v)
-        return None if ok else f"must be a list of non-empty token id lists, got {v!r}"
-    if kind == Optional[int] and v is None:
-        return None
+        return lambda v: None if (isinstance(v, list) and all(
+            isinstance(w, list) and w and all(_is_int(t) for t in w) for w in v)) else (
+                f"must be a list of non-empty token id lists, got {v!r}")
     if kind is float:
-        return None if _is_finite_number(v) else f"must be a finite number, got {v!r}"
-    return None if _is_int(v) else f"must be an integer, got {v!r}"
+        return lambda v: None if _is_finite_number(v) else f"must be a finite number, got {v!r}"
+    optional = kind == Optional[int]
+    return lambda v: None if (optional and v is None) or _is_int(v) else f"must be an integer, got {v!r}"
 
 
-def check_range(f, v) -> Optional[str]:
-    """What is wrong with `v` (of the right type) for the range in `f`'s metadata, or None.
-    A list of token id lists has the range on each token id."""
-    rng = f.metadata["range"]
-    if rng is None or v is None:
-        return None
-    if f.type == List[List[int]]:
-        bad = next((t for w in v for t in w if t not in rng), None)
-        return None if bad is None else f"token ids must be in {rng}, got {bad!r}"
-    return None if v in rng else f"must be in {rng}, got {v!r}"
+def _range_check(rng: Optional[Range], token_lists: bool) -> Callable[[Any], Optional[str]]:
+    """What is wrong with a value (of the right type) for `rng`, as a function of the value. A
+    list of token id lists has the range on each token id."""
+    if rng is None:
+        return lambda v: None
+    if token_lists:
+        def check(v):
+            bad = next((t for w in v for t in w if t not in rng), None)
+            return None if bad is None else f"token ids must be in {rng}, got {bad!r}"
+        return check
+    return lambda v: None if v is None or v in rng else f"must be in {rng}, got {v!r}"
+
+
+@dataclass(frozen=True)
+class _FieldCheck:
+    """One declared field's checks and proto conversion, derived once from its declaration
+    (validate and to_proto run for every request)."""
+
+    name: str
+    type_error: Callable[[Any], Optional[str]]
+    range_error: Callable[[Any], Optional[str]]
+    proto: str
+
+
+_CHECKS = tuple(_FieldCheck(f.name, _type_check(f.type), _range_check(f.metadata["range"], f.type == List[List[int]]),
+                            f.metadata["proto"]) for f in fields(GenerateConfig))
+_FIELD_NAMES = frozenset(c.name for c in _CHECKS)
+# (field, proto field) of the fields that cross as a plain value (one constructor call per request).
+_SPECIAL_PROTO = tuple(c for c in _CHECKS if c.proto in (SEED, ONE_PER_STREAM, TOKEN_LISTS))
+_PLAIN_PROTO = tuple((c.name, c.name if c.proto == SAME else c.proto) for c in _CHECKS if c not in _SPECIAL_PROTO)

@@ -124,15 +124,22 @@ class StepBatch:
     and sized as in rtp_llm/cpp/engine/step_batch_fields.h; block_tables is [S, B]. The arrays
     are views valid until the second schedule call after it."""
 
-    def __init__(self, fields: List[Field], counts: Dict[str, int], arrays: Dict[str, np.ndarray]):
-        self.fields = fields
+    def __init__(self, row_spec: Tuple[Tuple[str, bool], ...], counts: Dict[str, int],
+                 arrays: Dict[str, np.ndarray]):
+        self._row_spec = row_spec  # the sampler's arrays: (name, masked: an [S] array) (rows_spec)
         self.__dict__.update(counts)
         self.__dict__.update(arrays)
 
     def rows(self, mask: np.ndarray) -> SamplingRows:
         """The sampler's arrays for the rows `mask` selects (a boolean [S] mask)."""
-        return SamplingRows(**{f.name: getattr(self, f.name)[mask] if f.length == LEN_S else getattr(self, f.name)
-                               for f in self.fields if f.group in (GROUP_SAMPLE, GROUP_PARAM)})
+        d = self.__dict__
+        return SamplingRows(**{name: d[name][mask] if masked else d[name] for name, masked in self._row_spec})
+
+
+def rows_spec(fields: List[Field]) -> Tuple[Tuple[str, bool], ...]:
+    """StepBatch.rows' arrays, worked out once per engine (rows() runs every step): every SAMPLE
+    and PARAM field, masked when it is an [S] array."""
+    return tuple((f.name, f.length == LEN_S) for f in fields if f.group in (GROUP_SAMPLE, GROUP_PARAM))
 
 
 @dataclass
@@ -214,7 +221,11 @@ class EngineCore:
         self._poll_buf = ctypes.create_string_buffer(1 << 16)
         self._views: dict = {}  # address of a batch buffer -> its arrays, mapped at full size
         self._arrays = [f for f in self._batch_fields if f.length != SCALAR]
-        self._empty = StepBatch(self._batch_fields, {f.name: 0 for f in self._batch_fields if f.length == SCALAR},
+        # What _batch() reads every step, as plain tuples: the counts' names, (name, length) per array.
+        self._count_names = tuple(f.name for f in self._batch_fields if f.length == SCALAR)
+        self._array_lengths = tuple((f.name, f.length) for f in self._arrays)
+        self._rows_spec = rows_spec(self._batch_fields)
+        self._empty = StepBatch(self._rows_spec, {name: 0 for name in self._count_names},
                                 {f.name: np.zeros(0, dtype=f.dtype) for f in self._arrays})
         self._empty.block_tables = self._empty.block_tables.reshape(0, 0)
 
@@ -255,11 +266,12 @@ class EngineCore:
         if v is None:  # the core's buffers never move: map each once, at full size
             v = self._views[key] = {f.name: np.ctypeslib.as_array(getattr(b, f.name), shape=(self._capacity[f.length],))
                                     for f in self._arrays}
-        counts = {f.name: getattr(b, f.name) for f in self._batch_fields if f.length == SCALAR}
-        used = used_lengths(b)
-        arrays = {f.name: v[f.name][:used[f.length]] for f in self._arrays}
-        arrays["block_tables"] = arrays["block_tables"].reshape(b.num_streams, b.block_table_stride)
-        return StepBatch(self._batch_fields, counts, arrays)
+        counts = {name: getattr(b, name) for name in self._count_names}
+        c = SimpleNamespace(**counts)  # (a ctypes field read costs more than a namespace's)
+        used = used_lengths(c)
+        arrays = {name: v[name][:used[length]] for name, length in self._array_lengths}
+        arrays["block_tables"] = arrays["block_tables"].reshape(c.num_streams, c.block_table_stride)
+        return StepBatch(self._rows_spec, counts, arrays)
 
     def commit(self, tokens: np.ndarray, logprobs: Optional[np.ndarray] = None):
         """The sampled tokens of the oldest uncommitted batch (its do_sample streams, in order)."""
