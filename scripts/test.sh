@@ -4,8 +4,8 @@
 #  2. bazelisk test --config=aarch64 //rtp_llm/cpp/... the C++ tests cross-built for arm64,
 #                                                    run under qemu (x86_64 hosts only)
 #  3. bazelisk test --config=asan //rtp_llm/cpp/...  the C++ tests under AddressSanitizer
-#  4. scripts/build_ascend.sh                        the Ascend wheel (--config=ascend): the
-#                                                    torch_npu shim strictly linked and checked
+#  4. scripts/build_ascend.sh                        the Ascend wheel (--config=ascend): built
+#                                                    against torch 2.9.0, strictly linked and checked
 #  5. scripts/check_wheel.sh                         the installed wheel: loads, imports and
 #                                                    is portable (bundled libraries)
 #  6. pytest tests/                                  integration tests on real small models
