@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <utility>
 
 namespace rtp_llm {
@@ -11,6 +12,13 @@ ErrorInfo EngineCoreConfig::validate() const {
   if (name < min) return invalid(#name, #name " must be >= " #min ", got " + std::to_string(name));
   RTP_LLM_ENGINE_CONFIG(RTP_LLM_CHECK_MIN)
 #undef RTP_LLM_CHECK_MIN
+  // The step's penalty history holds up to max_batch_size * max_seq_len tokens, indexed by
+  // int32 (history_starts, num_history_tokens): the product must fit.
+  const int64_t history = static_cast<int64_t>(max_batch_size) * max_seq_len;
+  if (history > INT32_MAX) {
+    return invalid("max_seq_len", "max_batch_size * max_seq_len must be <= " + std::to_string(INT32_MAX) +
+                                      ", got " + std::to_string(history));
+  }
   return {};
 }
 

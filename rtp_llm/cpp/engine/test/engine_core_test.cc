@@ -77,6 +77,19 @@ TEST(EngineCore, AdmissionRejectsWhatCanNeverRun) {
   EXPECT_NE(e.message.find("max_seq_len"), std::string::npos);
 }
 
+TEST(EngineCore, ConfigRefusesAHistoryBeyondInt32) {
+  EngineCoreConfig c = SmallConfig();
+  EXPECT_TRUE(c.validate().ok());
+  c.max_batch_size = 2048;
+  c.max_seq_len = 1 << 20;  // 2^31 history tokens: one past what int32 indexes
+  ErrorInfo e = c.validate();
+  EXPECT_EQ(e.code, ErrorCode::INVALID_PARAMS);
+  EXPECT_EQ(e.field, "max_seq_len");
+  EXPECT_NE(e.message.find("max_batch_size * max_seq_len"), std::string::npos) << e.message;
+  c.max_seq_len = (1 << 20) - 1;
+  EXPECT_TRUE(c.validate().ok());
+}
+
 // Runs one request to its end; returns its final update.
 StreamUpdate RunAlone(EngineCoreConfig c, std::vector<int32_t> prompt, GenerateConfig g) {
   EngineCore engine(c);
