@@ -160,7 +160,12 @@ def _problem(case, status, ctype, text):
     if "event-stream" in ctype:  # an error after the stream started is its last event
         for event in sse_events(text):
             payload = sse_payload(event)
-            if payload.startswith("{") and ('"error_code"' in payload or '"error"' in payload):
+            # The error event's body has these keys at its top level; generated text may quote them.
+            try:
+                body = json.loads(payload) if payload.startswith("{") else None
+            except ValueError:
+                return f"{status} with an event that is not JSON: {payload[:200]}"
+            if isinstance(body, dict) and ("error_code" in body or "error" in body):
                 return f"{status} stream ended with an error: {payload[:300]}"
         return None
     try:
