@@ -1,64 +1,82 @@
-"""Incremental detokenization and stop strings for one generated sequence."""
+"""Incremental detokenization and stop strings for one generated sequence, at a cost per
+token that does not grow with the sequence."""
 
-from typing import List, Optional, Sequence
+from typing import List, Sequence
+
+_INCOMPLETE = "\ufffd"  # what a decoder yields for a character whose last byte has not come
 
 
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas. A delta never ends inside a UTF-8
-    character (the decoder yields U+FFFD until the character's last byte arrives), and text
-    that could be the start of a stop string is held back until it is known not to be."""
+    character, and text that could be the start of a stop string is held back until it is
+    known not to be.
+
+    Only a window of the ids is decoded per call: ids[prefix:read] are the tokens of the last
+    delta, decoded again as context (a token's leading space, a character split across tokens,
+    depend on the token before it), and the new text is what ids[prefix:] decode to beyond
+    them. Stop strings are looked for in the held-back text only: text already out was known
+    not to begin one."""
 
     def __init__(self, tokenizer, stop: Sequence[str] = (), print_stop_words: bool = False):
-        self.tokenizer = tokenizer
+        self.decode = tokenizer.decode
         self.stop = [s for s in stop if s]
+        self.hold = max((len(s) - 1 for s in self.stop), default=0)  # longest proper prefix
         self.print_stop_words = print_stop_words
         self.ids: List[int] = []
-        self.text = ""      # decoded so far (complete characters only)
-        self.emitted = 0    # characters of `text` already handed out
+        self.prefix = 0      # ids[prefix:read]: the context decoded again with the new ids
+        self.read = 0        # ids before this are in the text
+        self.pending = ""    # decoded, not emitted: it may begin a stop string
         self.stopped = False
 
     def add(self, new_ids: Sequence[int]) -> str:
         """Appends tokens; returns the text that can be emitted now."""
         if self.stopped:
             return ""
-        self.ids.extend(int(t) for t in new_ids)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return ""  # an incomplete character: wait for its next byte
-        self.text = text
-        cut = self._stop_position()
-        if cut is not None:
-            self.stopped = True
-            return self._emit(cut)
-        hold = max((len(s) - 1 for s in self.stop), default=0)
-        return self._emit(max(self.emitted, len(self.text) - self._partial_stop(hold)))
+        self.ids.extend(new_ids)
+        return self._release(self._new_text(final=False))
 
     def finish(self) -> str:
-        """The held-back rest at the end of generation."""
+        """The held-back rest at the end of generation (an incomplete character as U+FFFD,
+        as decoding the whole sequence would give it)."""
         if self.stopped:
             return ""
-        return self._emit(len(self.text))
+        text = self._release(self._new_text(final=True))
+        if not self.stopped:
+            text, self.pending = text + self.pending, ""
+        return text
 
-    def _emit(self, upto: int) -> str:
-        delta = self.text[self.emitted:upto]
-        self.emitted = max(self.emitted, upto)
-        return delta
+    def _new_text(self, final: bool) -> str:
+        context = self.decode(self.ids[self.prefix:self.read], skip_special_tokens=True) if self.read > self.prefix else ""
+        text = self.decode(self.ids[self.prefix:], skip_special_tokens=True)
+        if not final and (len(text) <= len(context) or text.endswith(_INCOMPLETE)):
+            return ""  # nothing new yet, or a character still waiting for its next byte
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(context):]
 
-    def _stop_position(self) -> Optional[int]:
-        # Only text not yet emitted (plus a stop string's length before it) can hold a new match.
-        start = max(0, self.emitted - max((len(s) for s in self.stop), default=0))
+    def _release(self, delta: str) -> str:
+        text = self.pending + delta
+        cut = self._stop_position(text)
+        if cut is not None:
+            self.stopped, self.pending = True, ""
+            return text[:cut]
+        keep = self._partial_stop(text)
+        self.pending = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep]
+
+    def _stop_position(self, text: str):
+        """Where the text ends at the earliest stop string (after it with print_stop_words)."""
         best = None
         for s in self.stop:
-            i = self.text.find(s, start)
+            i = text.find(s)
             if i >= 0:
                 end = i + len(s) if self.print_stop_words else i
                 best = end if best is None else min(best, end)
         return best
 
-    def _partial_stop(self, hold: int) -> int:
+    def _partial_stop(self, text: str) -> int:
         """Length of the longest suffix of text that is a proper prefix of a stop string."""
-        for n in range(min(hold, len(self.text)), 0, -1):
-            tail = self.text[-n:]
+        for n in range(min(self.hold, len(text)), 0, -1):
+            tail = text[-n:]
             if any(s.startswith(tail) for s in self.stop):
                 return n
         return 0

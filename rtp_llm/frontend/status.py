@@ -61,7 +61,8 @@ class StatusRoutes:
         return web.json_response({"alive": s.alive, "running_query_len": s.running_query_len,
                                   "waiting_query_len": s.waiting_query_len, "iterate_count": s.iterate_count,
                                   "available_kv_cache": s.available_kv_cache, "total_kv_cache": s.total_kv_cache,
-                                  "max_seq_len": s.max_seq_len, "frontend_in_flight": self.fe.in_flight})
+                                  "max_seq_len": s.max_seq_len, "generated_tokens": s.generated_tokens,
+                                  "frontend_in_flight": self.fe.in_flight})
 
     async def cache_status(self, request):
         s = await self.fe.client.cache_status()

@@ -125,6 +125,7 @@ ErrorInfo EngineCore::commit(const int32_t* tokens, const float* logprobs, int n
   oldest_ = (oldest_ + 1) % Scheduler::kMaxStepsInFlight;
   --outstanding_;
   ++steps_;
+  generated_tokens_ += n;
   finished_ += static_cast<int64_t>(ended_.size());
   notify(updated_);
   for (GenerateStream* s : ended_) {
@@ -242,7 +243,7 @@ void EngineCore::set_listener(int64_t id, Listener listener) {
 EngineStats EngineCore::stats() {
   std::lock_guard<std::mutex> lock(mu_);
   return {scheduler_.num_running(), scheduler_.num_waiting(), static_cast<int>(streams_.size()), kv_.stats(),
-          steps_,                   scheduler_.num_preemptions(), finished_};
+          steps_,                   scheduler_.num_preemptions(), finished_, generated_tokens_};
 }
 
 void EngineCore::stop() {

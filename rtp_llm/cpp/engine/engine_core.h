@@ -50,6 +50,7 @@ struct EngineStats {
   int running, waiting, tracked_streams;
   KVCacheStats kv;
   int64_t steps, preemptions, finished;
+  int64_t generated_tokens;  // tokens sampled and committed, since start
 };
 
 class EngineCore {
@@ -117,7 +118,7 @@ class EngineCore {
   StepBatch empty_;
   bool stopped_ = false;
   int64_t next_id_ = 1;
-  int64_t steps_ = 0, finished_ = 0;
+  int64_t steps_ = 0, finished_ = 0, generated_tokens_ = 0;
   std::unordered_map<int64_t, std::unique_ptr<GenerateStream>> streams_;
   std::unordered_map<int64_t, ListenerPtr> listeners_;
   std::vector<GenerateStream*> updated_, ended_;  // scratch, reused every step

@@ -95,6 +95,7 @@
   X(i64, lookup_tokens, kv.lookup_tokens)      \
   X(i64, steps, steps)                         \
   X(i64, preemptions, preemptions)             \
-  X(i64, finished, finished)
+  X(i64, finished, finished)                   \
+  X(i64, generated_tokens, generated_tokens)
 
 #endif /* RTP_LLM_STEP_BATCH_FIELDS_H_ */

@@ -101,6 +101,7 @@ void fill_worker_status(const EngineStats& s, const EngineCoreConfig& config, Wo
   out->set_total_kv_cache(int64_t{s.kv.total_blocks} * s.kv.block_size);
   out->set_max_seq_len(config.max_seq_len);
   out->set_max_batch_tokens_size(config.max_num_batched_tokens);
+  out->set_generated_tokens(s.generated_tokens);
 }
 
 void fill_cache_status(const EngineStats& s, CacheStatusPB* out) {

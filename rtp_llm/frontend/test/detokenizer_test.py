@@ -15,6 +15,28 @@ class ByteTokenizer:
         return bytes(ids).decode("utf-8", errors="replace")
 
 
+class SpaceMarkTokenizer:
+    """SentencePiece-like: words are tokens that carry their leading space ("_world"), and a
+    decode drops the space of its first token, so a token decoded alone loses what it shows
+    after another one."""
+
+    WORDS = ["_hello", "_world", ",", "_again", "!"]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.WORDS[i] for i in ids).replace("_", " ").lstrip(" ")
+
+
+class CountingTokenizer(ByteTokenizer):
+    """Counts the ids it is asked to decode."""
+
+    def __init__(self):
+        self.decoded = 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.decoded += len(ids)
+        return super().decode(ids, skip_special_tokens)
+
+
 def ids(text: str):
     return list(text.encode())
 
@@ -82,6 +104,31 @@ class DetokenizerTest(unittest.TestCase):
         d = IncrementalDetokenizer(ByteTokenizer(), stop=["bcd"])
         self.assertEqual(feed(d, [ids("ab"), ids("c"), ids("d")]), ["a", "", ""])
         self.assertTrue(d.stopped)
+
+    def test_a_token_keeps_the_space_it_has_after_the_one_before(self):
+        tok = SpaceMarkTokenizer()
+        d = IncrementalDetokenizer(tok)
+        pieces = [[0], [1], [2], [3, 1], [4]]
+        out = feed(d, pieces) + [d.finish()]
+        self.assertEqual(out[:2], ["hello", " world"])
+        self.assertEqual("".join(out), tok.decode([i for p in pieces for i in p]))
+
+    def test_the_work_per_token_does_not_grow_with_the_sequence(self):
+        # Each token costs a decode of a window of a few tokens, never of all the text so far.
+        per_token = []
+        for n in (256, 2048):
+            tok = CountingTokenizer()
+            d = IncrementalDetokenizer(tok, stop=["never"])
+            text = "".join(feed(d, [[b] for b in ids("héllo wörld 😀 " * (n // 20))[:n]])) + d.finish()
+            self.assertEqual(text, bytes(ids("héllo wörld 😀 " * (n // 20))[:n]).decode("utf-8", errors="replace"))
+            per_token.append(tok.decoded / n)
+        self.assertLess(per_token[1], 8)
+        self.assertLess(per_token[1], per_token[0] * 1.1)
+
+    def test_an_incomplete_last_character_comes_out_at_finish_as_a_whole_decode_gives_it(self):
+        d = IncrementalDetokenizer(ByteTokenizer())
+        self.assertEqual(feed(d, [ids("ab"), ids("é")[:1]]), ["ab", ""])
+        self.assertEqual(d.finish(), "\ufffd")
 
 
 if __name__ == "__main__":

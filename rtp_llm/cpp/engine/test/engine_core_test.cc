@@ -37,13 +37,16 @@ TEST(EngineCore, ManySharedPrefixStreamsUnderMemoryPressureMatchTheReference) {
   }
   while (Step(engine, model)) {
   }
+  int64_t generated = 0;
   for (auto& [id, prompt] : requests) {
     StreamUpdate u;
     ASSERT_TRUE(engine.poll(id, 0, &u));
     EXPECT_EQ(u.status, StreamStatus::FINISHED);
     EXPECT_EQ(u.new_tokens, model.reference(prompt, u.num_generated)) << "stream " << id;
+    generated += u.num_generated;
   }
   const EngineStats s = engine.stats();
+  EXPECT_EQ(s.generated_tokens, generated);  // a preempted stream's tokens are not counted twice
   EXPECT_GT(s.preemptions, 0);      // the pool was too small for everyone at once
   EXPECT_GT(s.kv.hit_tokens, 0);    // the shared system prompt was reused
   ExpectAllBlocksBack(engine);
