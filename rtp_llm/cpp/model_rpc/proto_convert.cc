@@ -1,5 +1,9 @@
 #include "rtp_llm/cpp/model_rpc/proto_convert.h"
 
+#include <algorithm>
+#include <exception>
+#include <string>
+
 namespace rtp_llm {
 
 namespace {
@@ -66,6 +70,22 @@ void to_proto(int64_t request_id, const StreamUpdate& u, int64_t now_us, Generat
   aux->set_prefix_len(t.reuse_len);
   aux->set_finish_reason(u.finish_reason);
   if (!u.new_logprobs.empty()) set_fp32(aux->mutable_logprobs(), u.new_logprobs);
+}
+
+int max_waiting(const grpc::CallbackServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kMaxWaitingKey);
+  if (it == metadata.end()) return 0;
+  try {
+    return std::max(0, std::stoi(std::string(it->second.data(), it->second.size())));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+Send what_to_send(const StreamUpdate& update, bool streaming) {
+  if (!update.error.ok() || update.done()) return Send::kLast;
+  return streaming && !update.new_tokens.empty() ? Send::kUpdate : Send::kNothing;
 }
 
 grpc::Status to_status(const ErrorInfo& error) {

@@ -4,12 +4,19 @@
 #include <cstdint>
 #include <vector>
 
-#include <grpcpp/support/status.h>
+#include <grpcpp/grpcpp.h>
 
 #include "rtp_llm/cpp/engine/engine_core.h"
 #include "rtp_llm/cpp/model_rpc/proto/model_rpc_service.pb.h"
 
 namespace rtp_llm {
+
+// Call metadata of GenerateStreamCall and GenerateMultiplexed: refuse a request
+// (RESOURCE_EXHAUSTED) when this many streams already wait in the engine's queue. The
+// frontend's --max_queue_size rides along this way, so the cap is checked where the queue is
+// (atomically with the admission) without a backend flag of its own.
+inline constexpr char kMaxWaitingKey[] = "rtp-max-waiting";
+int max_waiting(const grpc::CallbackServerContext& context);  // 0: no cap
 
 // GenerateConfigPB -> GenerateConfig. proto3 cannot tell "unset" from 0, so 0 means the
 // default where 0 is not a valid value (max_new_tokens: up to max_seq_len; a sampling
@@ -20,6 +27,11 @@ GenerateConfig from_proto(const GenerateConfigPB& pb, int max_seq_len);
 // One GenerateOutputsPB carrying `update.new_tokens` (the tokens not sent before) and the
 // stream's aux info; `finished` when the stream ended.
 void to_proto(int64_t request_id, const StreamUpdate& update, int64_t now_us, GenerateOutputsPB* out);
+
+// What a reader of a stream sends after a poll: nothing yet, an update with the new tokens
+// (streaming requests only), or the last update (the stream ended or failed).
+enum class Send { kNothing, kUpdate, kLast };
+Send what_to_send(const StreamUpdate& update, bool streaming);
 
 // A request's error as a gRPC status with ErrorDetailsPB in its details (upstream's mapping:
 // LONG_PROMPT -> OUT_OF_RANGE, malloc -> RESOURCE_EXHAUSTED, timeout -> DEADLINE_EXCEEDED...).

@@ -49,14 +49,15 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateOutputsPB>,
       finish(grpc::Status(grpc::StatusCode::INTERNAL, "stream vanished"));
       return;
     }
+    const Send send = what_to_send(update_, streaming_);
+    if (send == Send::kNothing) return;
     if (!update_.error.ok()) {
       finish(to_status(update_.error));
       return;
     }
-    if (!update_.done() && (!streaming_ || update_.new_tokens.empty())) return;
     to_proto(request_id_, update_, EngineCore::now_us(), &message_);
     sent_ = update_.num_generated;
-    if (update_.done()) {
+    if (send == Send::kLast) {
       finishing_ = true;
       StartWriteAndFinish(&message_, grpc::WriteOptions(), grpc::Status::OK);
     } else {
@@ -119,25 +120,12 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context) {
   return reactor;
 }
 
-// The frontend's --max_queue_size rides along as call metadata, so the cap is checked where
-// the queue is (atomically with the admission) without a backend flag of its own.
-int MaxWaiting(const grpc::CallbackServerContext* context) {
-  const auto& metadata = context->client_metadata();
-  auto it = metadata.find(kMaxWaitingKey);
-  if (it == metadata.end()) return 0;
-  try {
-    return std::max(0, std::stoi(std::string(it->second.data(), it->second.size())));
-  } catch (const std::exception&) {
-    return 0;
-  }
-}
-
 }  // namespace
 
 grpc::ServerWriteReactor<GenerateOutputsPB>* ModelRpcService::GenerateStreamCall(grpc::CallbackServerContext* context,
                                                                                  const GenerateInputPB* request) {
   auto call = std::make_shared<GenerateCall>(engine_);
-  call->start(*request, MaxWaiting(context));
+  call->start(*request, max_waiting(*context));
   return call.get();  // kept alive by its own self_ until OnDone
 }
 
@@ -168,6 +156,7 @@ int RpcServer::start(const std::string& address, std::string* error) {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service_);
+  builder.RegisterService(&multiplex_);
   server_ = builder.BuildAndStart();
   if (!server_ || port == 0) {
     server_.reset();

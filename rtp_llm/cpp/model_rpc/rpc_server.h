@@ -1,5 +1,6 @@
-// The backend's gRPC RpcService over an EngineCore (callback API: no thread per call, so
-// thousands of concurrent streams cost memory, not threads).
+// The backend's gRPC server over an EngineCore: upstream's RpcService, and the frontends'
+// FrontendStreamService (multiplex_call.h). Callback API: no thread per call, so thousands of
+// concurrent streams cost memory, not threads.
 //
 // GenerateStreamCall: streaming requests get one message per batch of new tokens (only the
 // tokens not sent before); others get one final message. A client that cancels or
@@ -13,13 +14,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include "rtp_llm/cpp/engine/engine_core.h"
+#include "rtp_llm/cpp/model_rpc/multiplex_call.h"
 #include "rtp_llm/cpp/model_rpc/proto/model_rpc_service.grpc.pb.h"
 
 namespace rtp_llm {
-
-// GenerateStreamCall metadata: refuse the call (RESOURCE_EXHAUSTED) when this many streams
-// already wait in the engine's queue.
-inline constexpr char kMaxWaitingKey[] = "rtp-max-waiting";
 
 class ModelRpcService final : public RpcService::CallbackService {
  public:
@@ -40,7 +38,7 @@ class ModelRpcService final : public RpcService::CallbackService {
 
 class RpcServer {
  public:
-  explicit RpcServer(EngineCore& engine) : service_(engine) {}
+  explicit RpcServer(EngineCore& engine) : service_(engine), multiplex_(engine) {}
   ~RpcServer() { stop(); }
 
   // Listens on `address` ("host:port"; port 0 picks a free one). Returns the bound port, or
@@ -50,7 +48,8 @@ class RpcServer {
   void stop();
 
  private:
-  ModelRpcService service_;
+  ModelRpcService service_;   // upstream's RpcService
+  MultiplexService multiplex_;  // the frontends' transport (multiplex_call.h)
   std::unique_ptr<grpc::Server> server_;
 };
 

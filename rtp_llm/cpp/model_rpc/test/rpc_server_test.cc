@@ -18,25 +18,18 @@
 #include "rtp_llm/cpp/api/engine_api.h"
 #include "rtp_llm/cpp/engine/test/fake_model.h"
 #include "rtp_llm/cpp/model_rpc/proto/model_rpc_service.grpc.pb.h"
-#include "rtp_llm/cpp/model_rpc/rpc_server.h"  // kMaxWaitingKey
+#include "rtp_llm/cpp/model_rpc/proto_convert.h"  // kMaxWaitingKey
+#include "rtp_llm/cpp/model_rpc/test/rpc_server_fixture.h"
 
 namespace rtp_llm {
 namespace {
 
+using test::Ids;
+using test::kBlocks;
+using test::kBlockSize;
+using test::LogprobOf;
+using test::RpcServerTest;
 using testing::FakeModel;
-
-constexpr int kBlocks = 1024;
-constexpr int kBlockSize = 16;
-
-// The "sampler's" log-prob of a token: not a round number, so that an exp/log round trip shows.
-float LogprobOf(int32_t token) { return -0.1f - static_cast<float>(token) / 7.0f; }
-
-std::vector<int32_t> Ids(const GenerateOutputsPB& msg) {
-  const std::string& bytes = msg.flatten_output().output_ids().int32_data();
-  std::vector<int32_t> ids(bytes.size() / sizeof(int32_t));
-  std::memcpy(ids.data(), bytes.data(), bytes.size());
-  return ids;
-}
 
 // Reads one GenerateStreamCall with the callback API (no thread per call).
 class Call : public grpc::ClientReadReactor<GenerateOutputsPB> {
@@ -95,82 +88,6 @@ class Call : public grpc::ClientReadReactor<GenerateOutputsPB> {
   std::condition_variable cv_;
   bool done_ = false;
   grpc::Status status_;
-};
-
-class RpcServerTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    RtpEngineConfig config{kBlocks, kBlockSize, 256, 2048, 512, 1, nullptr, 0};
-    char err[256];
-    engine_ = rtp_llm_engine_create(&config, err, sizeof(err));
-    ASSERT_NE(engine_, nullptr) << err;
-    const int port = rtp_llm_engine_start_rpc_server(engine_, "127.0.0.1:0", err, sizeof(err));
-    ASSERT_GT(port, 0) << err;
-    stub_ = RpcService::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                                    grpc::InsecureChannelCredentials()));
-    loop_ = std::thread([this] {
-      FakeModel model(kBlocks, kBlockSize);
-      char error[256];
-      while (!stop_) {
-        // paused_ again after the wait: a request can end the wait of a loop paused meanwhile.
-        if (paused_ || !rtp_llm_engine_wait_for_work(engine_, 10) || paused_) {
-          if (paused_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          continue;
-        }
-        const RtpStepBatch* b = rtp_llm_engine_schedule(engine_);
-        if (b->num_streams == 0) continue;
-        auto tokens = model.run(*b);
-        std::vector<float> logprobs(tokens.size());
-        for (size_t i = 0; i < tokens.size(); ++i) logprobs[i] = LogprobOf(tokens[i]);
-        if (step_delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_delay_us_.load()));
-        if (rtp_llm_engine_commit(engine_, tokens.data(), logprobs.data(), static_cast<int32_t>(tokens.size()), error,
-                                  sizeof(error)) != 0) {
-          ADD_FAILURE() << error;
-        }
-      }
-    });
-  }
-
-  void TearDown() override {
-    stop_ = true;
-    rtp_llm_engine_stop(engine_);
-    loop_.join();
-    rtp_llm_engine_destroy(engine_);
-  }
-
-  RtpEngineStats Stats() {
-    RtpEngineStats s;
-    rtp_llm_engine_stats(engine_, &s);
-    return s;
-  }
-
-  // EngineCore idle: nothing running or tracked, every block free or cached.
-  void ExpectDrained() {
-    RtpEngineStats s = Stats();
-    for (int i = 0; i < 200 && (s.tracked_streams > 0 || s.running + s.waiting > 0); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      s = Stats();
-    }
-    EXPECT_EQ(s.running + s.waiting, 0);
-    EXPECT_EQ(s.tracked_streams, 0);
-    EXPECT_EQ(s.used_blocks, 0);
-    EXPECT_EQ(s.free_blocks + s.cached_blocks, s.total_blocks);
-  }
-
-  static GenerateInputPB Request(std::vector<int32_t> prompt, int max_new_tokens, bool streaming) {
-    GenerateInputPB r;
-    for (int32_t t : prompt) r.add_token_ids(t);
-    r.mutable_generate_config()->set_max_new_tokens(max_new_tokens);
-    r.mutable_generate_config()->set_is_streaming(streaming);
-    return r;
-  }
-
-  RtpEngine* engine_ = nullptr;
-  std::unique_ptr<RpcService::Stub> stub_;
-  std::thread loop_;
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> paused_{false};     // no steps: requests stay in the waiting queue
-  std::atomic<int> step_delay_us_{0};  // a slower "model", so that clients can act mid-stream
 };
 
 TEST_F(RpcServerTest, ThousandConcurrentStreamsCompleteWithCorrectTokens) {
