@@ -115,6 +115,7 @@ def plot(report: dict, path: str) -> None:
     axes[0].set_xlabel("TTFT (ms)")
     axes[1].hist([r["e2e"] * 1000 for r in lat], bins=30)
     axes[1].set_xlabel("end-to-end latency (ms)")
-    fig.suptitle(f"{report['endpoint']} c={report['concurrency']}: {report['output_token_throughput']:.0f} output tok/s")
+    fig.suptitle(f"{report['endpoint']} c={report['concurrency']}: "
+                 f"{report['output_token_throughput']:.0f} output tok/s")
     fig.tight_layout()
     fig.savefig(path)

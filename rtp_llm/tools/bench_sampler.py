@@ -8,7 +8,6 @@ import json
 import statistics
 import threading
 import time
-import urllib.error
 import urllib.request
 from typing import List, Optional
 
