@@ -16,12 +16,12 @@ request generates exactly its length with ignore_eos). Prints one JSON line per 
 """
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -110,40 +110,48 @@ def _wait_healthy(url: str, proc, timeout: float = 600):
     raise TimeoutError("the server did not become healthy")
 
 
-def server(ckpt: str, port: int, emit_, overlap: bool = True, throughput: bool = True):
-    from rtp_llm.tools import bench_serve
+def serve_load(url: str, inp: int, outp: int, c: int, n: int) -> dict:
+    """One bench_serve run against `url`, in its own processes (the load client must not share
+    this process or its CPU): its JSON report."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "report.json")
+        subprocess.run([sys.executable, "-m", "rtp_llm.tools.bench_serve", f"--base_url={url}",
+                        "--endpoint=completions", f"--num_prompts={n}", f"--input_len={inp}", f"--output_len={outp}",
+                        f"--concurrency={c}", f"--seed={c}", f"--json_out={path}"], check=True)
+        with open(path) as f:
+            r = json.load(f)
+    if r["failed"]:
+        raise RuntimeError(f"{r['failed']} requests failed: {r['errors']}")
+    return r
 
+
+def server(ckpt: str, port: int, emit_, overlap: bool = True, throughput: bool = True, frontends: int = 4):
     cmd = [sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={ckpt}", "--model_type=qwen_3",
            f"--start_port={port}", "--device=cuda", "--max_batch_size=256", "--concurrency_limit=512",
-           "--frontend_server_count=4", "--max_seq_len=2176", "--max_num_batched_tokens=8192",
+           f"--frontend_server_count={frontends}", "--max_seq_len=2176", "--max_num_batched_tokens=8192",
            f"--overlap_schedule={int(overlap)}"]
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc)
-
-        def load(inp, outp, c, n):
-            args = argparse.Namespace(base_url=url, endpoint="completions", num_prompts=n, input_len=inp,
-                                      output_len=outp, range_ratio=0.0, concurrency=c, request_rate=0.0,
-                                      timeout=600, seed=c)
-            r = asyncio.run(bench_serve.run(args))
-            r.pop("_latencies", None)
-            if r["failed"]:
-                raise RuntimeError(f"{r['failed']} requests failed: {r['errors']}")
-            return r
-
-        load(64, 8, 4, 8)  # warm-up
+        serve_load(url, 64, 8, 4, 8)  # warm-up
         for p in LATENCY_PROMPTS:
-            r = load(p, 128, 1, 5)
+            r = serve_load(url, p, 128, 1, 5)
             emit_({"mode": "server", "case": "latency", "prompt_len": p, "ttft_ms": r["ttft_ms"]["p50"],
                    "tpot_ms": r["tpot_ms"]["p50"]})
         for inp, outp in SHAPES if throughput else []:
             for c in CONCURRENCY:
-                r = load(inp, outp, c, max(c, 4) if outp <= 128 else max(c, 2))
+                r = serve_load(url, inp, outp, c, max(c, 4) if outp <= 128 else max(c, 2))
+                s = r["server"]
                 emit_({"mode": "server", "case": "throughput", "input_len": inp, "output_len": outp,
-                       "concurrency": c, "output_tok_s": r["output_token_throughput"],
+                       "concurrency": c, "frontends": frontends, "output_tok_s": r["output_token_throughput"],
                        "total_tok_s": r["total_token_throughput"], "ttft_p50_ms": r["ttft_ms"]["p50"],
-                       "tpot_p50_ms": r["tpot_ms"].get("p50")})
+                       "tpot_p50_ms": r["tpot_ms"].get("p50"), "itl_p50_ms": r["itl_ms"].get("p50"),
+                       "itl_p99_ms": r["itl_ms"].get("p99"), "tokens_per_chunk": r["tokens_per_chunk"],
+                       "engine_output_tok_s": s.get("engine_output_tok_s"),
+                       "running_streams_median": s.get("running_streams_median"),
+                       "client_procs": r["client_procs"], "client_cores": r["client_cpu"]["cores_used"],
+                       "client_max_core_fraction": r["client_cpu"]["max_process_core_fraction"]})
     finally:
         proc.terminate()
         try:
@@ -207,6 +215,7 @@ def main():
     p.add_argument("--shapes", default=",".join(f"{i}x{o}" for i, o in SHAPES), help="throughput in x out lengths")
     p.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--frontends", type=int, default=4, help="our server's --frontend_server_count")
     p.add_argument("--out")
     p.add_argument("--plot", help="a results.jsonl to plot instead of running")
     p.add_argument("--plot_out", default="bench_gpu.png")
@@ -227,7 +236,7 @@ def main():
     if "offline" not in skip:
         offline(ckpt, emit_, not a.no_overlap, "throughput" not in skip)
     if "server" not in skip:
-        server(ckpt, a.port, emit_, not a.no_overlap, "throughput" not in skip)
+        server(ckpt, a.port, emit_, not a.no_overlap, "throughput" not in skip, a.frontends)
     if "hf" not in skip and a.hf_baseline:
         hf(a.hf_baseline, a.arch, emit_, a.hf_compile, a.hf_batches, a.hf_timeout)
 
