@@ -7,9 +7,11 @@ A streaming chat request, hop by hop:
      request.openai_config (GenerateConfig, validated as declared in config/generate_config.py)
   -> Frontend.admitted (draining, readiness, concurrency limit) and Frontend.fit (context)
   -> Frontend.events -> generation.generate_sequences: one backend_client.BackendClient.generate
-     (gRPC GenerateStreamCall) per sequence, detokenizer.IncrementalDetokenizer on each
-  <- SequenceEvents -> streaming.open_stream (headers once the first event is in), one SSE
-     event per event (streaming.sse), errors after the start by streaming.stream_errors.
+     per sequence (a tagged request on the frontend's one multiplexed gRPC call,
+     FrontendStreamService), detokenizer.IncrementalDetokenizer on each
+  <- SequenceEvents (each with every token that arrived together) -> streaming.open_stream
+     (headers once the first event is in), one SSE event per event (streaming.sse), errors
+     after the start by streaming.stream_errors.
 The other routes: native_api.py (POST /), status.py (/health, /status, /worker_status,
 /cache_status, /metrics, /tokenize, /openapi.json)."""
 
@@ -22,7 +24,7 @@ from aiohttp import web
 from rtp_llm.config.generate_config import GenerateConfig
 from rtp_llm.frontend.backend_client import BackendClient, BackendError
 from rtp_llm.frontend.errors import ErrorCode, RequestError
-from rtp_llm.frontend.generation import generate_sequences
+from rtp_llm.frontend.generation import Streaming, generate_sequences
 from rtp_llm.frontend.metrics import Metrics
 from rtp_llm.frontend.middleware import auth_middleware, error_middleware
 from rtp_llm.frontend.native_api import NativeApi
@@ -39,12 +41,13 @@ class Frontend:
 
     def __init__(self, tokenizer, client: BackendClient, model_name: str, concurrency_limit: int,
                  api_key: Optional[str] = None, max_body_size: int = 8 << 20, default_timeout_ms: int = 0,
-                 engine_stall_timeout_s: float = 60):
+                 engine_stall_timeout_s: float = 60, stream_interval: int = 1):
         self.tokenizer = tokenizer
         self.prompts = Prompts(tokenizer)
         self.max_body_size = max_body_size
         self.default_timeout_ms = default_timeout_ms
         self.stall_timeout = engine_stall_timeout_s
+        self.stream_interval = stream_interval
         self.context_len: Optional[int] = None  # min(max_seq_len, KV capacity): a stream's longest length
         self.api_key = api_key
         self.client = client
@@ -104,12 +107,14 @@ class Frontend:
         return fit(prompt_ids, config, field, self.context_len, self.default_timeout_ms, self.prompts.vocab_size)
 
     async def events(self, prompt_ids: List[int], config: GenerateConfig, stop: Sequence[str],
-                     print_stop_words: bool, prompt_field: str, name: Namer):
-        """The SequenceEvents of one prompt's sequences, timed into the metrics. An engine error
-        leaves with its `param` set to the request's name for the field it is about
-        (prompt_field for the prompt's token ids, name() of a generate_config key)."""
+                     print_stop_words: bool, prompt_field: str, name: Namer, stream: bool):
+        """The SequenceEvents of one prompt's sequences, timed into the metrics (stream False:
+        one per sequence, at its end). An engine error leaves with its `param` set to the
+        request's name for the field it is about (prompt_field for the prompt's token ids,
+        name() of a generate_config key)."""
+        pacing = Streaming(stream, self.stream_interval)
         source = self.stats.timed(generate_sequences(self.client, self.tokenizer, prompt_ids, config, stop,
-                                                     print_stop_words, next(self.ids)))
+                                                     print_stop_words, next(self.ids), pacing))
         try:
             async for ev in source:
                 yield ev

@@ -1,7 +1,10 @@
-"""The frontend's view of the engine: one gRPC GenerateStreamCall per sequence."""
+"""The frontend's view of the engine: its requests' token streams, all on one multiplexed
+gRPC call (FrontendStreamService), and the engine's status."""
 
+import asyncio
+import itertools
 from dataclasses import dataclass, field
-from typing import AsyncIterator, List, Optional
+from typing import AsyncIterator, Dict, List, Optional, Tuple
 
 import grpc
 
@@ -45,6 +48,104 @@ _HTTP = {
 }
 
 
+_STATUS = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _rpc_error(code: grpc.StatusCode, details: pb.ErrorDetailsPB, message: str) -> BackendError:
+    """The engine's error for a request: the HTTP status its gRPC code maps to, upstream's
+    error_code, the message and the field, from the ErrorDetailsPB the backend sent."""
+    error_code = int(details.error_code) or ErrorCode.UNKNOWN_ERROR
+    return BackendError(_HTTP.get(code, 500), error_code, details.error_message or message, details.field)
+
+
+def _chunk(updates: List[pb.MultiplexUpdatePB]) -> Chunk:
+    """One Chunk from a request's updates in arrival order: their tokens together, the last
+    one's aux info and finish. A status (the request failed) is raised."""
+    for u in updates:
+        if u.status_code:
+            code = _STATUS.get(u.status_code, grpc.StatusCode.UNKNOWN)
+            raise _rpc_error(code, u.error, code.name)
+    outs = [decode_output(u.output) for u in updates]
+    last = outs[-1]
+    if len(outs) == 1:
+        return Chunk(last.token_ids, last.finished, last.aux, last.logprobs, last.finish_reason)
+    ids = [t for o in outs for t in o.token_ids]
+    logprobs = None if last.logprobs is None else [p for o in outs for p in o.logprobs or ()]
+    return Chunk(ids, last.finished, last.aux, logprobs, last.finish_reason)
+
+
+class _Sink:
+    """A request's updates, as the reader hands them over, until its consumer takes them."""
+
+    __slots__ = ("updates", "error", "ready")
+
+    def __init__(self):
+        self.updates: List[pb.MultiplexUpdatePB] = []
+        self.error: Optional[BackendError] = None  # the call broke
+        self.ready = asyncio.Event()
+
+
+class Multiplexer:
+    """This frontend's one GenerateMultiplexed call (multiplex_call.h): requests go out on it
+    under a tag, and one reader task hands each message's updates to their requests' sinks.
+    The call opens with the first request and again after it broke (the backend restarted);
+    when it breaks, every request on it fails with the call's status."""
+
+    def __init__(self, stub: pb_grpc.FrontendStreamServiceStub, metadata):
+        self.stub, self.metadata = stub, metadata
+        self.tags = itertools.count(1)
+        self.sinks: Dict[int, _Sink] = {}
+        self.outbox: Optional[asyncio.Queue] = None
+        self.reader: Optional[asyncio.Task] = None
+
+    def open(self, request: pb.GenerateInputPB) -> Tuple[int, _Sink]:
+        if self.reader is None or self.reader.done():
+            self._connect()
+        tag, sink = next(self.tags), _Sink()
+        self.sinks[tag] = sink
+        self.outbox.put_nowait(pb.MultiplexRequestPB(tag=tag, input=request))
+        return tag, sink
+
+    def close(self, tag: int, cancel: bool) -> None:
+        """The request's consumer is done; cancel: before its last update (the engine stops it)."""
+        if self.sinks.pop(tag, None) is not None and cancel and self.outbox is not None:
+            self.outbox.put_nowait(pb.MultiplexRequestPB(tag=tag, cancel=True))
+
+    def stop(self) -> None:
+        if self.reader is not None:
+            self.reader.cancel()
+
+    def _connect(self) -> None:
+        outbox = self.outbox = asyncio.Queue()
+
+        async def requests():
+            while True:
+                yield await outbox.get()
+
+        # wait_for_ready: during a reconnect the call waits for the channel instead of failing.
+        call = self.stub.GenerateMultiplexed(requests(), wait_for_ready=True, metadata=self.metadata)
+        self.reader = asyncio.create_task(self._read(call))
+
+    async def _read(self, call) -> None:
+        error = BackendError(503, ErrorCode.UNKNOWN_ERROR, "the engine ended the frontend's stream")
+        try:
+            async for out in call:
+                for u in out.updates:
+                    sink = self.sinks.get(u.tag)
+                    if sink is not None:  # else: closed meanwhile
+                        sink.updates.append(u)
+                        sink.ready.set()
+        except grpc.aio.AioRpcError as e:
+            error = _rpc_error(e.code(), pb.ErrorDetailsPB(), e.details() or str(e.code()))
+        finally:
+            # No await from here on: a request opened now goes on the next call.
+            sinks, self.sinks, self.outbox = self.sinks, {}, None
+            for sink in sinks.values():
+                sink.error = error
+                sink.ready.set()
+            call.cancel()
+
+
 class BackendClient:
     def __init__(self, address: str, max_queue_size: int = 0):
         # Sent with every call: the engine refuses a stream when this many already wait.
@@ -55,6 +156,7 @@ class BackendClient:
             ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.max_receive_message_length", 64 << 20)])
         self.stub = pb_grpc.RpcServiceStub(self.channel)
+        self.mux = Multiplexer(pb_grpc.FrontendStreamServiceStub(self.channel), self.metadata)
 
     async def health(self, timeout: float = 2.0, wait_for_ready: bool = False) -> bool:
         """wait_for_ready: wait (up to timeout) for a channel that is still connecting instead of
@@ -73,33 +175,32 @@ class BackendClient:
 
     async def generate(self, token_ids: List[int], config: pb.GenerateConfigPB,
                        request_id: int = 0) -> AsyncIterator[Chunk]:
-        """Streams the new tokens of one sequence. Closing the iterator early (a stop string
-        was hit, the client went away) cancels the call, and the engine frees the stream."""
+        """Streams one sequence: each Chunk holds every token that arrived since the last one
+        (one, usually; more when this frontend is busy). config.is_streaming False: one Chunk,
+        at the end. Closing the iterator early (a stop string was hit, the client went away)
+        cancels the request, and the engine frees its stream."""
         request = pb.GenerateInputPB(request_id=request_id, token_ids=token_ids)
         request.generate_config.CopyFrom(config)
-        request.generate_config.is_streaming = True
-        # wait_for_ready: a request during a reconnect waits for the channel instead of failing.
-        call = self.stub.GenerateStreamCall(request, wait_for_ready=True, metadata=self.metadata)
+        tag, sink = self.mux.open(request)
+        ended = False
         try:
-            async for out in call:
-                d = decode_output(out)
-                yield Chunk(d.token_ids, d.finished, d.aux, d.logprobs, d.finish_reason)
-        except grpc.aio.AioRpcError as e:
-            code, message = e.code(), e.details() or str(e.code())
-            error_code, field_name = ErrorCode.UNKNOWN_ERROR, ""
-            trailing = dict(e.trailing_metadata() or ())
-            raw = trailing.get("grpc-status-details-bin")
-            if raw:
-                details = pb.ErrorDetailsPB()
-                try:
-                    details.ParseFromString(raw)
-                    error_code, message = int(details.error_code), details.error_message or message
-                    field_name = details.field
-                except Exception:
-                    pass
-            raise BackendError(_HTTP.get(code, 500), error_code, message, field_name) from None
+            while True:
+                if not sink.updates and sink.error is None:
+                    sink.ready.clear()
+                    await sink.ready.wait()
+                if not sink.updates:
+                    ended = True  # the call broke: every request on it fails
+                    raise sink.error
+                updates, sink.updates = sink.updates, []
+                ended = True  # if _chunk raises a status: a request's last update
+                chunk = _chunk(updates)
+                ended = chunk.finished
+                yield chunk
+                if ended:
+                    return
         finally:
-            call.cancel()
+            self.mux.close(tag, cancel=not ended)
 
     async def close(self):
+        self.mux.stop()
         await self.channel.close()

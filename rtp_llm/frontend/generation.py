@@ -1,5 +1,6 @@
-"""One request's sequences, from token ids to text events: runs n gRPC streams concurrently,
-detokenizes each incrementally and applies stop strings (cancelling a stream that hit one)."""
+"""One request's sequences, from token ids to text events: each sequence is one engine
+request (backend_client), detokenized incrementally with its stop strings applied (a stop
+string cancels the request); n > 1 sequences run concurrently and their events interleave."""
 
 import asyncio
 from dataclasses import dataclass, field
@@ -22,42 +23,71 @@ class SequenceEvent:
     logprobs: List[tuple] = field(default_factory=list)
 
 
-async def generate_sequences(client: BackendClient, tokenizer, prompt_ids: List[int], config: GenerateConfig,
-                             stop: Sequence[str] = (), print_stop_words: bool = False,
-                             request_id: int = 0) -> AsyncIterator[SequenceEvent]:
+@dataclass(frozen=True)
+class Streaming:
+    """How a sequence's events are paced. stream False: one event, at the end (the engine
+    sends one message; stop strings still need every token, so it streams those). interval:
+    an event carries at least this many tokens (vLLM's --stream-interval), except the first
+    and the last, which are never delayed."""
+
+    stream: bool = True
+    interval: int = 1
+
+
+def generate_sequences(client: BackendClient, tokenizer, prompt_ids: List[int], config: GenerateConfig,
+                       stop: Sequence[str] = (), print_stop_words: bool = False, request_id: int = 0,
+                       pacing: Streaming = Streaming()) -> AsyncIterator[SequenceEvent]:
+    def one(index: int) -> AsyncIterator[SequenceEvent]:
+        detok = IncrementalDetokenizer(tokenizer, stop, print_stop_words)
+        request = config.to_proto(index)
+        request.is_streaming = pacing.stream or bool(detok.stop)
+        return _sequence(client.generate(prompt_ids, request, request_id), detok, index, pacing)
+
+    if config.num_return_sequences == 1:
+        return one(0)
+    return _interleaved([one(i) for i in range(config.num_return_sequences)])
+
+
+async def _sequence(chunks, detok: IncrementalDetokenizer, index: int, pacing: Streaming
+                    ) -> AsyncIterator[SequenceEvent]:
+    """The events of one sequence. Everything that arrived together goes in one event."""
+    text, pairs, held, sent = "", [], 0, False  # not yet in an event: text, (id, log-prob), tokens
+    reason, aux = "stop", {}  # a stop string, unless the core says otherwise
+    try:
+        async for chunk in chunks:
+            aux = chunk.aux
+            if chunk.logprobs is not None:
+                pairs += zip(chunk.new_ids, chunk.logprobs)
+            text += detok.add(chunk.new_ids)
+            held += len(chunk.new_ids)
+            if detok.stopped:
+                break  # a stop string: closing `chunks` cancels the request
+            if chunk.finished:
+                text += detok.finish()
+                reason = chunk.finish_reason
+                break
+            if text and pacing.stream and (not sent or held >= pacing.interval):
+                yield SequenceEvent(index, text, False, aux=aux, num_tokens=len(detok.ids), logprobs=pairs)
+                text, pairs, held, sent = "", [], 0, True
+        yield SequenceEvent(index, text, True, reason, aux, len(detok.ids), pairs)
+    finally:
+        await chunks.aclose()
+
+
+async def _interleaved(sequences: List[AsyncIterator[SequenceEvent]]) -> AsyncIterator[SequenceEvent]:
+    """n sequences at once, their events as they come."""
     queue: asyncio.Queue = asyncio.Queue()
 
-    async def run(index: int):
-        detok = IncrementalDetokenizer(tokenizer, stop, print_stop_words)
-        stream = client.generate(prompt_ids, config.to_proto(index), request_id)
-        reason = "stop"  # a stop string, unless the core says otherwise
-        aux: dict = {}
+    async def run(events):
         try:
-            pending: List[tuple] = []
-            async for chunk in stream:
-                aux = chunk.aux
-                if chunk.logprobs is not None:
-                    pending += list(zip(chunk.new_ids, chunk.logprobs))
-                delta = detok.add(chunk.new_ids)
-                if detok.stopped:
-                    break  # a stop string: leaving the loop cancels the call
-                if chunk.finished:
-                    delta += detok.finish()
-                    reason = chunk.finish_reason
-                    break
-                if delta:
-                    await queue.put(SequenceEvent(index, delta, False, aux=aux, num_tokens=len(detok.ids),
-                                                  logprobs=pending))
-                    pending = []
-            else:
-                delta = detok.finish()
-            await queue.put(SequenceEvent(index, delta, True, reason, aux, len(detok.ids), pending))
+            async for ev in events:
+                queue.put_nowait(ev)
         except Exception as e:  # BackendError, or a bug: the consumer raises it instead of waiting forever
-            await queue.put(e)
+            queue.put_nowait(e)
         finally:
-            await stream.aclose()
+            await events.aclose()
 
-    tasks = [asyncio.create_task(run(i)) for i in range(config.num_return_sequences)]
+    tasks = [asyncio.create_task(run(s)) for s in sequences]
     remaining = len(tasks)
     try:
         while remaining:

@@ -51,13 +51,13 @@ class NativeApi:
             return [prompts.encode(body["prompt"], "prompt")], ["prompt"]
         raise RequestError("prompt", "is required (or prompt_batch, or messages)")
 
-    def _events(self, prompt_ids, config, stop, options, field):
-        return self.fe.events(prompt_ids, config, stop, options.get("print_stop_words"), field, native_name)
+    def _events(self, prompt_ids, config, stop, options, field, stream: bool):
+        return self.fe.events(prompt_ids, config, stop, options.get("print_stop_words"), field, native_name, stream)
 
     async def _collect(self, prompt_ids, config, clamped, stop, options, field):
         n = config.num_return_sequences
         texts, aux = [""] * n, [{}] * n
-        async for ev in self._events(prompt_ids, config, stop, options, field):
+        async for ev in self._events(prompt_ids, config, stop, options, field, stream=False):
             texts[ev.index] += ev.delta
             if ev.finished:
                 aux[ev.index] = with_clamp(ev.aux, clamped)
@@ -71,7 +71,7 @@ class NativeApi:
         incremental = bool(options.get("return_incremental"))
         n = config.num_return_sequences
         texts, finished = [""] * n, [False] * n
-        source = self._events(prompt_ids, config, stop, options, field)
+        source = self._events(prompt_ids, config, stop, options, field, stream=True)
         try:
             resp, events = await open_stream(request, source, clamped)
             async with stream_errors(resp, openai=False):

@@ -74,7 +74,7 @@ class OpenAIApi:
         async with self.fe.admitted():
             field = "messages" if chat else "prompt"
             config, clamped = self.fe.fit(prompt_ids, config, field)
-            source = self.fe.events(prompt_ids, config, stop, False, field, openai_name)
+            source = self.fe.events(prompt_ids, config, stop, False, field, openai_name, stream)
             try:
                 if not stream:
                     return await self._collect(source, reply, config.num_return_sequences, prompt_ids, clamped)
