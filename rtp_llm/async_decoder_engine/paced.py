@@ -76,7 +76,9 @@ class PacedRunner:
 class PacedEngineLoop(EngineLoop):
     """EngineLoop (its stepping, start/stop, failure handling) over a PacedRunner: a real
     EngineCore with KV blocks for max_batch_size streams of max_seq_len (blocks are only
-    accounted; no memory holds a KV cache), no device, one rank, no overlap."""
+    accounted; no memory holds a KV cache), no device, one rank, no overlap. It sets what
+    EngineLoop's stepping reads (args, tp, broadcast, core, runner, max_seq_len, num_blocks and
+    _init_stepping's state) instead of building a model, and has nothing to warm up."""
 
     def __init__(self, config: ModelConfig, tokenizer, args: EngineArgs, step_ms: float):
         if not step_ms > 0:
