@@ -1,6 +1,7 @@
 """A backend process: one rank. Rank 0 loads its shard of the model, runs the engine loop and
 serves RpcService on start_port + 1 (loopback) until SIGTERM/SIGINT; other ranks (--tp_size
-> 1) load theirs and follow rank 0's steps until it stops them."""
+> 1) load theirs and follow rank 0's steps until it stops them. With --paced_engine_step_ms
+(benchmark only) the one rank loads no model and its engine emits paced tokens instead."""
 
 import logging
 import signal
@@ -12,8 +13,19 @@ from rtp_llm.config.server_config import ServerConfig, parse_server_config
 log = logging.getLogger("rtp_llm.backend")
 
 
-def serve(config: ServerConfig) -> int:
-    from rtp_llm.async_decoder_engine.engine import EngineArgs, EngineLoop
+def _engine_args(config: ServerConfig):
+    from rtp_llm.async_decoder_engine.engine import EngineArgs
+
+    return EngineArgs(device=config.device, max_seq_len=config.max_seq_len, max_batch_size=config.max_batch_size,
+                      max_num_batched_tokens=config.max_num_batched_tokens,
+                      seq_size_per_block=config.seq_size_per_block, kv_cache_mem_mb=config.kv_cache_mem_mb,
+                      reuse_cache=config.reuse_cache, cuda_graph=config.cuda_graph,
+                      overlap_schedule=None if config.overlap_schedule else False)
+
+
+def _model_engine(config: ServerConfig):
+    """This rank's EngineLoop over its shard of the model."""
+    from rtp_llm.async_decoder_engine.engine import EngineLoop
     from rtp_llm.distributed.launch import set_rank_device
     from rtp_llm.distributed.tensor_parallel import init_tensor_parallel
     from rtp_llm.model_loader import load_model, parse_dtype
@@ -22,13 +34,20 @@ def serve(config: ServerConfig) -> int:
     tp = init_tensor_parallel(parallel, set_rank_device(config.device, parallel))
     loaded = load_model(config.checkpoint_path, config.model_type, parse_dtype(config.act_type),
                         config.tokenizer_path, progress=tp.rank == 0)
-    engine = EngineLoop(loaded, EngineArgs(device=config.device, max_seq_len=config.max_seq_len,
-                                       max_batch_size=config.max_batch_size,
-                                       max_num_batched_tokens=config.max_num_batched_tokens,
-                                       seq_size_per_block=config.seq_size_per_block,
-                                       kv_cache_mem_mb=config.kv_cache_mem_mb, reuse_cache=config.reuse_cache,
-                                       cuda_graph=config.cuda_graph,
-                                       overlap_schedule=None if config.overlap_schedule else False), tp)
+    return EngineLoop(loaded, _engine_args(config), tp)
+
+
+def _paced_engine(config: ServerConfig):
+    """Benchmark only (--paced_engine_step_ms): no model, paced tokens (async_decoder_engine/paced.py)."""
+    from rtp_llm.async_decoder_engine.paced import paced_engine
+
+    return paced_engine(config.checkpoint_path, config.model_type, config.tokenizer_path, _engine_args(config),
+                        config.paced_engine_step_ms)
+
+
+def serve(config: ServerConfig) -> int:
+    engine = _paced_engine(config) if config.paced_engine_step_ms else _model_engine(config)
+    tp = engine.tp
     if tp.rank != 0:
         engine.run_worker()  # returns when rank 0 stops; raises (exit 1) if rank 0 is gone
         log.info("rank %d stopping", tp.rank)

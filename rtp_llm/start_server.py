@@ -1,12 +1,14 @@
 """python -m rtp_llm.start_server --checkpoint_path=DIR_OR_GGUF [--model_type=qwen_3]
-[--start_port=8088] [--frontend_server_count=4] ...   (every flag has an env twin: START_PORT)
+[--start_port=8088] [--frontend_server_count=N] ...   (every flag has an env twin: START_PORT)
 
 Starts the backend processes of this node's ranks (one unless --tp_size > 1: one per local
 GPU; rank 0 has the engine core and gRPC on start_port + 1) and, on the node with rank 0, N
 frontend processes (HTTP on start_port); supervises them and exits non-zero if one dies.
 SIGTERM/SIGINT stop the frontends first (they finish requests in flight), then rank 0, which
-stops the other ranks."""
+stops the other ranks. Every child dies with the launcher, even one killed with SIGKILL (on
+Linux): no backend or frontend outlives it holding the ports, RAM or GPUs."""
 
+import ctypes
 import logging
 import os
 import signal
@@ -17,6 +19,27 @@ import time
 from rtp_llm.config.server_config import parse_server_config
 
 log = logging.getLogger("rtp_llm.start_server")
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def dies_with_launcher():
+    """A Popen preexec_fn (None where the OS has no prctl) that makes the child get SIGKILL when
+    the launcher dies. PR_SET_PDEATHSIG follows the thread that forked the child: the launcher
+    starts every child from its main thread, which lives as long as the launcher. The launcher
+    may die between fork and prctl, when the child has already been handed to another parent:
+    the child then sees a parent that is not the launcher and exits at once."""
+    if not sys.platform.startswith("linux"):
+        return None
+    launcher = os.getpid()
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before fork, not in the child
+    sigkill = int(signal.SIGKILL)
+
+    def preexec():
+        if prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0) != 0 or os.getppid() != launcher:
+            os._exit(1)
+
+    return preexec
 
 
 def main(argv=None) -> int:
@@ -33,10 +56,11 @@ def main(argv=None) -> int:
         env["API_KEY"] = config.api_key
     py = sys.executable
     args = [a for a in args if not a.startswith("--world_rank=")]
-    backends = [subprocess.Popen([py, "-m", "rtp_llm.start_backend_server", *args, f"--world_rank={rank}"], env=env)
-                for rank in ranks]
+    preexec = dies_with_launcher()
+    backends = [subprocess.Popen([py, "-m", "rtp_llm.start_backend_server", *args, f"--world_rank={rank}"], env=env,
+                                 preexec_fn=preexec) for rank in ranks]
     has_core = 0 in ranks
-    frontends = [subprocess.Popen([py, "-m", "rtp_llm.start_frontend_server", *args], env=env)
+    frontends = [subprocess.Popen([py, "-m", "rtp_llm.start_frontend_server", *args], env=env, preexec_fn=preexec)
                  for _ in range(config.frontend_server_count if has_core else 0)]
     children = ([(f"backend rank {r}", p) for r, p in zip(ranks, backends)]
                 + [(f"frontend {i}", p) for i, p in enumerate(frontends)])

@@ -51,6 +51,10 @@ class EngineArgs:
         if self.kv_cache_mem_mb is not None and self.kv_cache_mem_mb < 1:
             raise ValueError(f"--kv_cache_mem_mb must be >= 1, got {self.kv_cache_mem_mb}")
 
+    def seq_len(self, config) -> int:
+        """max_seq_len, or its default for the model `config` (a ModelConfig)."""
+        return self.max_seq_len or min(config.max_position_embeddings, 8192)
+
 
 def kv_block_bytes(loaded: LoadedModel, block_size: int, num_kv_heads: Optional[int] = None) -> int:
     """Bytes of one KV block on this rank (num_kv_heads: this rank's, default all)."""
@@ -74,7 +78,7 @@ class EngineLoop:
         if args.seq_size_per_block not in self.backend.block_sizes:
             raise ValueError(f"--seq_size_per_block {args.seq_size_per_block} is not supported on {args.device} "
                              f"(supported: {self.backend.block_sizes})")
-        self.max_seq_len = args.max_seq_len or min(c.max_position_embeddings, 8192)
+        self.max_seq_len = args.seq_len(c)
         block = args.seq_size_per_block
         # Weights first: on a GPU the KV cache takes what they leave free.
         model = DecoderModel(c, loaded.weights, self.backend, self.max_seq_len, tp)
@@ -102,13 +106,17 @@ class EngineLoop:
                                             loaded.dtype)
         self.runner = ModelRunner(model, self.backend, kv, block, args.max_batch_size, self.max_seq_len,
                                   args.max_num_batched_tokens, use_graphs=args.cuda_graph)
-        self._thread: Optional[threading.Thread] = None
-        self._running = False
         overlap = self.backend.async_execution if args.overlap_schedule is None else args.overlap_schedule
-        self.overlap = bool(overlap)  # (ranks > 0 get the sampled tokens by broadcast: model_runner)
-        self._pending: Optional[PendingStep] = None  # launched, not yet committed (overlap)
+        self._init_stepping(overlap)  # (ranks > 0 get the sampled tokens by broadcast: model_runner)
         if args.warm_up and self.core is not None:
             self.warm_up()
+
+    def _init_stepping(self, overlap: bool):
+        """The stepping state, once self.core and self.runner exist."""
+        self._thread: Optional[threading.Thread] = None
+        self._running = False
+        self.overlap = bool(overlap)
+        self._pending: Optional[PendingStep] = None  # launched, not yet committed (overlap)
 
     def step(self) -> bool:
         """One step in the caller's thread; False when there was nothing to run. With overlap a

@@ -2,11 +2,24 @@
 (--start_port / START_PORT). Flags win over the environment."""
 
 import argparse
+import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import List, Optional
 
 from rtp_llm.config.parallel_config import ParallelConfig
+
+MAX_DEFAULT_FRONTENDS = 16
+
+
+def default_frontend_server_count() -> int:
+    """--frontend_server_count's default: half the CPUs this process may run on, at least 1,
+    at most MAX_DEFAULT_FRONTENDS. Half, not all: the backend's engine thread, its gRPC
+    threads and the frontends' tokenizing need cores too, and a frontend without a core of
+    its own only adds context switches. The affinity mask, not the machine's count: a
+    process pinned to a few cores (taskset, a cpuset) gets frontends for those. (A container's
+    CPU quota without a cpuset is not visible here: set the flag there.)"""
+    return max(1, min(MAX_DEFAULT_FRONTENDS, len(os.sched_getaffinity(0)) // 2))
 
 
 @dataclass
@@ -15,8 +28,12 @@ class ServerConfig:
     model_type: Optional[str] = None
     tokenizer_path: Optional[str] = None
     start_port: int = 8088                 # HTTP; the engine's gRPC server listens on start_port + 1
-    frontend_server_count: int = 4
-    concurrency_limit: int = 32            # requests in flight per frontend process; more get 429
+    frontend_server_count: int = field(default_factory=default_frontend_server_count)
+    # Requests in flight per frontend process; more get 429. Upstream's default is 32; ours is
+    # larger on purpose: the engine queues what it cannot run yet (--max_queue_size bounds that
+    # queue), so this only guards a frontend's memory and event loop against a flood, and 256
+    # concurrent clients on one frontend (a 2-core machine's default) are all admitted.
+    concurrency_limit: int = 1024
     max_seq_len: Optional[int] = None
     max_batch_size: int = 32
     max_num_batched_tokens: int = 2048
@@ -44,6 +61,12 @@ class ServerConfig:
     master_addr: str = "127.0.0.1"
     master_port: int = 0                   # 0: start_port + 3
     dist_timeout_s: int = 120              # a collective waiting longer ends the server (a rank died)
+    # Tokens a stream accumulates per streamed event (vLLM's --stream-interval); a stream's first
+    # and last tokens are never held back.
+    stream_interval: int = 1
+    # Benchmark only (async_decoder_engine/paced.py): > 0 runs no model; every engine step sleeps
+    # this long and emits a fixed text's tokens, to measure the serving path without a GPU.
+    paced_engine_step_ms: float = 0.0
 
     def validate(self) -> None:
         if not self.checkpoint_path:
@@ -58,6 +81,10 @@ class ServerConfig:
         for name in ("max_queue_size", "default_timeout_ms", "engine_stall_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        if not (math.isfinite(self.paced_engine_step_ms) and self.paced_engine_step_ms >= 0):
+            raise ValueError(f"--paced_engine_step_ms must be a finite number >= 0, got {self.paced_engine_step_ms}")
+        if self.paced_engine_step_ms and self.tp_size != 1:
+            raise ValueError(f"--paced_engine_step_ms runs no model: it needs --tp_size=1, got {self.tp_size}")
         self.world_size = self.world_size or self.tp_size
         self.local_world_size = self.local_world_size or self.world_size
         self.master_port = self.master_port or self.start_port + 3
@@ -108,7 +135,7 @@ def parse_server_config(argv=None, description: str = "") -> ServerConfig:
     defaults = ServerConfig()
     for f in fields(ServerConfig):
         default = getattr(defaults, f.name)
-        kind = {bool: _parse_bool, int: int}.get(type(default), str)
+        kind = {bool: _parse_bool, int: int, float: float}.get(type(default), str)
         if f.name in ("max_seq_len", "kv_cache_mem_mb"):
             kind = int
         if f.name in ("model_type", "tokenizer_path", "api_key"):

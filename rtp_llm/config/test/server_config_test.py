@@ -12,7 +12,7 @@ import unittest
 from dataclasses import fields
 from unittest import mock
 
-from rtp_llm.config.server_config import ServerConfig, parse_server_config
+from rtp_llm.config.server_config import ServerConfig, default_frontend_server_count, parse_server_config
 
 NAMES = [f.name for f in fields(ServerConfig)]
 # Values that validate only with another flag set too: field -> (value, the other flags).
@@ -37,6 +37,8 @@ def _other_value(name, checkpoint):
         return not default
     if kind is int:
         return (default or 0) + 1
+    if kind is float:
+        return default + 1.5
     return f"{default or name}-x"
 
 
@@ -76,12 +78,24 @@ class ServerConfigTest(unittest.TestCase):
         self.assertEqual(config, ServerConfig(checkpoint_path=self.ckpt, world_size=1, local_world_size=1,
                                               master_port=8088 + 3))
         self.assertEqual((config.start_port, config.frontend_server_count, config.concurrency_limit,
-                          config.max_batch_size, config.reuse_cache, config.act_type, config.device, config.host),
-                         (8088, 4, 32, 32, True, "bf16", "cpu", "0.0.0.0"))
+                          config.max_batch_size, config.reuse_cache, config.act_type, config.device, config.host,
+                          config.stream_interval, config.paced_engine_step_ms),
+                         (8088, default_frontend_server_count(), 1024, 32, True, "bf16", "cpu", "0.0.0.0", 1, 0.0))
         self.assertIsNone(config.max_seq_len)
         self.assertIsNone(config.api_key)
         self.assertEqual(config.rpc_address, "127.0.0.1:8089")
         self.assertEqual(config.local_ranks, range(0, 1))
+
+    def test_the_default_frontend_count_is_half_the_usable_cpus_within_1_to_16(self):
+        for cpus, frontends in [(1, 1), (2, 1), (3, 1), (4, 2), (9, 4), (32, 16), (128, 16)]:
+            with self.subTest(cpus), mock.patch.object(os, "sched_getaffinity", return_value=set(range(cpus))):
+                self.assertEqual(default_frontend_server_count(), frontends)
+                self.assertEqual(self.parse(f"--checkpoint_path={self.ckpt}").frontend_server_count, frontends)
+                # An explicit value wins, from the flag or its environment twin.
+                self.assertEqual(self.parse(f"--checkpoint_path={self.ckpt}", "--frontend_server_count=7")
+                                 .frontend_server_count, 7)
+                self.assertEqual(self.parse(f"--checkpoint_path={self.ckpt}", frontend_server_count=5)
+                                 .frontend_server_count, 5)
 
     def test_every_flag_is_read_from_its_upper_case_environment_twin(self):
         for name in NAMES:
@@ -126,7 +140,7 @@ class ServerConfigTest(unittest.TestCase):
 
     def test_malformed_values_are_rejected_naming_the_flag(self):
         for flag, text in [("start_port", "abc"), ("max_seq_len", "1.5"), ("reuse_cache", "maybe"),
-                           ("tp_size", "")]:
+                           ("tp_size", ""), ("stream_interval", "2.5"), ("paced_engine_step_ms", "fast")]:
             with self.subTest(flag):
                 message = _rejected([f"--checkpoint_path={self.ckpt}", f"--{flag}={text}"])
                 self.assertIn(f"--{flag}", message)
@@ -153,6 +167,11 @@ class ServerConfigTest(unittest.TestCase):
             ([ckpt, "--max_queue_size=-1"], "--max_queue_size"),
             ([ckpt, "--default_timeout_ms=-1"], "--default_timeout_ms"),
             ([ckpt, "--engine_stall_timeout_s=-1"], "--engine_stall_timeout_s"),
+            ([ckpt, "--stream_interval=0"], "--stream_interval"),
+            ([ckpt, "--paced_engine_step_ms=-1"], "--paced_engine_step_ms"),
+            ([ckpt, "--paced_engine_step_ms=nan"], "--paced_engine_step_ms"),
+            ([ckpt, "--paced_engine_step_ms=inf"], "--paced_engine_step_ms"),
+            ([ckpt, "--paced_engine_step_ms=2", "--tp_size=2"], "--paced_engine_step_ms"),
             ([ckpt, "--tp_size=0", "--world_size=1"], "--tp_size"),
             ([ckpt, "--tp_size=2", "--world_size=4"], "--world_size"),
             ([ckpt, "--tp_size=2", "--local_world_size=3"], "--local_world_size"),
@@ -165,6 +184,8 @@ class ServerConfigTest(unittest.TestCase):
         # The boundaries themselves are valid.
         self.assertEqual(self.parse(ckpt, "--start_port=65534").start_port, 65534)
         self.assertEqual(self.parse(ckpt, "--start_port=1", "--max_queue_size=0").start_port, 1)
+        self.assertEqual(self.parse(ckpt, "--stream_interval=1", "--paced_engine_step_ms=0").stream_interval, 1)
+        self.assertEqual(self.parse(ckpt, "--paced_engine_step_ms=0.25").paced_engine_step_ms, 0.25)
 
     def test_a_node_starts_at_a_multiple_of_its_rank_count(self):
         flags = [f"--checkpoint_path={self.ckpt}", "--tp_size=4", "--world_size=4", "--local_world_size=2"]
