@@ -50,7 +50,6 @@ class ServerConfig:
     max_body_size: int = 8 << 20           # request body bytes; larger gets 413
     default_timeout_ms: int = 0            # for requests without timeout_ms (0: none); expired -> 504
     engine_stall_timeout_s: int = 60       # /health fails after this long without a step while work waits (0: never)
-    stream_interval: int = 1               # tokens per streamed event at least (first and last never delayed)
     # Tensor parallelism (upstream's names): tp_size ranks in all, local_world_size of them on
     # this node, whose first rank is world_rank (node index x local_world_size). The node with
     # rank 0 runs the engine core and the frontends. Ranks meet at master_addr:master_port.
