@@ -57,7 +57,7 @@ class StatusRoutes:
         return web.json_response(openapi_spec(self.fe.model_name))
 
     async def worker_status(self, request):
-        s = await self.fe.client.worker_status()
+        s = await self.fe.client.worker_status(wait_for_ready=True)  # (this frontend's channel may still connect)
         return web.json_response({"alive": s.alive, "running_query_len": s.running_query_len,
                                   "waiting_query_len": s.waiting_query_len, "iterate_count": s.iterate_count,
                                   "available_kv_cache": s.available_kv_cache, "total_kv_cache": s.total_kv_cache,

@@ -23,19 +23,27 @@ from typing import Dict, List
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def _stat(pid) -> List[str]:
+    """/proc/<pid>/stat's fields after the command name (state is [0], ppid [1])."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()
+
+
 def children(pid: int) -> List[int]:
-    """The direct child processes of `pid` (Linux /proc)."""
+    """The direct child processes of `pid` (from every process's parent in /proc)."""
     out = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/children") as f:
-            out += [int(c) for c in f.read().split()]
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and int(_stat(entry)[1]) == pid:
+                out.append(int(entry))
+        except OSError:
+            pass  # it exited meanwhile
     return out
 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
+    fields = _stat(pid)
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 

@@ -125,11 +125,12 @@ def serve_load(url: str, inp: int, outp: int, c: int, n: int) -> dict:
     return r
 
 
-def server(ckpt: str, port: int, emit_, overlap: bool = True, throughput: bool = True, frontends: int = 4):
+def server(ckpt: str, port: int, emit_, overlap: bool = True, throughput: bool = True, frontends: int = 0):
+    """frontends 0: the server's default count (sized from the cores)."""
     cmd = [sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={ckpt}", "--model_type=qwen_3",
-           f"--start_port={port}", "--device=cuda", "--max_batch_size=256", "--concurrency_limit=512",
-           f"--frontend_server_count={frontends}", "--max_seq_len=2176", "--max_num_batched_tokens=8192",
-           f"--overlap_schedule={int(overlap)}"]
+           f"--start_port={port}", "--device=cuda", "--max_batch_size=256", "--max_seq_len=2176",
+           "--max_num_batched_tokens=8192", f"--overlap_schedule={int(overlap)}"]
+    cmd += [f"--frontend_server_count={frontends}"] if frontends else []
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -144,7 +145,7 @@ def server(ckpt: str, port: int, emit_, overlap: bool = True, throughput: bool =
                 r = serve_load(url, inp, outp, c, max(c, 4) if outp <= 128 else max(c, 2))
                 s = r["server"]
                 emit_({"mode": "server", "case": "throughput", "input_len": inp, "output_len": outp,
-                       "concurrency": c, "frontends": frontends, "output_tok_s": r["output_token_throughput"],
+                       "concurrency": c, "frontends": frontends or "default", "output_tok_s": r["output_token_throughput"],
                        "total_tok_s": r["total_token_throughput"], "ttft_p50_ms": r["ttft_ms"]["p50"],
                        "tpot_p50_ms": r["tpot_ms"].get("p50"), "itl_p50_ms": r["itl_ms"].get("p50"),
                        "itl_p99_ms": r["itl_ms"].get("p99"), "tokens_per_chunk": r["tokens_per_chunk"],
@@ -215,7 +216,7 @@ def main():
     p.add_argument("--shapes", default=",".join(f"{i}x{o}" for i, o in SHAPES), help="throughput in x out lengths")
     p.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--frontends", type=int, default=4, help="our server's --frontend_server_count")
+    p.add_argument("--frontends", type=int, default=0, help="our server's --frontend_server_count (0: its default)")
     p.add_argument("--out")
     p.add_argument("--plot", help="a results.jsonl to plot instead of running")
     p.add_argument("--plot_out", default="bench_gpu.png")
