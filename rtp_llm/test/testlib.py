@@ -101,12 +101,24 @@ SERVER_DEFAULTS = ("--kv_cache_mem_mb=256", "--max_seq_len=2048", "--act_type=fp
 HEALTHY_WITHIN_S = 300
 
 
-def free_port() -> int:
-    """A free TCP port below 65000 (the server also listens on the next few)."""
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return port if port < 65000 else free_port()
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port() -> int:
+    """A free TCP port below 65000 whose next few are free too: the server listens on
+    start_port (HTTP), start_port + 1 (gRPC) and, with TP, start_port + 3 (the ranks' rendezvous)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port < 65000 and all(_bindable(port + i) for i in (1, 2, 3)):
+            return port
 
 
 def server_argv(model: str, port: int, *flags) -> list:
