@@ -33,6 +33,28 @@ def _stop(body: Dict[str, Any]) -> List[str]:
     return stop
 
 
+# Structured output the engine cannot enforce yet (vLLM's extension and its older names): a
+# request that asks for it is refused, never served as if it had not asked.
+_STRUCTURED_OUTPUT_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def _plain_text(body: Dict[str, Any]) -> None:
+    """Refuses response_format json_object / json_schema and vLLM's structured-output fields:
+    without grammar-constrained decoding the output would not be held to them."""
+    fmt = body.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind not in ("text", "json_object", "json_schema"):
+            raise RequestError("response_format", 'must be an object whose "type" is "text", "json_object" or '
+                                                  '"json_schema"')
+        if kind != "text":
+            raise RequestError("response_format", f'"{kind}" is not supported yet: the engine does not enforce '
+                                                  f'structured output, so it is refused rather than ignored')
+    for key in _STRUCTURED_OUTPUT_FIELDS:
+        if body.get(key) is not None:
+            raise RequestError(key, "structured output is not supported yet: refused rather than ignored")
+
+
 def _include_usage(body: Dict[str, Any]) -> bool:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
@@ -65,6 +87,7 @@ class OpenAIApi:
         return await self._generate(request, body, ids, chat=True, default_max=None)
 
     async def _generate(self, request, body, prompt_ids: List[int], chat: bool, default_max: Optional[int]):
+        _plain_text(body)
         config = openai_config(body, default_max)
         config.return_logprobs = _logprobs_wanted(body, chat)
         stop = _stop(body)

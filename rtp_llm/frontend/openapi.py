@@ -79,6 +79,9 @@ _OPENAI_COMMON = {
     "stop": {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}]},
     "stream": _BOOL,
     "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
+    "response_format": {"type": "object", "properties": {"type": {"type": "string", "enum": ["text"]}},
+                        "description": "text only: json_object and json_schema are refused (400) until the "
+                                       "engine enforces structured output"},
     **_OPENAI_FIELDS,
 }
 
