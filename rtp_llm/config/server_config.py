@@ -12,14 +12,29 @@ from rtp_llm.config.parallel_config import ParallelConfig
 MAX_DEFAULT_FRONTENDS = 16
 
 
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # cgroup v2: "<quota> <period>" or "max <period>"
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may use: its affinity mask (taskset, a cpuset), lowered to its
+    cgroup's CPU quota where one is set (a container's CPU limit, which the mask does not show)."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        with open(CGROUP_CPU_MAX) as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 CPU controller here: the mask is all there is
+    return cpus
+
+
 def default_frontend_server_count() -> int:
-    """--frontend_server_count's default: half the CPUs this process may run on, at least 1,
-    at most MAX_DEFAULT_FRONTENDS. Half, not all: the backend's engine thread, its gRPC
-    threads and the frontends' tokenizing need cores too, and a frontend without a core of
-    its own only adds context switches. The affinity mask, not the machine's count: a
-    process pinned to a few cores (taskset, a cpuset) gets frontends for those. (A container's
-    CPU quota without a cpuset is not visible here: set the flag there.)"""
-    return max(1, min(MAX_DEFAULT_FRONTENDS, len(os.sched_getaffinity(0)) // 2))
+    """--frontend_server_count's default: half the usable CPUs (usable_cpus), at least 1, at
+    most MAX_DEFAULT_FRONTENDS. Half, not all: the backend's engine thread, its gRPC threads
+    and the frontends' tokenizing need cores too, and a frontend without a core of its own
+    only adds context switches."""
+    return max(1, min(MAX_DEFAULT_FRONTENDS, usable_cpus() // 2))
 
 
 @dataclass

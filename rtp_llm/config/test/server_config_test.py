@@ -12,6 +12,7 @@ import unittest
 from dataclasses import fields
 from unittest import mock
 
+from rtp_llm.config import server_config
 from rtp_llm.config.server_config import ServerConfig, default_frontend_server_count, parse_server_config
 
 NAMES = [f.name for f in fields(ServerConfig)]
@@ -87,8 +88,9 @@ class ServerConfigTest(unittest.TestCase):
         self.assertEqual(config.local_ranks, range(0, 1))
 
     def test_the_default_frontend_count_is_half_the_usable_cpus_within_1_to_16(self):
+        no_quota = mock.patch.object(server_config, "CGROUP_CPU_MAX", os.path.join(self.ckpt, "no-cpu.max"))
         for cpus, frontends in [(1, 1), (2, 1), (3, 1), (4, 2), (9, 4), (32, 16), (128, 16)]:
-            with self.subTest(cpus), mock.patch.object(os, "sched_getaffinity", return_value=set(range(cpus))):
+            with self.subTest(cpus), no_quota, mock.patch.object(os, "sched_getaffinity", return_value=set(range(cpus))):
                 self.assertEqual(default_frontend_server_count(), frontends)
                 self.assertEqual(self.parse(f"--checkpoint_path={self.ckpt}").frontend_server_count, frontends)
                 # An explicit value wins, from the flag or its environment twin.
@@ -96,6 +98,17 @@ class ServerConfigTest(unittest.TestCase):
                                  .frontend_server_count, 7)
                 self.assertEqual(self.parse(f"--checkpoint_path={self.ckpt}", frontend_server_count=5)
                                  .frontend_server_count, 5)
+
+    def test_a_cgroup_cpu_quota_lowers_the_usable_cpus(self):
+        cpu_max = os.path.join(self.ckpt, "cpu.max")
+        for text, usable in [("400000 100000\n", 4), ("150000 100000\n", 1), ("50000 100000\n", 1),
+                             ("max 100000\n", 32), ("garbage\n", 32)]:
+            with open(cpu_max, "w") as f:
+                f.write(text)
+            with self.subTest(text), mock.patch.object(server_config, "CGROUP_CPU_MAX", cpu_max), \
+                    mock.patch.object(os, "sched_getaffinity", return_value=set(range(32))):
+                self.assertEqual(server_config.usable_cpus(), usable)
+                self.assertEqual(default_frontend_server_count(), max(1, usable // 2))
 
     def test_every_flag_is_read_from_its_upper_case_environment_twin(self):
         for name in NAMES:
