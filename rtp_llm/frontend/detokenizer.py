@@ -1,9 +1,21 @@
 """Incremental detokenization and stop strings for one generated sequence, at a cost per
 token that does not grow with the sequence."""
 
-from typing import List, Sequence
+from typing import Callable, List, Sequence
+
+from tokenizers import Tokenizer  # (transformers' fast tokenizers are built on it)
 
 _INCOMPLETE = "\ufffd"  # what a decoder yields for a character whose last byte has not come
+
+
+def text_decoder(tokenizer) -> Callable:
+    """tokenizer.decode, or the same through its fast backend directly (the `tokenizers`
+    library's Tokenizer) when the result is the same: no clean-up of spaces to apply. That skips
+    transformers' per-call conversions, most of a short decode's cost."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if isinstance(backend, Tokenizer) and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return backend.decode
+    return tokenizer.decode
 
 
 class IncrementalDetokenizer:
@@ -17,8 +29,8 @@ class IncrementalDetokenizer:
     them. Stop strings are looked for in the held-back text only: text already out was known
     not to begin one."""
 
-    def __init__(self, tokenizer, stop: Sequence[str] = (), print_stop_words: bool = False):
-        self.decode = tokenizer.decode
+    def __init__(self, tokenizer, stop: Sequence[str] = (), print_stop_words: bool = False, decode=None):
+        self.decode = decode or text_decoder(tokenizer)
         self.stop = [s for s in stop if s]
         self.hold = max((len(s) - 1 for s in self.stop), default=0)  # longest proper prefix
         self.print_stop_words = print_stop_words
