@@ -33,14 +33,21 @@ def _stop(body: Dict[str, Any]) -> List[str]:
     return stop
 
 
-# Structured output the engine cannot enforce yet (vLLM's extension and its older names): a
-# request that asks for it is refused, never served as if it had not asked.
-_STRUCTURED_OUTPUT_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+# What this server cannot do yet, and a request that asks for it is refused (400 naming the
+# field), never served as if it had not asked: structured output (vLLM's extension and its
+# older names), tool calls, logit_bias, echo.
+_UNSUPPORTED = {
+    **{key: "structured output is not supported yet" for key in
+       ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")},
+    "tools": "tool calls are not supported yet",
+    "logit_bias": "is not supported yet",
+    "echo": "is not supported yet",
+}
 
 
-def _plain_text(body: Dict[str, Any]) -> None:
-    """Refuses response_format json_object / json_schema and vLLM's structured-output fields:
-    without grammar-constrained decoding the output would not be held to them."""
+def _refuse_unsupported(body: Dict[str, Any]) -> None:
+    """Refuses response_format json_object / json_schema and the _UNSUPPORTED fields (an empty
+    or false value asks for nothing and passes; tool_choice "none" too)."""
     fmt = body.get("response_format")
     if fmt is not None:
         kind = fmt.get("type") if isinstance(fmt, dict) else None
@@ -50,9 +57,11 @@ def _plain_text(body: Dict[str, Any]) -> None:
         if kind != "text":
             raise RequestError("response_format", f'"{kind}" is not supported yet: the engine does not enforce '
                                                   f'structured output, so it is refused rather than ignored')
-    for key in _STRUCTURED_OUTPUT_FIELDS:
-        if body.get(key) is not None:
-            raise RequestError(key, "structured output is not supported yet: refused rather than ignored")
+    for key, why in _UNSUPPORTED.items():
+        if body.get(key) not in (None, False, [], {}):
+            raise RequestError(key, f"{why}: refused rather than ignored")
+    if body.get("tool_choice") not in (None, "none"):
+        raise RequestError("tool_choice", 'tool calls are not supported yet: only "none" is accepted')
 
 
 def _include_usage(body: Dict[str, Any]) -> bool:
@@ -87,7 +96,7 @@ class OpenAIApi:
         return await self._generate(request, body, ids, chat=True, default_max=None)
 
     async def _generate(self, request, body, prompt_ids: List[int], chat: bool, default_max: Optional[int]):
-        _plain_text(body)
+        _refuse_unsupported(body)
         config = openai_config(body, default_max)
         config.return_logprobs = _logprobs_wanted(body, chat)
         stop = _stop(body)

@@ -7,6 +7,7 @@ from typing import Any, Dict, List
 
 from rtp_llm.config.generate_config import INT32_MAX, Range, request_fields
 from rtp_llm.frontend.errors import ErrorCode
+from rtp_llm.frontend.prompts import ROLES
 from rtp_llm.frontend.request import MAX_SEQUENCES_PER_REQUEST, NATIVE_OPTIONS, OPENAI_NAMES
 
 
@@ -57,7 +58,7 @@ _OPENAI_FIELDS = {theirs: _FIELDS[ours] for ours, theirs in OPENAI_NAMES.items()
 
 _MESSAGES = {"type": "array", "minItems": 1, "items": {
     "type": "object", "required": ["role", "content"],
-    "properties": {"role": {"type": "string", "enum": ["system", "user", "assistant"]}, "content": _STR}}}
+    "properties": {"role": {"type": "string", "enum": list(ROLES)}, "content": _STR}}}
 
 _NATIVE = {
     "type": "object",

@@ -8,6 +8,10 @@ from rtp_llm.config.generate_config import GenerateConfig
 from rtp_llm.frontend.errors import ErrorCode, RequestError
 
 
+# A chat message's roles, as OpenAI's API names them (the chat template renders them).
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 class Prompts:
     """Errors name the request field the prompt came from (`field`)."""
 
@@ -37,6 +41,9 @@ class Prompts:
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
             raise RequestError("messages", "must be a non-empty list of {role, content} objects")
+        for i, m in enumerate(messages):
+            if m["role"] not in ROLES:
+                raise RequestError(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {m['role'][:40]!r}")
         if not isinstance(kwargs, dict):
             raise RequestError("chat_template_kwargs", "must be an object")
         try:

@@ -101,18 +101,25 @@ class AppTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(events[-2:], ["data:[done]", ""])
         self.assertEqual([json.loads(e[len("data:"):])["response"] for e in events[:-2]], ["a", "ab", "abc"])
 
-    async def test_structured_output_is_refused_not_ignored(self):
+    async def test_what_is_not_supported_is_refused_not_ignored(self):
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         for extra, param in [({"response_format": {"type": "json_object"}}, "response_format"),
                              ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
                               "response_format"),
                              ({"response_format": "json"}, "response_format"),
                              ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
-                             ({"guided_json": {"type": "object"}}, "guided_json")]:
+                             ({"guided_json": {"type": "object"}}, "guided_json"),
+                             ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+                             ({"tool_choice": "auto"}, "tool_choice"),
+                             ({"logit_bias": {"5": 100}}, "logit_bias"),
+                             ({"echo": True}, "echo"),
+                             ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role")]:
             status, _, text = await self.request("/v1/chat/completions", dict(chat, **extra))
             self.assertEqual((status, json.loads(text)["error"]["param"]), (400, param), extra)
-        status, _, text = await self.request("/v1/chat/completions", dict(chat, response_format={"type": "text"}))
-        self.assertEqual(status, 200, text)
+        for asks_nothing in ({"response_format": {"type": "text"}}, {"tools": []}, {"tool_choice": "none"},
+                             {"echo": False}, {"logit_bias": {}}):
+            status, _, text = await self.request("/v1/chat/completions", dict(chat, **asks_nothing))
+            self.assertEqual(status, 200, (asks_nothing, text))
 
     async def test_engine_errors_name_the_field_as_the_request_does(self):
         cases = [("/v1/completions", {"prompt": "!x"}, "prompt"),
