@@ -72,6 +72,7 @@ class Frontend:
             web.get("/metrics", status.metrics),
             web.get("/v1/models", openai.models),
             web.post("/v1/completions", openai.completions), web.post("/v1/chat/completions", openai.chat),
+            web.post("/chat/completions", openai.chat),  # upstream's route
         ])
         return app
 
@@ -102,9 +103,11 @@ class Frontend:
         # The engine caps a stream at min(max_seq_len, the whole KV cache).
         self.context_len = min(w.max_seq_len, w.total_kv_cache) if w.total_kv_cache else w.max_seq_len
 
-    def fit(self, prompt_ids: List[int], config: GenerateConfig, field: str) -> Tuple[GenerateConfig, Optional[int]]:
+    def fit(self, prompt_ids: List[int], config: GenerateConfig, field: str,
+            fill: bool = False) -> Tuple[GenerateConfig, Optional[int]]:
         """prompts.fit against this engine's context and the server's defaults."""
-        return fit(prompt_ids, config, field, self.context_len, self.default_timeout_ms, self.prompts.vocab_size)
+        return fit(prompt_ids, config, field, self.context_len, self.default_timeout_ms, self.prompts.vocab_size,
+                   fill)
 
     async def events(self, prompt_ids: List[int], config: GenerateConfig, stop: Sequence[str],
                      print_stop_words: bool, prompt_field: str, name: Namer, stream: bool):

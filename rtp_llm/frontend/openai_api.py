@@ -103,9 +103,11 @@ class OpenAIApi:
         stream = flag(body, "stream", "stream")
         include_usage = _include_usage(body)
         reply = Reply(self.fe.model_name, chat, self.fe.tokenizer if config.return_logprobs else None)
+        # A chat that sets no limit may use the rest of the context (as OpenAI's and vLLM's do).
+        fill = chat and body.get("max_completion_tokens") is None and body.get("max_tokens") is None
         async with self.fe.admitted():
             field = "messages" if chat else "prompt"
-            config, clamped = self.fe.fit(prompt_ids, config, field)
+            config, clamped = self.fe.fit(prompt_ids, config, field, fill)
             source = self.fe.events(prompt_ids, config, stop, False, field, openai_name, stream)
             try:
                 if not stream:

@@ -137,6 +137,7 @@ def openapi_spec(model_name: str = "rtp_llm") -> Dict[str, Any]:
         "paths": {
             "/": _post("upstream RTP-LLM's native generate API", "NativeRequest"),
             "/v1/chat/completions": _post("OpenAI chat completions", "ChatCompletionRequest"),
+            "/chat/completions": _post("OpenAI chat completions (upstream's route)", "ChatCompletionRequest"),
             "/v1/completions": _post("OpenAI completions", "CompletionRequest"),
             "/v1/models": {"get": {"summary": "the served model", "responses": {"200": {"description": "a list"}}}},
             "/health": {"get": {"summary": "200 when serving; 503 while starting or draining, when the backend is "

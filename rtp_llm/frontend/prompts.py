@@ -54,11 +54,13 @@ class Prompts:
 
 
 def fit(prompt_ids: List[int], config: GenerateConfig, field: str, context_len: Optional[int],
-        default_timeout_ms: int, vocab_size: int) -> Tuple[GenerateConfig, Optional[int]]:
+        default_timeout_ms: int, vocab_size: int, fill: bool = False) -> Tuple[GenerateConfig, Optional[int]]:
     """Checks the prompt (at least one token, fewer than the context holds: context_len =
     min(max_seq_len, KV capacity), None while unknown) and clamps max_new_tokens to what is left
-    of the context; returns the config to run and the clamped value (None if unchanged). Also
-    applies the server's default timeout and caps top_k at the vocabulary (larger means no cap)."""
+    of the context; returns the config to run and the clamped value (None if unchanged). fill:
+    the request set no limit, and max_new_tokens is what is left of the context (not a clamp).
+    Also applies the server's default timeout and caps top_k at the vocabulary (larger means no
+    cap)."""
     n, limit = len(prompt_ids), context_len
     if n == 0:  # e.g. only control characters the tokenizer drops
         raise RequestError(field, "has no tokens once tokenized; the engine needs at least one")
@@ -71,7 +73,10 @@ def fit(prompt_ids: List[int], config: GenerateConfig, field: str, context_len: 
     if config.top_k >= vocab_size > 0:
         changes["top_k"] = 0
     clamped = None
-    if limit is not None and config.max_new_tokens > limit - n:
+    if fill and limit is not None:
+        changes["max_new_tokens"] = limit - n
+        changes["min_new_tokens"] = min(config.min_new_tokens, limit - n)
+    elif limit is not None and config.max_new_tokens > limit - n:
         clamped = changes["max_new_tokens"] = limit - n
         changes["min_new_tokens"] = min(config.min_new_tokens, clamped)
     return (dataclasses.replace(config, **changes) if changes else config), clamped

@@ -44,6 +44,7 @@ class ScriptedBackend:
 
     def __init__(self, text="abc", reason="length"):
         self.text, self.reason = text, reason
+        self.configs = []  # the GenerateConfigPB of each call
 
     async def health(self, timeout=2.0, wait_for_ready=False):
         return True
@@ -52,6 +53,7 @@ class ScriptedBackend:
         return Worker
 
     async def generate(self, token_ids, config, request_id=0):
+        self.configs.append(config)
         if ord("!") in token_ids:
             raise BackendError(400, ErrorCode.INVALID_PARAMS, "token_ids must not be empty", "token_ids")
         if ord("?") in token_ids:
@@ -100,6 +102,17 @@ class AppTest(unittest.IsolatedAsyncioTestCase):
         events = text.split("\n\n")
         self.assertEqual(events[-2:], ["data:[done]", ""])
         self.assertEqual([json.loads(e[len("data:"):])["response"] for e in events[:-2]], ["a", "ab", "abc"])
+
+    async def test_a_chat_without_a_limit_may_use_the_rest_of_the_context(self):
+        backend = ScriptedBackend()
+        messages = [{"role": "user", "content": "hi"}]
+        status, headers, text = await self.request("/chat/completions", {"messages": messages}, backend)
+        self.assertEqual(status, 200, text)
+        prompt_len = len(ByteTokenizer().apply_chat_template(messages).encode())
+        self.assertEqual(backend.configs[-1].max_new_tokens, Worker.max_seq_len - prompt_len)
+        self.assertNotIn("X-Max-New-Tokens-Clamped", headers)  # nothing was asked, nothing lowered
+        status, _, _ = await self.request("/v1/chat/completions", {"messages": messages, "max_tokens": 7}, backend)
+        self.assertEqual(backend.configs[-1].max_new_tokens, 7)
 
     async def test_what_is_not_supported_is_refused_not_ignored(self):
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
