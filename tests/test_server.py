@@ -189,6 +189,7 @@ def test_qwen3_chat_template_honours_enable_thinking(model_cache):
     from transformers import AutoTokenizer
 
     from rtp_llm.frontend.app import Frontend
+    from rtp_llm.frontend.openai_api import template_kwargs
 
     tok = AutoTokenizer.from_pretrained(os.path.join(model_cache, "qwen3-tokenizer"))
     fe = Frontend(tok, client=None, model_name="qwen3", concurrency_limit=1)
@@ -197,6 +198,10 @@ def test_qwen3_chat_template_honours_enable_thinking(model_cache):
     on = tok.decode(fe._chat_ids(messages, {}))
     assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert on.endswith("<|im_start|>assistant\n")
+    # The top-level spelling, and chat_template_kwargs winning over it.
+    assert tok.decode(fe._chat_ids(messages, template_kwargs({"enable_thinking": False}))) == off
+    both = {"enable_thinking": False, "chat_template_kwargs": {"enable_thinking": True}}
+    assert tok.decode(fe._chat_ids(messages, template_kwargs(both))) == on
 
 
 def test_api_key_guards_every_route_but_health(smollm2):

@@ -18,6 +18,16 @@ def text_decoder(tokenizer) -> Callable:
     return tokenizer.decode
 
 
+def partial_suffix(text: str, patterns: Sequence[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of one of `patterns`:
+    text to hold back while it may still become one."""
+    for n in range(min(max((len(s) - 1 for s in patterns), default=0), len(text)), 0, -1):
+        tail = text[-n:]
+        if any(s.startswith(tail) for s in patterns):
+            return n
+    return 0
+
+
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas. A delta never ends inside a UTF-8
     character, and text that could be the start of a stop string is held back until it is
@@ -32,7 +42,6 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer, stop: Sequence[str] = (), print_stop_words: bool = False, decode=None):
         self.decode = decode or text_decoder(tokenizer)
         self.stop = [s for s in stop if s]
-        self.hold = max((len(s) - 1 for s in self.stop), default=0)  # longest proper prefix
         self.print_stop_words = print_stop_words
         self.ids: List[int] = []
         self.prefix = 0      # ids[prefix:read]: the context decoded again with the new ids
@@ -71,7 +80,7 @@ class IncrementalDetokenizer:
         if cut is not None:
             self.stopped, self.pending = True, ""
             return text[:cut]
-        keep = self._partial_stop(text)
+        keep = partial_suffix(text, self.stop)
         self.pending = text[len(text) - keep:] if keep else ""
         return text[:len(text) - keep]
 
@@ -84,11 +93,3 @@ class IncrementalDetokenizer:
                 end = i + len(s) if self.print_stop_words else i
                 best = end if best is None else min(best, end)
         return best
-
-    def _partial_stop(self, text: str) -> int:
-        """Length of the longest suffix of text that is a proper prefix of a stop string."""
-        for n in range(min(self.hold, len(text)), 0, -1):
-            tail = text[-n:]
-            if any(s.startswith(tail) for s in self.stop):
-                return n
-        return 0

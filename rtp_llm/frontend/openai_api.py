@@ -5,7 +5,9 @@ from typing import Any, Dict, List, Optional
 
 from aiohttp import web
 
+from rtp_llm.config.reasoning_parsers import ThinkTags
 from rtp_llm.frontend.errors import RequestError
+from rtp_llm.frontend.reasoning import ReasoningSplitter
 from rtp_llm.frontend.request import flag, openai_config, openai_name, read_json
 from rtp_llm.frontend.streaming import clamp_header, open_stream, sse, sse_done, stream_errors
 from rtp_llm.openai.protocol import Reply, usage
@@ -64,6 +66,17 @@ def _refuse_unsupported(body: Dict[str, Any]) -> None:
         raise RequestError("tool_choice", 'tool calls are not supported yet: only "none" is accepted')
 
 
+def template_kwargs(body: Dict[str, Any]) -> Dict[str, Any]:
+    """The chat template's extra arguments: chat_template_kwargs, and a top-level
+    enable_thinking (SGLang's and upstream's spelling) unless chat_template_kwargs sets it."""
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise RequestError("chat_template_kwargs", "must be an object")
+    if body.get("enable_thinking") is not None:
+        kwargs = {"enable_thinking": flag(body, "enable_thinking", "enable_thinking"), **kwargs}
+    return kwargs
+
+
 def _include_usage(body: Dict[str, Any]) -> bool:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
@@ -89,10 +102,7 @@ class OpenAIApi:
 
     async def chat(self, request):
         body = await read_json(request)
-        kwargs = body.get("chat_template_kwargs") or {}
-        if not isinstance(kwargs, dict):
-            raise RequestError("chat_template_kwargs", "must be an object")
-        ids = self.fe.prompts.chat_ids(body.get("messages"), kwargs)
+        ids = self.fe.prompts.chat_ids(body.get("messages"), template_kwargs(body))
         return await self._generate(request, body, ids, chat=True, default_max=None)
 
     async def _generate(self, request, body, prompt_ids: List[int], chat: bool, default_max: Optional[int]):
@@ -109,16 +119,16 @@ class OpenAIApi:
             field = "messages" if chat else "prompt"
             config, clamped = self.fe.fit(prompt_ids, config, field, fill)
             source = self.fe.events(prompt_ids, config, stop, False, field, openai_name, stream)
+            n, tags = config.num_return_sequences, self.fe.reasoning if chat else None
             try:
                 if not stream:
-                    return await self._collect(source, reply, config.num_return_sequences, prompt_ids, clamped)
-                return await self._stream(request, source, reply, config.num_return_sequences, prompt_ids,
-                                          clamped, include_usage)
+                    return await self._collect(source, reply, n, prompt_ids, clamped, tags)
+                return await self._stream(request, source, reply, n, prompt_ids, clamped, include_usage, tags)
             finally:
                 await source.aclose()  # ends the gRPC calls whatever happened
 
     @staticmethod
-    async def _collect(events, reply: Reply, n: int, prompt_ids, clamped):
+    async def _collect(events, reply: Reply, n: int, prompt_ids, clamped, tags: Optional[ThinkTags]):
         texts, reasons, tokens = [""] * n, ["stop"] * n, [0] * n
         pairs: List[list] = [[] for _ in range(n)]
         async for ev in events:
@@ -126,15 +136,19 @@ class OpenAIApi:
             pairs[ev.index] += ev.logprobs
             if ev.finished:
                 reasons[ev.index], tokens[ev.index] = ev.finish_reason, ev.num_tokens
-        choices = [reply.choice(i, texts[i], reasons[i], pairs[i]) for i in range(n)]
+        choices = []
+        for i in range(n):
+            reasoning, text = ReasoningSplitter(tags).last(texts[i]) if tags else (None, texts[i])
+            choices.append(reply.choice(i, text, reasons[i], pairs[i], reasoning))
         return web.json_response(reply.completion(choices, usage(len(prompt_ids), sum(tokens))),
                                  headers=clamp_header(clamped))
 
     @staticmethod
-    async def _stream(request, source, reply: Reply, n: int, prompt_ids, clamped, include_usage: bool):
+    async def _stream(request, source, reply: Reply, n: int, prompt_ids, clamped, include_usage: bool,
+                      tags: Optional[ThinkTags]):
         """A chunk per event that carries text or ends a sequence (chat first opens each
         sequence's assistant turn); with include_usage every chunk has "usage" (null until the
-        last, choice-less chunk)."""
+        last, choice-less chunk). tags: chat's thinking goes out as reasoning_content."""
         resp, events = await open_stream(request, source, clamped)
 
         async def send(choices, counts=None):
@@ -145,12 +159,21 @@ class OpenAIApi:
                 for i in range(n):
                     await send([reply.opening_delta(i)])
             completion_tokens = 0
+            splitters = [ReasoningSplitter(tags) for _ in range(n)] if tags else None
+            pairs: List[list] = [[] for _ in range(n)]  # log-probs of text not sent yet (a tag held back)
             async for ev in events:
                 if ev.finished:
                     completion_tokens += ev.num_tokens
-                if not ev.delta and not ev.finished:
+                thought, text = "", ev.delta
+                if splitters:
+                    split = splitters[ev.index]
+                    thought, text = split.last(text) if ev.finished else split.add(text)
+                pairs[ev.index] += ev.logprobs
+                if not text and not thought and not ev.finished:
                     continue
-                await send([reply.delta(ev.index, ev.delta, ev.finish_reason if ev.finished else None, ev.logprobs)])
+                await send([reply.delta(ev.index, text, ev.finish_reason if ev.finished else None, pairs[ev.index],
+                                        thought)])
+                pairs[ev.index] = []
             if include_usage:
                 await send([], usage(len(prompt_ids), completion_tokens))
         await resp.write(sse_done(openai=True))  # also after an error event

@@ -32,11 +32,16 @@ class Reply:
             payload["usage"] = counts
         return payload
 
-    def choice(self, index: int, text: str, finish_reason: str, pairs: List[Tuple[int, float]]) -> dict:
-        """A whole sequence; pairs: its (token id, log-prob)s."""
+    def choice(self, index: int, text: str, finish_reason: str, pairs: List[Tuple[int, float]],
+               reasoning: Optional[str] = None) -> dict:
+        """A whole sequence; pairs: its (token id, log-prob)s; reasoning: its reasoning_content
+        (chat with a reasoning parser; None: no such field)."""
         if self.chat:
-            return {"index": index, "message": {"role": "assistant", "content": text},
-                    "finish_reason": finish_reason, "logprobs": self._logprobs(pairs)}
+            message = {"role": "assistant", "content": text}
+            if reasoning is not None:
+                message["reasoning_content"] = reasoning
+            return {"index": index, "message": message, "finish_reason": finish_reason,
+                    "logprobs": self._logprobs(pairs)}
         return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(pairs)}
 
     @staticmethod
@@ -44,11 +49,15 @@ class Reply:
         """Chat's first chunk of a sequence: the assistant's turn, no text yet."""
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
 
-    def delta(self, index: int, text: str, finish_reason: Optional[str], pairs: List[Tuple[int, float]]) -> dict:
-        """A streamed piece of a sequence (finish_reason set on its last)."""
+    def delta(self, index: int, text: str, finish_reason: Optional[str], pairs: List[Tuple[int, float]],
+              reasoning: str = "") -> dict:
+        """A streamed piece of a sequence (finish_reason set on its last); reasoning: its
+        reasoning_content (chat)."""
         if self.chat:
-            return {"index": index, "delta": {"content": text} if text else {}, "finish_reason": finish_reason,
-                    "logprobs": self._logprobs(pairs)}
+            delta = {"reasoning_content": reasoning} if reasoning else {}
+            if text:
+                delta["content"] = text
+            return {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": self._logprobs(pairs)}
         return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(pairs)}
 
     def _logprobs(self, pairs: List[Tuple[int, float]]) -> Optional[dict]:

@@ -17,7 +17,7 @@ from rtp_llm.config.server_config import ServerConfig, default_frontend_server_c
 
 NAMES = [f.name for f in fields(ServerConfig)]
 # Values that validate only with another flag set too: field -> (value, the other flags).
-NEEDS = {"world_rank": (1, {"tp_size": 2})}
+NEEDS = {"world_rank": (1, {"tp_size": 2}), "reasoning_parser": ("qwen3", {})}
 
 
 def _kind(name):
@@ -109,6 +109,10 @@ class ServerConfigTest(unittest.TestCase):
                     mock.patch.object(os, "sched_getaffinity", return_value=set(range(32))):
                 self.assertEqual(server_config.usable_cpus(), usable)
                 self.assertEqual(default_frontend_server_count(), max(1, usable // 2))
+
+    def test_an_unknown_reasoning_parser_is_refused_by_name(self):
+        with self.assertRaisesRegex(ValueError, "--reasoning_parser must be one of deepseek_r1, qwen3"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--reasoning_parser=qwen9")
 
     def test_every_flag_is_read_from_its_upper_case_environment_twin(self):
         for name in NAMES:

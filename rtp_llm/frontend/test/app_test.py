@@ -66,8 +66,8 @@ class ScriptedBackend:
 
 
 class AppTest(unittest.IsolatedAsyncioTestCase):
-    async def request(self, path, body, backend=None):
-        fe = Frontend(ByteTokenizer(), backend or ScriptedBackend(), "m", concurrency_limit=4)
+    async def request(self, path, body, backend=None, **frontend_args):
+        fe = Frontend(ByteTokenizer(), backend or ScriptedBackend(), "m", concurrency_limit=4, **frontend_args)
         async with TestClient(TestServer(fe.app())) as client:
             r = await client.post(path, data=json.dumps(body))
             return r.status, r.headers, await r.text()
@@ -102,6 +102,25 @@ class AppTest(unittest.IsolatedAsyncioTestCase):
         events = text.split("\n\n")
         self.assertEqual(events[-2:], ["data:[done]", ""])
         self.assertEqual([json.loads(e[len("data:"):])["response"] for e in events[:-2]], ["a", "ab", "abc"])
+
+    async def test_a_reasoning_parser_splits_the_thinking_from_the_content(self):
+        think = ScriptedBackend(text="<think>2+2 is 4</think>\n\nFour.", reason="stop")
+        chat = {"messages": [{"role": "user", "content": "2+2"}], "max_tokens": 50}
+        status, _, text = await self.request("/v1/chat/completions", chat, think, reasoning_parser="qwen3")
+        self.assertEqual(status, 200, text)
+        message = json.loads(text)["choices"][0]["message"]
+        self.assertEqual((message["reasoning_content"], message["content"]), ("2+2 is 4", "\n\nFour."))
+        _, _, text = await self.request("/v1/chat/completions", dict(chat, stream=True), think,
+                                        reasoning_parser="qwen3")
+        deltas = [json.loads(e[len("data: "):])["choices"][0]["delta"] for e in text.split("\n\n")[:-2]]
+        self.assertEqual("".join(d.get("reasoning_content", "") for d in deltas), "2+2 is 4")
+        self.assertEqual("".join(d.get("content", "") for d in deltas), "\n\nFour.")
+        self.assertFalse(any("think>" in d.get("content", "") + d.get("reasoning_content", "") for d in deltas))
+        # Without a parser the thinking stays in the content, and there is no reasoning_content.
+        _, _, text = await self.request("/v1/chat/completions", chat, think)
+        message = json.loads(text)["choices"][0]["message"]
+        self.assertEqual(message["content"], "<think>2+2 is 4</think>\n\nFour.")
+        self.assertNotIn("reasoning_content", message)
 
     async def test_a_chat_without_a_limit_may_use_the_rest_of_the_context(self):
         backend = ScriptedBackend()
