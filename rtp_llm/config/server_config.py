@@ -4,11 +4,13 @@
 import argparse
 import math
 import os
+import sys
 from dataclasses import dataclass, field, fields
 from typing import List, Optional
 
 from rtp_llm.config.parallel_config import ParallelConfig
 from rtp_llm.config.reasoning_parsers import PARSERS
+from rtp_llm.config.upstream_flags import unsupported_upstream_flag
 
 MAX_DEFAULT_FRONTENDS = 16
 
@@ -151,7 +153,19 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
 
 
+def _refuse_upstream_flags(argv: List[str]) -> None:
+    """An upstream flag this server does not implement is refused by name, with what to use
+    instead (argparse would only say "unrecognized arguments")."""
+    ours = {f.name for f in fields(ServerConfig)}
+    for arg in argv:
+        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+        why = unsupported_upstream_flag(name) if name and name not in ours else None
+        if why:
+            raise ValueError(why)
+
+
 def parse_server_config(argv=None, description: str = "") -> ServerConfig:
+    _refuse_upstream_flags(sys.argv[1:] if argv is None else list(argv))
     p = argparse.ArgumentParser(description=description)
     defaults = ServerConfig()
     for f in fields(ServerConfig):

@@ -110,6 +110,22 @@ class ServerConfigTest(unittest.TestCase):
                 self.assertEqual(server_config.usable_cpus(), usable)
                 self.assertEqual(default_frontend_server_count(), max(1, usable // 2))
 
+    def test_an_upstream_flag_not_implemented_is_refused_by_name_with_what_instead(self):
+        with self.assertRaisesRegex(ValueError, r"--role_type is an upstream RTP-LLM flag \(role\) not implemented"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--role_type=PREFILL")
+        with self.assertRaisesRegex(ValueError, "--sp_type .*speculative decoding"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type", "mtp")
+        with self.assertRaisesRegex(ValueError, "use --max_num_batched_tokens"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--max_batch_tokens_size=4096")
+        with self.assertRaises(SystemExit), mock.patch("sys.stderr"):  # a flag upstream does not have either
+            self.parse(f"--checkpoint_path={self.ckpt}", "--no_such_flag=1")
+
+    def test_no_flag_of_ours_is_in_the_upstream_refusals(self):
+        from rtp_llm.config.upstream_flags import UPSTREAM_GROUPS
+
+        refused = {n for _, names in UPSTREAM_GROUPS.values() for n in names}
+        self.assertEqual(refused & set(NAMES), set())
+
     def test_an_unknown_reasoning_parser_is_refused_by_name(self):
         with self.assertRaisesRegex(ValueError, "--reasoning_parser must be one of deepseek_r1, qwen3"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--reasoning_parser=qwen9")
