@@ -28,7 +28,7 @@ async def _serve(config: ServerConfig) -> None:
     # limit would refuse requests while another frontend idles).
     frontend = Frontend(tokenizer, client, name, config.concurrency_limit, config.api_key, config.max_body_size,
                         config.default_timeout_ms, config.engine_stall_timeout_s, config.stream_interval,
-                        config.reasoning_parser)
+                        config.reasoning_parser, config.tool_call_parser)
     # handler_cancellation: a client that goes away cancels its handler, which cancels the
     # gRPC calls, so the engine stops generating for it (streaming or not).
     runner = web.AppRunner(frontend.app(), access_log=None, handler_cancellation=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import List, Optional
 
 from rtp_llm.config.parallel_config import ParallelConfig
-from rtp_llm.config.reasoning_parsers import PARSERS
+from rtp_llm.config.output_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from rtp_llm.config.upstream_flags import unsupported_upstream_flag
 
 MAX_DEFAULT_FRONTENDS = 16
@@ -81,9 +81,10 @@ class ServerConfig:
     # Tokens a stream accumulates per streamed event (vLLM's --stream-interval); a stream's first
     # and last tokens are never held back.
     stream_interval: int = 1
-    # Chat answers' thinking goes to reasoning_content (a name in config/reasoning_parsers.py);
-    # "" leaves it in content.
+    # Chat answers' thinking goes to reasoning_content, and their tool calls to tool_calls
+    # (names in config/output_parsers.py); "" leaves them in content (and refuses tools).
     reasoning_parser: str = ""
+    tool_call_parser: str = ""
     # Benchmark only (async_decoder_engine/paced.py): > 0 runs no model; every engine step sleeps
     # this long and emits a fixed text's tokens, to measure the serving path without a GPU.
     paced_engine_step_ms: float = 0.0
@@ -101,9 +102,10 @@ class ServerConfig:
         for name in ("max_queue_size", "default_timeout_ms", "engine_stall_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
-        if self.reasoning_parser and self.reasoning_parser not in PARSERS:
-            raise ValueError(f"--reasoning_parser must be one of {', '.join(sorted(PARSERS))} (or empty), got "
-                             f"{self.reasoning_parser!r}")
+        for name, choices in (("reasoning_parser", REASONING_PARSERS), ("tool_call_parser", TOOL_CALL_PARSERS)):
+            value = getattr(self, name)
+            if value and value not in choices:
+                raise ValueError(f"--{name} must be one of {', '.join(sorted(choices))} (or empty), got {value!r}")
         if not (math.isfinite(self.paced_engine_step_ms) and self.paced_engine_step_ms >= 0):
             raise ValueError(f"--paced_engine_step_ms must be a finite number >= 0, got {self.paced_engine_step_ms}")
         if self.paced_engine_step_ms and self.tp_size != 1:

@@ -30,7 +30,7 @@ from rtp_llm.frontend.middleware import auth_middleware, error_middleware
 from rtp_llm.frontend.native_api import NativeApi
 from rtp_llm.frontend.openai_api import OpenAIApi
 from rtp_llm.frontend.prompts import Prompts, fit
-from rtp_llm.config.reasoning_parsers import PARSERS
+from rtp_llm.config.output_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from rtp_llm.frontend.request import Namer
 from rtp_llm.frontend.status import StatusRoutes
 
@@ -42,14 +42,16 @@ class Frontend:
 
     def __init__(self, tokenizer, client: BackendClient, model_name: str, concurrency_limit: int,
                  api_key: Optional[str] = None, max_body_size: int = 8 << 20, default_timeout_ms: int = 0,
-                 engine_stall_timeout_s: float = 60, stream_interval: int = 1, reasoning_parser: str = ""):
+                 engine_stall_timeout_s: float = 60, stream_interval: int = 1, reasoning_parser: str = "",
+                 tool_call_parser: str = ""):
         self.tokenizer = tokenizer
         self.prompts = Prompts(tokenizer)
         self.max_body_size = max_body_size
         self.default_timeout_ms = default_timeout_ms
         self.stall_timeout = engine_stall_timeout_s
         self.stream_interval = stream_interval
-        self.reasoning = PARSERS[reasoning_parser] if reasoning_parser else None  # chat's <think> tags
+        self.reasoning = REASONING_PARSERS[reasoning_parser] if reasoning_parser else None  # chat's <think> tags
+        self.tool_calls = TOOL_CALL_PARSERS[tool_call_parser] if tool_call_parser else None  # and <tool_call>s
         self.context_len: Optional[int] = None  # min(max_seq_len, KV capacity): a stream's longest length
         self.api_key = api_key
         self.client = client

@@ -5,11 +5,11 @@ from typing import Any, Dict, List, Optional
 
 from aiohttp import web
 
-from rtp_llm.config.reasoning_parsers import ThinkTags
+from rtp_llm.frontend.chat_output import AnswerSplitter
 from rtp_llm.frontend.errors import RequestError
-from rtp_llm.frontend.reasoning import ReasoningSplitter
 from rtp_llm.frontend.request import flag, openai_config, openai_name, read_json
 from rtp_llm.frontend.streaming import clamp_header, open_stream, sse, sse_done, stream_errors
+from rtp_llm.frontend.tool_calls import request_tools, template_messages
 from rtp_llm.openai.protocol import Reply, usage
 
 
@@ -37,19 +37,18 @@ def _stop(body: Dict[str, Any]) -> List[str]:
 
 # What this server cannot do yet, and a request that asks for it is refused (400 naming the
 # field), never served as if it had not asked: structured output (vLLM's extension and its
-# older names), tool calls, logit_bias, echo.
+# older names), logit_bias, echo. (Tools: tool_calls.request_tools.)
 _UNSUPPORTED = {
     **{key: "structured output is not supported yet" for key in
        ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")},
-    "tools": "tool calls are not supported yet",
     "logit_bias": "is not supported yet",
     "echo": "is not supported yet",
 }
 
 
-def _refuse_unsupported(body: Dict[str, Any]) -> None:
+def _refuse_unsupported(body: Dict[str, Any], chat: bool) -> None:
     """Refuses response_format json_object / json_schema and the _UNSUPPORTED fields (an empty
-    or false value asks for nothing and passes; tool_choice "none" too)."""
+    or false value asks for nothing and passes), and tools outside chat."""
     fmt = body.get("response_format")
     if fmt is not None:
         kind = fmt.get("type") if isinstance(fmt, dict) else None
@@ -62,8 +61,10 @@ def _refuse_unsupported(body: Dict[str, Any]) -> None:
     for key, why in _UNSUPPORTED.items():
         if body.get(key) not in (None, False, [], {}):
             raise RequestError(key, f"{why}: refused rather than ignored")
-    if body.get("tool_choice") not in (None, "none"):
-        raise RequestError("tool_choice", 'tool calls are not supported yet: only "none" is accepted')
+    if not chat:
+        for key in ("tools", "tool_choice"):
+            if body.get(key) not in (None, [], "none"):
+                raise RequestError(key, "is a chat completions field (/v1/chat/completions)")
 
 
 def template_kwargs(body: Dict[str, Any]) -> Dict[str, Any]:
@@ -102,11 +103,14 @@ class OpenAIApi:
 
     async def chat(self, request):
         body = await read_json(request)
-        ids = self.fe.prompts.chat_ids(body.get("messages"), template_kwargs(body))
-        return await self._generate(request, body, ids, chat=True, default_max=None)
+        tools = request_tools(body, self.fe.tool_calls)
+        ids = self.fe.prompts.chat_ids(template_messages(body.get("messages")), template_kwargs(body), tools)
+        return await self._generate(request, body, ids, chat=True, default_max=None, tools=tools is not None)
 
-    async def _generate(self, request, body, prompt_ids: List[int], chat: bool, default_max: Optional[int]):
-        _refuse_unsupported(body)
+    async def _generate(self, request, body, prompt_ids: List[int], chat: bool, default_max: Optional[int],
+                        tools: bool = False):
+        """tools: the answer's tool calls are parsed (the request offered tools)."""
+        _refuse_unsupported(body, chat)
         config = openai_config(body, default_max)
         config.return_logprobs = _logprobs_wanted(body, chat)
         stop = _stop(body)
@@ -119,16 +123,17 @@ class OpenAIApi:
             field = "messages" if chat else "prompt"
             config, clamped = self.fe.fit(prompt_ids, config, field, fill)
             source = self.fe.events(prompt_ids, config, stop, False, field, openai_name, stream)
-            n, tags = config.num_return_sequences, self.fe.reasoning if chat else None
+            n = config.num_return_sequences
+            parsers = (self.fe.reasoning if chat else None, self.fe.tool_calls if tools else None)
             try:
                 if not stream:
-                    return await self._collect(source, reply, n, prompt_ids, clamped, tags)
-                return await self._stream(request, source, reply, n, prompt_ids, clamped, include_usage, tags)
+                    return await self._collect(source, reply, n, prompt_ids, clamped, parsers)
+                return await self._stream(request, source, reply, n, prompt_ids, clamped, include_usage, parsers)
             finally:
                 await source.aclose()  # ends the gRPC calls whatever happened
 
     @staticmethod
-    async def _collect(events, reply: Reply, n: int, prompt_ids, clamped, tags: Optional[ThinkTags]):
+    async def _collect(events, reply: Reply, n: int, prompt_ids, clamped, parsers: tuple):
         texts, reasons, tokens = [""] * n, ["stop"] * n, [0] * n
         pairs: List[list] = [[] for _ in range(n)]
         async for ev in events:
@@ -138,17 +143,20 @@ class OpenAIApi:
                 reasons[ev.index], tokens[ev.index] = ev.finish_reason, ev.num_tokens
         choices = []
         for i in range(n):
-            reasoning, text = ReasoningSplitter(tags).last(texts[i]) if tags else (None, texts[i])
-            choices.append(reply.choice(i, text, reasons[i], pairs[i], reasoning))
+            piece = AnswerSplitter(*parsers).add(texts[i], last=True)
+            reasoning = piece.reasoning if parsers[0] else None
+            reason = "tool_calls" if piece.calls and reasons[i] == "stop" else reasons[i]
+            choices.append(reply.choice(i, piece.content, reason, pairs[i], reasoning, piece.calls))
         return web.json_response(reply.completion(choices, usage(len(prompt_ids), sum(tokens))),
                                  headers=clamp_header(clamped))
 
     @staticmethod
     async def _stream(request, source, reply: Reply, n: int, prompt_ids, clamped, include_usage: bool,
-                      tags: Optional[ThinkTags]):
+                      parsers: tuple):
         """A chunk per event that carries text or ends a sequence (chat first opens each
         sequence's assistant turn); with include_usage every chunk has "usage" (null until the
-        last, choice-less chunk). tags: chat's thinking goes out as reasoning_content."""
+        last, choice-less chunk). parsers: chat's thinking goes out as reasoning_content, its
+        tool calls as tool_calls deltas (the name, then the arguments)."""
         resp, events = await open_stream(request, source, clamped)
 
         async def send(choices, counts=None):
@@ -159,20 +167,24 @@ class OpenAIApi:
                 for i in range(n):
                     await send([reply.opening_delta(i)])
             completion_tokens = 0
-            splitters = [ReasoningSplitter(tags) for _ in range(n)] if tags else None
+            splitters = [AnswerSplitter(*parsers) for _ in range(n)]
             pairs: List[list] = [[] for _ in range(n)]  # log-probs of text not sent yet (a tag held back)
             async for ev in events:
                 if ev.finished:
                     completion_tokens += ev.num_tokens
-                thought, text = "", ev.delta
-                if splitters:
-                    split = splitters[ev.index]
-                    thought, text = split.last(text) if ev.finished else split.add(text)
+                split = splitters[ev.index]
+                first_call = split.num_calls
+                piece = split.add(ev.delta, last=ev.finished)
                 pairs[ev.index] += ev.logprobs
-                if not text and not thought and not ev.finished:
+                for k, call in enumerate(piece.calls, first_call):
+                    for part in reply.tool_call_deltas(ev.index, k, call):
+                        await send([part])
+                if not piece.content and not piece.reasoning and not ev.finished:
                     continue
-                await send([reply.delta(ev.index, text, ev.finish_reason if ev.finished else None, pairs[ev.index],
-                                        thought)])
+                reason = ev.finish_reason if ev.finished else None
+                if reason == "stop" and split.num_calls:
+                    reason = "tool_calls"
+                await send([reply.delta(ev.index, piece.content, reason, pairs[ev.index], piece.reasoning)])
                 pairs[ev.index] = []
             if include_usage:
                 await send([], usage(len(prompt_ids), completion_tokens))

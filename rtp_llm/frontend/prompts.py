@@ -35,9 +35,9 @@ class Prompts:
             raise RequestError(field, "must be a non-empty string")
         return self.tokenize(text, field, special)
 
-    def chat_ids(self, messages: Any, kwargs: Dict[str, Any]) -> List[int]:
-        """`messages` through the chat template (kwargs: chat_template_kwargs), with the
-        assistant's turn opened."""
+    def chat_ids(self, messages: Any, kwargs: Dict[str, Any], tools: Optional[List[dict]] = None) -> List[int]:
+        """`messages` through the chat template (kwargs: chat_template_kwargs; tools: the
+        functions the template offers the model), with the assistant's turn opened."""
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
             raise RequestError("messages", "must be a non-empty list of {role, content} objects")
@@ -47,6 +47,8 @@ class Prompts:
         if not isinstance(kwargs, dict):
             raise RequestError("chat_template_kwargs", "must be an object")
         try:
+            if tools is not None:
+                kwargs = dict(kwargs, tools=tools)
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
         except Exception as e:
             raise RequestError("messages", f"cannot apply the chat template: {str(e)[:200]}") from None

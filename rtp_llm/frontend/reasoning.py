@@ -4,7 +4,7 @@ as vLLM's and SGLang's parsers of the same names do. The split is OpenAI-compati
 
 from typing import Tuple
 
-from rtp_llm.config.reasoning_parsers import ThinkTags
+from rtp_llm.config.output_parsers import ThinkTags
 from rtp_llm.frontend.detokenizer import partial_suffix
 
 

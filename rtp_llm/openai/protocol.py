@@ -33,13 +33,16 @@ class Reply:
         return payload
 
     def choice(self, index: int, text: str, finish_reason: str, pairs: List[Tuple[int, float]],
-               reasoning: Optional[str] = None) -> dict:
+               reasoning: Optional[str] = None, calls: Optional[List[dict]] = None) -> dict:
         """A whole sequence; pairs: its (token id, log-prob)s; reasoning: its reasoning_content
-        (chat with a reasoning parser; None: no such field)."""
+        (chat with a reasoning parser; None: no such field); calls: its tool calls (then a
+        content of only whitespace is null)."""
         if self.chat:
-            message = {"role": "assistant", "content": text}
+            message = {"role": "assistant", "content": None if calls and not text.strip() else text}
             if reasoning is not None:
                 message["reasoning_content"] = reasoning
+            if calls:
+                message["tool_calls"] = calls
             return {"index": index, "message": message, "finish_reason": finish_reason,
                     "logprobs": self._logprobs(pairs)}
         return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(pairs)}
@@ -59,6 +62,17 @@ class Reply:
                 delta["content"] = text
             return {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": self._logprobs(pairs)}
         return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(pairs)}
+
+    @staticmethod
+    def tool_call_deltas(index: int, k: int, call: dict) -> List[dict]:
+        """A streamed tool call (the sequence's k-th) as OpenAI streams one: its id, type and name,
+        then its arguments."""
+        fn = call["function"]
+        return [{"index": index, "delta": {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                                           "function": {"name": fn["name"], "arguments": ""}}]},
+                 "finish_reason": None, "logprobs": None},
+                {"index": index, "delta": {"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]},
+                 "finish_reason": None, "logprobs": None}]
 
     def _logprobs(self, pairs: List[Tuple[int, float]]) -> Optional[dict]:
         if self.tokenizer is None:

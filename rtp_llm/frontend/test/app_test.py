@@ -27,8 +27,9 @@ class ByteTokenizer:
     def decode(self, ids, skip_special_tokens=True):
         return bytes(ids).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
-        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, tools=None):
+        offer = "".join(f"tool: {t['function']['name']}\n" for t in tools or ())
+        return offer + "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
 
 
 class Worker:
@@ -45,6 +46,7 @@ class ScriptedBackend:
     def __init__(self, text="abc", reason="length"):
         self.text, self.reason = text, reason
         self.configs = []  # the GenerateConfigPB of each call
+        self.prompts = []  # and its prompt
 
     async def health(self, timeout=2.0, wait_for_ready=False):
         return True
@@ -54,6 +56,7 @@ class ScriptedBackend:
 
     async def generate(self, token_ids, config, request_id=0):
         self.configs.append(config)
+        self.prompts.append(list(token_ids))
         if ord("!") in token_ids:
             raise BackendError(400, ErrorCode.INVALID_PARAMS, "token_ids must not be empty", "token_ids")
         if ord("?") in token_ids:
@@ -121,6 +124,35 @@ class AppTest(unittest.IsolatedAsyncioTestCase):
         message = json.loads(text)["choices"][0]["message"]
         self.assertEqual(message["content"], "<think>2+2 is 4</think>\n\nFour.")
         self.assertNotIn("reasoning_content", message)
+
+    async def test_tool_calls_come_back_whole_and_streamed(self):
+        call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        backend = ScriptedBackend(text="Checking. " + call, reason="stop")
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+        chat = {"messages": [{"role": "user", "content": "weather in Paris"}], "max_tokens": 200, "tools": tools}
+        status, _, text = await self.request("/v1/chat/completions", chat, backend, tool_call_parser="hermes")
+        self.assertEqual(status, 200, text)
+        choice = json.loads(text)["choices"][0]
+        self.assertEqual(choice["finish_reason"], "tool_calls")
+        self.assertEqual(choice["message"]["content"], "Checking. ")
+        [got] = choice["message"]["tool_calls"]
+        self.assertEqual((got["type"], got["function"]["name"]), ("function", "get_weather"))
+        self.assertEqual(json.loads(got["function"]["arguments"]), {"city": "Paris"})
+        self.assertIn(b"tool: get_weather", bytes(backend.prompts[-1]))  # the template offered the tool
+
+        _, _, text = await self.request("/v1/chat/completions", dict(chat, stream=True), backend,
+                                        tool_call_parser="hermes")
+        chunks = [json.loads(e[len("data: "):])["choices"] for e in text.split("\n\n")[:-2]]
+        deltas = [c[0]["delta"] for c in chunks if c]
+        calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+        self.assertEqual((calls[0]["id"][:5], calls[0]["function"]["name"]), ("call_", "get_weather"))
+        self.assertEqual(json.loads("".join(c["function"]["arguments"] for c in calls)), {"city": "Paris"})
+        self.assertEqual("".join(d.get("content", "") for d in deltas), "Checking. ")
+        self.assertEqual(chunks[-1][0]["finish_reason"], "tool_calls")
+
+        # A server without --tool_call_parser refuses tools rather than dropping them.
+        status, _, text = await self.request("/v1/chat/completions", chat, backend)
+        self.assertEqual((status, json.loads(text)["error"]["param"]), (400, "tools"))
 
     async def test_a_chat_without_a_limit_may_use_the_rest_of_the_context(self):
         backend = ScriptedBackend()

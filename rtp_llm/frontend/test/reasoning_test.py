@@ -3,12 +3,12 @@ the deltas' boundaries; an answer without the opening tag is all content."""
 
 import unittest
 
-from rtp_llm.config.reasoning_parsers import PARSERS
+from rtp_llm.config.output_parsers import REASONING_PARSERS
 from rtp_llm.frontend.reasoning import ReasoningSplitter
 
 
 def split(pieces):
-    s = ReasoningSplitter(PARSERS["qwen3"])
+    s = ReasoningSplitter(REASONING_PARSERS["qwen3"])
     parts = [s.add(p) for p in pieces] + [s.finish()]
     return "".join(r for r, _ in parts), "".join(c for _, c in parts), parts
 
