@@ -83,16 +83,14 @@ class MultiplexCall final : public grpc::ServerBidiReactor<MultiplexRequestPB, M
     const int64_t tag = request.tag();
     if (entries_.count(tag)) {  // a caller's bug: both requests end, with one last update
       forget(tag);
-      fail(tag, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "tag " + std::to_string(tag) + " is in use"));
+      fail(tag, invalid("", "tag " + std::to_string(tag) + " is in use"));
       return;
     }
     const GenerateInputPB& input = request.input();
-    std::vector<int32_t> prompt(input.token_ids().begin(), input.token_ids().end());
-    GenerateConfig config = from_proto(input.generate_config(), engine_.config().max_seq_len);
     int64_t stream_id = 0;
-    ErrorInfo error = engine_.enqueue(std::move(prompt), std::move(config), &stream_id, max_waiting_);
+    ErrorInfo error = enqueue_input(engine_, input, max_waiting_, &stream_id);
     if (!error.ok()) {
-      fail(tag, to_status(error));
+      fail(tag, error);
       return;
     }
     entries_[tag] = Entry{stream_id, input.request_id(), input.generate_config().is_streaming()};
@@ -112,9 +110,9 @@ class MultiplexCall final : public grpc::ServerBidiReactor<MultiplexRequestPB, M
     flush();
   }
 
-  // A request that failed before it had a stream: its only update carries the status.
-  void fail(int64_t tag, const grpc::Status& status) {
-    failed_.emplace_back(tag, status);
+  // A request that failed before it had a stream: its only update carries the error.
+  void fail(int64_t tag, const ErrorInfo& error) {
+    failed_.emplace_back(tag, error);
     flush();
   }
 
@@ -122,7 +120,7 @@ class MultiplexCall final : public grpc::ServerBidiReactor<MultiplexRequestPB, M
   void flush() {
     if (writing_ || finishing_) return;
     message_.Clear();
-    for (const auto& [tag, status] : failed_) add_status(tag, status);
+    for (const auto& [tag, error] : failed_) add_error(tag, error);
     failed_.clear();
     for (int64_t tag : dirty_) collect(tag);
     dirty_.clear();
@@ -140,14 +138,14 @@ class MultiplexCall final : public grpc::ServerBidiReactor<MultiplexRequestPB, M
     Entry& entry = it->second;
     entry.dirty = false;
     if (!engine_.poll(entry.stream_id, entry.sent, &update_)) {
-      add_status(tag, grpc::Status(grpc::StatusCode::INTERNAL, "stream vanished"));
+      add_error(tag, ErrorInfo(ErrorCode::UNKNOWN_ERROR, "stream vanished"));
       forget(tag);
       return;
     }
     const Send send = what_to_send(update_, entry.streaming);
     if (send == Send::kNothing) return;
     if (!update_.error.ok()) {
-      add_status(tag, to_status(update_.error));
+      add_error(tag, update_.error);
     } else {
       MultiplexUpdatePB* u = message_.add_updates();
       u->set_tag(tag);
@@ -157,12 +155,11 @@ class MultiplexCall final : public grpc::ServerBidiReactor<MultiplexRequestPB, M
     if (send == Send::kLast) forget(tag);
   }
 
-  void add_status(int64_t tag, const grpc::Status& status) {
+  void add_error(int64_t tag, const ErrorInfo& error) {
     MultiplexUpdatePB* u = message_.add_updates();
     u->set_tag(tag);
-    u->set_status_code(static_cast<int32_t>(status.error_code()));
-    if (!u->mutable_error()->ParseFromString(status.error_details())) u->mutable_error()->Clear();
-    if (u->error().error_message().empty()) u->mutable_error()->set_error_message(status.error_message());
+    u->set_status_code(static_cast<int32_t>(status_code(error)));
+    *u->mutable_error() = error_details(error);
   }
 
   // Releases the tag's engine stream (aborting it if unfinished); no update follows.
@@ -192,7 +189,7 @@ class MultiplexCall final : public grpc::ServerBidiReactor<MultiplexRequestPB, M
   std::shared_ptr<MultiplexCall> self_;
   std::unordered_map<int64_t, Entry> entries_;  // tag -> its engine stream
   std::vector<int64_t> dirty_;                  // tags with something new, in the order they got it
-  std::vector<std::pair<int64_t, grpc::Status>> failed_;
+  std::vector<std::pair<int64_t, ErrorInfo>> failed_;
   bool reads_done_ = false;
   bool writing_ = false;
   bool finishing_ = false;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <exception>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace rtp_llm {
 
@@ -88,25 +90,38 @@ Send what_to_send(const StreamUpdate& update, bool streaming) {
   return streaming && !update.new_tokens.empty() ? Send::kUpdate : Send::kNothing;
 }
 
-grpc::Status to_status(const ErrorInfo& error) {
-  grpc::StatusCode code;
+ErrorInfo enqueue_input(EngineCore& engine, const GenerateInputPB& input, int max_waiting, int64_t* id) {
+  std::vector<int32_t> prompt(input.token_ids().begin(), input.token_ids().end());
+  GenerateConfig config = from_proto(input.generate_config(), engine.config().max_seq_len);
+  return engine.enqueue(std::move(prompt), std::move(config), id, max_waiting);
+}
+
+grpc::StatusCode status_code(const ErrorInfo& error) {
   switch (error.code) {
-    case ErrorCode::NONE_ERROR: return grpc::Status::OK;
-    case ErrorCode::CANCELLED: code = grpc::StatusCode::CANCELLED; break;
-    case ErrorCode::MALLOC_FAILED: code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
-    case ErrorCode::CONCURRENCY_LIMIT_ERROR: code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
-    case ErrorCode::GENERATE_TIMEOUT: code = grpc::StatusCode::DEADLINE_EXCEEDED; break;
+    case ErrorCode::NONE_ERROR: return grpc::StatusCode::OK;
+    case ErrorCode::CANCELLED: return grpc::StatusCode::CANCELLED;
+    case ErrorCode::MALLOC_FAILED: return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    case ErrorCode::CONCURRENCY_LIMIT_ERROR: return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    case ErrorCode::GENERATE_TIMEOUT: return grpc::StatusCode::DEADLINE_EXCEEDED;
     case ErrorCode::LONG_PROMPT_ERROR:
-    case ErrorCode::EXCEEDS_KV_CACHE_MAX_LEN: code = grpc::StatusCode::OUT_OF_RANGE; break;
-    case ErrorCode::INVALID_PARAMS: code = grpc::StatusCode::INVALID_ARGUMENT; break;
-    case ErrorCode::EXECUTION_EXCEPTION: code = grpc::StatusCode::INTERNAL; break;
-    default: code = grpc::StatusCode::INTERNAL; break;
+    case ErrorCode::EXCEEDS_KV_CACHE_MAX_LEN: return grpc::StatusCode::OUT_OF_RANGE;
+    case ErrorCode::INVALID_PARAMS: return grpc::StatusCode::INVALID_ARGUMENT;
+    case ErrorCode::EXECUTION_EXCEPTION: return grpc::StatusCode::INTERNAL;
+    default: return grpc::StatusCode::INTERNAL;
   }
+}
+
+ErrorDetailsPB error_details(const ErrorInfo& error) {
   ErrorDetailsPB details;
   details.set_error_code(static_cast<int64_t>(error.code));
   details.set_error_message(error.message);
   details.set_field(error.field);
-  return grpc::Status(code, error.message, details.SerializeAsString());
+  return details;
+}
+
+grpc::Status to_status(const ErrorInfo& error) {
+  if (error.ok()) return grpc::Status::OK;
+  return grpc::Status(status_code(error), error.message, error_details(error).SerializeAsString());
 }
 
 void fill_worker_status(const EngineStats& s, const EngineCoreConfig& config, WorkerStatusPB* out) {

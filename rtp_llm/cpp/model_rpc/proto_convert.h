@@ -33,8 +33,14 @@ void to_proto(int64_t request_id, const StreamUpdate& update, int64_t now_us, Ge
 enum class Send { kNothing, kUpdate, kLast };
 Send what_to_send(const StreamUpdate& update, bool streaming);
 
-// A request's error as a gRPC status with ErrorDetailsPB in its details (upstream's mapping:
-// LONG_PROMPT -> OUT_OF_RANGE, malloc -> RESOURCE_EXHAUSTED, timeout -> DEADLINE_EXCEEDED...).
+// Admits a GenerateInputPB's request (its prompt, and its config through from_proto).
+ErrorInfo enqueue_input(EngineCore& engine, const GenerateInputPB& input, int max_waiting, int64_t* id);
+
+// A request's error as gRPC sends it: the status code (upstream's mapping: LONG_PROMPT ->
+// OUT_OF_RANGE, malloc -> RESOURCE_EXHAUSTED, timeout -> DEADLINE_EXCEEDED...) and the
+// ErrorDetailsPB; to_status puts both in a gRPC status (the details serialized).
+grpc::StatusCode status_code(const ErrorInfo& error);
+ErrorDetailsPB error_details(const ErrorInfo& error);
 grpc::Status to_status(const ErrorInfo& error);
 
 void fill_worker_status(const EngineStats& stats, const EngineCoreConfig& config, WorkerStatusPB* out);

@@ -25,9 +25,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateOutputsPB>,
     self_ = shared_from_this();
     request_id_ = input.request_id();
     streaming_ = input.generate_config().is_streaming();
-    std::vector<int32_t> prompt(input.token_ids().begin(), input.token_ids().end());
-    GenerateConfig config = from_proto(input.generate_config(), engine_.config().max_seq_len);
-    ErrorInfo error = engine_.enqueue(std::move(prompt), std::move(config), &stream_id_, max_waiting);
+    ErrorInfo error = enqueue_input(engine_, input, max_waiting, &stream_id_);
     std::lock_guard<std::recursive_mutex> lock(mu_);
     if (!error.ok()) {
       finishing_ = true;
