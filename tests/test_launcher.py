@@ -13,26 +13,9 @@ import time
 
 from testlib import start_server
 
+from rtp_llm.utils import procs
+
 GONE_WITHIN_S = 30
-
-
-def _stat(pid: int):
-    """(state, parent pid) from /proc/<pid>/stat, None once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return fields[0], int(fields[1])
-
-
-def _children(pid: int):
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and (_stat(int(p)) or (None, None))[1] == pid]
-
-
-def _running(pid: int) -> bool:
-    s = _stat(pid)
-    return s is not None and s[0] not in ("Z", "X")  # a zombie has exited (its reaper is not us)
 
 
 def _port_free(port: int) -> bool:
@@ -48,25 +31,25 @@ def _port_free(port: int) -> bool:
 def test_every_child_dies_with_a_launcher_killed_with_sigkill(smollm2):
     proc, base = start_server(smollm2, frontends=2)
     port = int(base.rsplit(":", 1)[1])
-    children = _children(proc.pid)
+    children = procs.children(proc.pid)
     try:
         assert len(children) == 3, children  # one backend, two frontends
-        assert all(_running(c) for c in children)
+        assert all(procs.running(c) for c in children)
         assert not _port_free(port) and not _port_free(port + 1)  # HTTP and the backend's gRPC
     finally:
         proc.kill()
         proc.wait(timeout=30)
     try:
         deadline = time.monotonic() + GONE_WITHIN_S
-        while time.monotonic() < deadline and any(_running(c) for c in children):
+        while time.monotonic() < deadline and any(procs.running(c) for c in children):
             time.sleep(0.2)
-        assert not [c for c in children if _running(c)], "children outlived their launcher"
+        assert not [c for c in children if procs.running(c)], "children outlived their launcher"
         while time.monotonic() < deadline and not (_port_free(port) and _port_free(port + 1)):
             time.sleep(0.2)
         assert _port_free(port) and _port_free(port + 1)
     finally:  # a failing run leaves nothing behind either
         for c in children:
-            if _running(c):
+            if procs.running(c):
                 os.kill(c, signal.SIGKILL)
 
 

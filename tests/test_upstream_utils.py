@@ -7,19 +7,8 @@ import sys
 
 from testlib import free_port, server_argv
 
+from rtp_llm.utils import procs
 from rtp_llm.utils.util import stop_server, wait_sever_done
-
-
-def _children(pid: int):
-    out = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                if entry.isdigit() and int(f.read().rpartition(")")[2].split()[1]) == pid:
-                    out.append(int(entry))
-        except OSError:
-            pass
-    return out
 
 
 def test_wait_until_ready_then_stop_everything(smollm2):
@@ -27,7 +16,7 @@ def test_wait_until_ready_then_stop_everything(smollm2):
     proc = subprocess.Popen(server_argv(smollm2, port, "--frontend_server_count=1", "--max_seq_len=128"))
     try:
         assert wait_sever_done(proc, port, timeout=300)
-        children = _children(proc.pid)
+        children = procs.children(proc.pid)
         assert len(children) == 2  # a backend and a frontend
     finally:
         assert stop_server(proc)

@@ -75,10 +75,8 @@ def fit(prompt_ids: List[int], config: GenerateConfig, field: str, context_len: 
     if config.top_k >= vocab_size > 0:
         changes["top_k"] = 0
     clamped = None
-    if fill and limit is not None:
+    if limit is not None and (fill or config.max_new_tokens > limit - n):
         changes["max_new_tokens"] = limit - n
         changes["min_new_tokens"] = min(config.min_new_tokens, limit - n)
-    elif limit is not None and config.max_new_tokens > limit - n:
-        clamped = changes["max_new_tokens"] = limit - n
-        changes["min_new_tokens"] = min(config.min_new_tokens, clamped)
+        clamped = None if fill else limit - n
     return (dataclasses.replace(config, **changes) if changes else config), clamped

@@ -11,41 +11,14 @@ Numbers from here measure the frontends, gRPC, detokenization and SSE, never a m
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from typing import Dict, List
 
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _stat(pid) -> List[str]:
-    """/proc/<pid>/stat's fields after the command name (state is [0], ppid [1])."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rpartition(")")[2].split()
-
-
-def children(pid: int) -> List[int]:
-    """The direct child processes of `pid` (from every process's parent in /proc)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and int(_stat(entry)[1]) == pid:
-                out.append(int(entry))
-        except OSError:
-            pass  # it exited meanwhile
-    return out
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far."""
-    fields = _stat(pid)
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
+from rtp_llm.utils.procs import children, cpu_seconds
+from rtp_llm.utils.util import wait_sever_done
 
 def frontend_pids(launcher: int) -> List[int]:
     def is_frontend(pid):
@@ -60,19 +33,10 @@ def start(args, max_out: int) -> subprocess.Popen:
            f"--frontend_server_count={args.frontends}", f"--max_batch_size={args.concurrency}",
            f"--max_seq_len={args.input_len + max_out + 16}", f"--concurrency_limit={4 * args.concurrency}"]
     proc = subprocess.Popen(cmd)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"bench_frontend: the server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{args.port}/health", timeout=2) as r:
-                if r.status == 200 and len(frontend_pids(proc.pid)) == args.frontends:
-                    return proc
-        except OSError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("bench_frontend: the server did not become healthy within 300 s")
+    if not wait_sever_done(proc, args.port, timeout=300):
+        proc.kill()
+        raise SystemExit(f"bench_frontend: the server was not healthy within 300 s (exit code {proc.poll()})")
+    return proc
 
 
 def measure(args, proc: subprocess.Popen, output_len: int) -> Dict:

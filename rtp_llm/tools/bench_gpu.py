@@ -23,9 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 import torch
+
+from rtp_llm.utils.util import wait_sever_done
 
 SHAPES = [(1024, 128), (128, 1024)]
 CONCURRENCY = [1, 16, 64, 256]
@@ -95,20 +96,6 @@ def offline(ckpt: str, emit_, overlap: bool = True, throughput: bool = True):
     llm.close()
 
 
-def _wait_healthy(url: str, proc, timeout: float = 600):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise TimeoutError("the server did not become healthy")
-
 
 def serve_load(url: str, inp: int, outp: int, c: int, n: int) -> dict:
     """One bench_serve run against `url`, in its own processes (the load client must not share
@@ -134,7 +121,8 @@ def server(ckpt: str, port: int, emit_, overlap: bool = True, throughput: bool =
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, proc)
+        if not wait_sever_done(proc, port, timeout=600):
+            raise RuntimeError(f"the server was not healthy within 600 s (exit code {proc.poll()})")
         serve_load(url, 64, 8, 4, 8)  # warm-up
         for p in LATENCY_PROMPTS:
             r = serve_load(url, p, 128, 1, 5)
