@@ -1,29 +1,31 @@
 #!/usr/bin/env bash
 # On the GPU machine (device tool): our offline rows, our server and vLLM 0.26's server on the
-# same random Qwen3 checkpoint, each driven by both load clients (ours, rtp_llm.tools.bench_serve,
-# and vLLM's `vllm bench serve`), in one run. Results: $OUT/serve.jsonl (our client: a line per
-# server x point), vLLM's client's summary lines in the output, $OUT/ours_offline.jsonl, the
-# servers' logs.
+# same random Qwen3 checkpoint, driven by the same load client (ours, rtp_llm.tools.bench_serve;
+# vLLM's `vllm bench serve` too where VLLM_CLIENT=1), in two back-to-back calls (the machine
+# keeps /tmp between them while it stays warm):
+#   run(command="bash scripts/gpu_serve_vs_vllm.sh ours ARCH", carry=[".peer/c4", ".gpu"])
+#     stages vLLM's last batch, installs both, writes the checkpoint, then our offline rows and
+#     our server at each per-step token budget in BUDGETS ("2048 8192": ours' default, vLLM's);
+#   run(command="bash scripts/gpu_serve_vs_vllm.sh vllm ARCH")
+#     vLLM's server (--max-num-batched-tokens 8192, its H200 default) with the same client.
+# Results: $OUT/serve.jsonl (a line per server x budget x point), $OUT/ours_offline.jsonl, logs.
 #
-# Here, before the call: the vLLM peer staged as ../shared/bench/vllm_peer/README.md says (.peer/c1..c3
-# in three calls, .peer/c4 in this one), and in the ignored folder .gpu the wheel and a Qwen3
-# tokenizer directory:  cp bazel-bin/rtp_llm/rtp_llm-*.whl .gpu/; cp -r TOKENIZER_DIR .gpu/qwen3-tokenizer
-# The call: run(command="bash scripts/gpu_serve_vs_vllm.sh [ARCH]", carry=[".peer/c4", ".gpu"]).
+# Here, before the calls: the vLLM peer staged as ../shared/bench/vllm_peer/README.md says
+# (.peer/c1..c3 in three calls), and in the ignored folder .gpu the wheel and a Qwen3 tokenizer:
+#   cp bazel-bin/rtp_llm/rtp_llm-*.whl .gpu/; cp -r TOKENIZER_DIR .gpu/qwen3-tokenizer
+# A dry run of the plumbing on a CPU machine: DEVICE=cpu OFFLINE=0 POINTS=16:8:2:4 BUDGETS=2048 OUT=DIR ... ours tiny
 # Python runs from /tmp: from the checkout, `python -m` would import the source tree (no protos).
 set -u
-ARCH=${1:-qwen3-0.6b}
+PHASE=${1:?ours or vllm} ARCH=${2:-qwen3-0.6b}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 T0=$(date +%s); t() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
-TOK=$ROOT/.gpu/qwen3-tokenizer SJ=$OUT/serve.jsonl VB=/tmp/vb
-mkdir -p $VB && cd /tmp
-POINTS=${POINTS:-"128:1024:64:128 128:1024:256:512 1024:128:64:256 1024:128:256:1024"}  # in:out:concurrency:prompts
-
-t stage vllm; bash /tmp/vllm_dl/device_stage.sh "$ROOT/.peer/c4" >/dev/null && bash /tmp/vllm_dl/device_install.sh > /tmp/vllm_install.log 2>&1 || tail -20 /tmp/vllm_install.log
-t install ours; PYTHON=python3 bash "$ROOT/scripts/install_unpacked.sh" "$ROOT"/.gpu/rtp_llm-*.whl /tmp/ours >/dev/null || exit 1
+DEVICE=${DEVICE:-cuda} W=/tmp/gsv TOK=/tmp/gsv/tok SJ=$OUT/serve.jsonl CKPT=/tmp/ckpt_$ARCH
+mkdir -p $W && cd /tmp
+# in:out:concurrency:prompts
+POINTS=${POINTS:-"128:1024:64:128 128:1024:256:512 128:1024:1024:1024 1024:128:64:256 1024:128:256:1024 1024:128:1024:2048"}
+MAXC=$(echo $POINTS | tr " " "\n" | cut -d: -f3 | sort -n | tail -1)
 OURS="env PYTHONPATH=/tmp/ours python3"
-CKPT=$($OURS -c "from rtp_llm.tools.random_checkpoint import write; print(write('$ARCH', '/tmp/ckpt_$ARCH', '$TOK'))" | tail -1)
-t checkpoint $CKPT
 
 row() {  # label report.json: one line of serve.jsonl
   $OURS - "$@" <<'PY'
@@ -41,29 +43,41 @@ PY
 }
 our_client() {  # label port
   for p in $POINTS; do IFS=: read i o c n <<<"$p"
-    timeout 180 $OURS -m rtp_llm.tools.bench_serve --base_url http://127.0.0.1:$2 --num_prompts $n --input_len $i \
-      --output_len $o --concurrency $c --seed $c --json_out /tmp/r.json > /tmp/bs.log 2>&1 && row $1 /tmp/r.json $SJ || tail -5 /tmp/bs.log
+    timeout 240 $OURS -m rtp_llm.tools.bench_serve --base_url http://127.0.0.1:$2 --num_prompts $n --input_len $i \
+      --output_len $o --concurrency $c --seed $c --json_out $W/r.json > $W/bs.log 2>&1 && row $1 $W/r.json $SJ || tail -5 $W/bs.log
   done; }
 vllm_client() {  # label port
+  [ "${VLLM_CLIENT:-0}" = 1 ] || return 0
   args=(); for p in $POINTS; do IFS=: read i o c n <<<"$p"; args+=($i $o $c $n); done
-  bash /tmp/vllm_dl/serve_bench.sh $2 $1 $TOK $VB "${args[@]}"; }
+  bash /tmp/vllm_dl/serve_bench.sh $2 $1 $TOK $W/vb "${args[@]}"; }
 wait_up() {  # port path pid
-  for _ in $(seq 1 240); do curl -sf -o /dev/null http://127.0.0.1:$1/$2 && return 0; kill -0 $3 2>/dev/null || return 1; sleep 1; done; return 1; }
+  for _ in $(seq 1 300); do curl -sf -o /dev/null http://127.0.0.1:$1/$2 && return 0; kill -0 $3 2>/dev/null || return 1; sleep 1; done; return 1; }
 
-t offline; timeout 200 $OURS -m rtp_llm.tools.bench_gpu --checkpoint $CKPT --skip server,hf --shapes 128x1024,1024x128 \
-  --concurrency 64,256 --out $OUT/ours_offline.jsonl 2>&1 | grep -E '"case"|Error' | cut -c1-300
-
-t our server; $OURS -m rtp_llm.start_server --checkpoint_path=$CKPT --model_type=qwen_3 --start_port=30000 --device=cuda \
-  --max_batch_size=256 --max_seq_len=2176 --max_num_batched_tokens=8192 > $OUT/ours_server.log 2>&1 & OP=$!
-if wait_up 30000 health $OP; then
-  $OURS -m rtp_llm.tools.bench_serve --base_url http://127.0.0.1:30000 --num_prompts 8 --input_len 64 --output_len 8 --concurrency 4 >/dev/null 2>&1
-  t ours up; our_client ours_client@ours 30000; vllm_client vllm_client@ours 30000
-else echo "our server did not come up"; tail -20 $OUT/ours_server.log; fi
-kill -TERM $OP; wait $OP
-
-t vllm server; PYTHONPATH=/tmp/vllm_site VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 python3 -m vllm.entrypoints.cli.main serve $CKPT \
-  --dtype bfloat16 --port 8000 --max-model-len 2176 --max-num-seqs 256 --max-num-batched-tokens 8192 \
-  --gpu-memory-utilization 0.85 --served-model-name qwen3 --tokenizer $TOK > $OUT/vllm_server.log 2>&1 & VP=$!
-if wait_up 8000 v1/models $VP; then t vllm up; vllm_client vllm_client@vllm 8000; our_client ours_client@vllm 8000
-else echo "vllm did not come up"; tail -20 $OUT/vllm_server.log; fi
-kill -TERM $VP; wait $VP; t done
+if [ "$PHASE" = ours ]; then
+  mkdir -p $W/vb; rm -rf $TOK; cp -r "$ROOT/.gpu/qwen3-tokenizer" $TOK
+  [ -d /tmp/vllm_site ] || { t stage vllm; bash /tmp/vllm_dl/device_stage.sh "$ROOT/.peer/c4" >/dev/null && bash /tmp/vllm_dl/device_install.sh > $W/vllm_install.log 2>&1 || tail -20 $W/vllm_install.log; }
+  t install ours; PYTHON=python3 bash "$ROOT/scripts/install_unpacked.sh" "$ROOT"/.gpu/rtp_llm-*.whl /tmp/ours >/dev/null || exit 1
+  [ -f $CKPT/config.json ] || $OURS -c "from rtp_llm.tools.random_checkpoint import write; print(write('$ARCH', '$CKPT', '$TOK'))" | tail -1
+  t checkpoint $CKPT
+  CONC=$(echo $POINTS | tr ' ' '\n' | cut -d: -f3 | sort -un | paste -sd,)
+  [ "${OFFLINE:-1}" = 1 ] && t offline && timeout 300 $OURS -m rtp_llm.tools.bench_gpu --checkpoint $CKPT --skip server,hf --shapes 128x1024,1024x128 \
+    --concurrency $CONC --max_batch_size $MAXC --out $OUT/ours_offline.jsonl 2>&1 | grep -E '"case"|Error' | cut -c1-300
+  for B in ${BUDGETS:-2048 8192}; do
+    t our server, budget $B; $OURS -m rtp_llm.start_server --checkpoint_path=$CKPT --model_type=qwen_3 --start_port=30000 \
+      --device=$DEVICE --max_batch_size=$MAXC --max_seq_len=2176 --max_num_batched_tokens=$B > $OUT/ours_server_$B.log 2>&1 & OP=$!
+    if wait_up 30000 health $OP; then
+      $OURS -m rtp_llm.tools.bench_serve --base_url http://127.0.0.1:30000 --num_prompts 8 --input_len 64 --output_len 8 --concurrency 4 >/dev/null 2>&1
+      t ours up; our_client ours_b$B 30000; vllm_client vllm_client@ours_b$B 30000
+    else echo "our server did not come up"; tail -20 $OUT/ours_server_$B.log; fi
+    kill -TERM $OP; wait $OP
+  done
+else
+  [ -d /tmp/vllm_site ] || { echo "vLLM is not staged (the machine was given back?): run the ours phase first"; exit 1; }
+  t vllm server; PYTHONPATH=/tmp/vllm_site VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 python3 -m vllm.entrypoints.cli.main serve $CKPT \
+    --dtype bfloat16 --port 8000 --max-model-len 2176 --max-num-seqs $MAXC --max-num-batched-tokens 8192 \
+    --gpu-memory-utilization 0.85 --served-model-name qwen3 --tokenizer $TOK > $OUT/vllm_server.log 2>&1 & VP=$!
+  if wait_up 8000 v1/models $VP; then t vllm up; our_client vllm_b8192 8000; vllm_client vllm_client@vllm 8000
+  else echo "vllm did not come up"; tail -20 $OUT/vllm_server.log; fi
+  kill -TERM $VP; wait $VP
+fi
+t done

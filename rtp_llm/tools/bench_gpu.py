@@ -66,10 +66,10 @@ def random_prompts(vocab: int, batch: int, length: int, seed: int):
     return torch.randint(min(1000, vocab // 2), min(vocab, 150000) - 100, (batch, length), generator=g).tolist()
 
 
-def offline(ckpt: str, emit_, overlap: bool = True, throughput: bool = True):
+def offline(ckpt: str, emit_, overlap: bool = True, throughput: bool = True, max_batch_size: int = 256):
     from rtp_llm.llm import LLM
 
-    llm = LLM(ckpt, act_type="bf16", progress=False, device="cuda", max_seq_len=2176, max_batch_size=256,
+    llm = LLM(ckpt, act_type="bf16", progress=False, device="cuda", max_seq_len=2176, max_batch_size=max_batch_size,
               max_num_batched_tokens=8192, overlap_schedule=None if overlap else False)
     vocab = llm.loaded.config.vocab_size
 
@@ -112,10 +112,11 @@ def serve_load(url: str, inp: int, outp: int, c: int, n: int) -> dict:
     return r
 
 
-def server(ckpt: str, port: int, emit_, overlap: bool = True, throughput: bool = True, frontends: int = 0):
+def server(ckpt: str, port: int, emit_, overlap: bool = True, throughput: bool = True, frontends: int = 0,
+           max_batch_size: int = 256):
     """frontends 0: the server's default count (sized from the cores)."""
     cmd = [sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={ckpt}", "--model_type=qwen_3",
-           f"--start_port={port}", "--device=cuda", "--max_batch_size=256", "--max_seq_len=2176",
+           f"--start_port={port}", "--device=cuda", f"--max_batch_size={max_batch_size}", "--max_seq_len=2176",
            "--max_num_batched_tokens=8192", f"--overlap_schedule={int(overlap)}"]
     cmd += [f"--frontend_server_count={frontends}"] if frontends else []
     proc = subprocess.Popen(cmd)
@@ -203,6 +204,8 @@ def main():
     p.add_argument("--no_overlap", action="store_true", help="our engine steps in turn (no overlapped scheduling)")
     p.add_argument("--shapes", default=",".join(f"{i}x{o}" for i, o in SHAPES), help="throughput in x out lengths")
     p.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
+    p.add_argument("--max_batch_size", type=int, default=256,
+                   help="streams per step, offline and in the server (at least the largest --concurrency to run it all at once)")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--frontends", type=int, default=0, help="our server's --frontend_server_count (0: its default)")
     p.add_argument("--out")
@@ -223,9 +226,9 @@ def main():
     emit_ = lambda r: emit(a.out, dict(base, **r))  # noqa: E731
     emit_(dict(mode="floor", **bandwidth_floor(ckpt)))
     if "offline" not in skip:
-        offline(ckpt, emit_, not a.no_overlap, "throughput" not in skip)
+        offline(ckpt, emit_, not a.no_overlap, "throughput" not in skip, a.max_batch_size)
     if "server" not in skip:
-        server(ckpt, a.port, emit_, not a.no_overlap, "throughput" not in skip, a.frontends)
+        server(ckpt, a.port, emit_, not a.no_overlap, "throughput" not in skip, a.frontends, a.max_batch_size)
     if "hf" not in skip and a.hf_baseline:
         hf(a.hf_baseline, a.arch, emit_, a.hf_compile, a.hf_batches, a.hf_timeout)
 
