@@ -55,7 +55,7 @@ wait_up() {  # port path pid
 
 if [ "$PHASE" = ours ]; then
   mkdir -p $W/vb; rm -rf $TOK; cp -r "$ROOT/.gpu/qwen3-tokenizer" $TOK
-  [ -d /tmp/vllm_site ] || { t stage vllm; bash /tmp/vllm_dl/device_stage.sh "$ROOT/.peer/c4" >/dev/null && bash /tmp/vllm_dl/device_install.sh > $W/vllm_install.log 2>&1 || tail -20 $W/vllm_install.log; }
+  [ -d /tmp/vllm_site ] || [ ! -d "$ROOT/.peer/c4" ] || { t stage vllm; bash /tmp/vllm_dl/device_stage.sh "$ROOT/.peer/c4" >/dev/null && bash /tmp/vllm_dl/device_install.sh > $W/vllm_install.log 2>&1 || tail -20 $W/vllm_install.log; }
   t install ours; PYTHON=python3 bash "$ROOT/scripts/install_unpacked.sh" "$ROOT"/.gpu/rtp_llm-*.whl /tmp/ours >/dev/null || exit 1
   [ -f $CKPT/config.json ] || $OURS -c "from rtp_llm.tools.random_checkpoint import write; print(write('$ARCH', '$CKPT', '$TOK'))" | tail -1
   t checkpoint $CKPT

@@ -334,12 +334,12 @@ class _InterpretedCudaBackend:
 
         class Rerun(CudaGraphRunner):
             def _capture(self, model, plan, dev):
-                for kind, size, args in plan:
-                    logits = model.forward(*args)
+                for kind, size, args in plan:  # every size's logits in the one shared buffer, as captured
+                    logits = model.forward(*args, logits_out=self.logits)
 
                     @torch.inference_mode()
-                    def replay(a=args, out=logits):
-                        out.copy_(model.forward(*a))
+                    def replay(a=args):
+                        model.forward(*a, logits_out=self.logits)
 
                     self.graphs[(kind, size)] = (replay, logits)
 
@@ -377,11 +377,21 @@ def test_cuda_backend_greedy_equals_hf_with_chunked_prefill(tmp_path, monkeypatc
 
     path = make_tiny(name, str(tmp_path))
     hf = hf_model(path)
-    monkeypatch.setattr(engine_mod, "get_backend", lambda _: _InterpretedCudaBackend.make(graphs))
+    backend = _InterpretedCudaBackend.make(graphs)
+    split_steps = []  # attention calls with decode rows beside extend tiles
+    attention = backend.attention
+    backend.attention = lambda q, k, v, kv, meta, scale: (
+        split_steps.append(meta.decode_rows is not None), attention(q, k, v, kv, meta, scale))[1]
+    monkeypatch.setattr(engine_mod, "get_backend", lambda _: backend)
     llm = LLM(path, act_type="fp32", progress=False, max_seq_len=128, max_num_batched_tokens=16, num_kv_blocks=64,
               max_batch_size=4, warm_up=False)
-    prompts = random_prompts(2, (50, 7))
-    outs = llm.generate(prompts, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
-    for prompt, out in zip(prompts, outs):
-        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 8), (name, len(prompt))
+    # (50, 7): chunks of one prompt, then both; (7, 50, 30): the first decodes beside the
+    # others' chunks (mixed steps: eager, their one-token streams take the decode kernel).
+    for lens in [(50, 7), (7, 50, 30)]:
+        prompts = random_prompts(len(lens), lens)
+        outs = llm.generate(prompts, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+        for prompt, out in zip(prompts, outs):
+            assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 8), (name, len(prompt))
+    # Eager mixed steps split; a captured extend graph keeps its few decode rows in its tiles.
+    assert any(split_steps) == (not graphs)
     llm.close()

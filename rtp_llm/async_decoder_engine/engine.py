@@ -33,7 +33,7 @@ class EngineArgs:
     device: str = "cpu"
     max_seq_len: Optional[int] = None       # default: the model's max_position_embeddings, capped at 8192
     max_batch_size: int = 64
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: Optional[int] = None  # default: the device's (DeviceBackend)
     seq_size_per_block: int = 16
     kv_cache_mem_mb: Optional[int] = None   # default: the backend's (CPU: 1/4 of free memory, <= 4 GiB)
     num_kv_blocks: Optional[int] = None     # exact block count instead of a memory budget (tests, tuning)
@@ -44,12 +44,16 @@ class EngineArgs:
 
     def validate(self) -> None:
         for name in ("max_batch_size", "max_num_batched_tokens", "seq_size_per_block"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise ValueError(f"--max_seq_len must be >= 2, got {self.max_seq_len}")
         if self.kv_cache_mem_mb is not None and self.kv_cache_mem_mb < 1:
             raise ValueError(f"--kv_cache_mem_mb must be >= 1, got {self.kv_cache_mem_mb}")
+
+    def step_tokens(self, backend) -> int:
+        """max_num_batched_tokens, or the device's default (a DeviceBackend or its class)."""
+        return self.max_num_batched_tokens or backend.default_max_num_batched_tokens
 
     def seq_len(self, config) -> int:
         """max_seq_len, or its default for the model `config` (a ModelConfig)."""
@@ -98,14 +102,16 @@ class EngineLoop:
                              f"sequence of max_seq_len={self.max_seq_len} needs {min_blocks}: raise the budget or "
                              f"lower --max_seq_len")
         self.num_blocks = int(num_blocks)
-        log.info("KV cache: %d blocks x %d tokens (%d MiB), max_seq_len %d", self.num_blocks, block,
-                 self.num_blocks * block_bytes >> 20, self.max_seq_len)
-        self.core = EngineCore(self.num_blocks, block, args.max_batch_size, args.max_num_batched_tokens,
+        step_tokens = args.step_tokens(self.backend)
+        log.info("KV cache: %d blocks x %d tokens (%d MiB), max_seq_len %d, max_batch_size %d, "
+                 "max_num_batched_tokens %d", self.num_blocks, block, self.num_blocks * block_bytes >> 20,
+                 self.max_seq_len, args.max_batch_size, step_tokens)
+        self.core = EngineCore(self.num_blocks, block, args.max_batch_size, step_tokens,
                                self.max_seq_len, args.reuse_cache, c.eos_token_ids) if tp.rank == 0 else None
         kv = self.backend.allocate_kv_cache(c.num_layers, self.num_blocks, block, model.num_kv_heads, c.head_dim,
                                             loaded.dtype)
         self.runner = ModelRunner(model, self.backend, kv, block, args.max_batch_size, self.max_seq_len,
-                                  args.max_num_batched_tokens, use_graphs=args.cuda_graph)
+                                  step_tokens, use_graphs=args.cuda_graph)
         overlap = self.backend.async_execution if args.overlap_schedule is None else args.overlap_schedule
         self._init_stepping(overlap)  # (ranks > 0 get the sampled tokens by broadcast: model_runner)
         if args.warm_up and self.core is not None:

@@ -18,6 +18,7 @@ import numpy as np
 
 from rtp_llm.async_decoder_engine.engine import EngineArgs, EngineLoop
 from rtp_llm.config.model_config import ModelConfig
+from rtp_llm.device.base import DeviceBackend
 from rtp_llm.distributed.tensor_parallel import TPShard
 from rtp_llm.model_loader import find_gguf, load_tokenizer
 from rtp_llm.model_loader.weights import CheckpointError
@@ -93,7 +94,7 @@ class PacedEngineLoop(EngineLoop):
         self.max_seq_len = args.seq_len(config)
         block = args.seq_size_per_block
         self.num_blocks = args.max_batch_size * -(-self.max_seq_len // block)
-        self.core = EngineCore(self.num_blocks, block, args.max_batch_size, args.max_num_batched_tokens,
+        self.core = EngineCore(self.num_blocks, block, args.max_batch_size, args.step_tokens(DeviceBackend),
                                self.max_seq_len, args.reuse_cache, config.eos_token_ids)
         self.runner = PacedRunner(step_ms, paragraph_ids(tokenizer))
         self._init_stepping(overlap=False)

@@ -54,7 +54,7 @@ class ServerConfig:
     concurrency_limit: int = 1024
     max_seq_len: Optional[int] = None
     max_batch_size: int = 32
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: Optional[int] = None  # per-step token budget; default: the device's
     seq_size_per_block: int = 16
     kv_cache_mem_mb: Optional[int] = None
     reuse_cache: bool = True
@@ -99,6 +99,8 @@ class ServerConfig:
         for name in ("frontend_server_count", "concurrency_limit", "max_body_size", "stream_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(f"--max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         for name in ("max_queue_size", "default_timeout_ms", "engine_stall_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
@@ -173,7 +175,7 @@ def parse_server_config(argv=None, description: str = "") -> ServerConfig:
     for f in fields(ServerConfig):
         default = getattr(defaults, f.name)
         kind = {bool: _parse_bool, int: int, float: float}.get(type(default), str)
-        if f.name in ("max_seq_len", "kv_cache_mem_mb"):
+        if f.name in ("max_seq_len", "kv_cache_mem_mb", "max_num_batched_tokens"):
             kind = int
         if f.name in ("model_type", "tokenizer_path", "api_key"):
             kind = str

@@ -67,6 +67,11 @@ class DeviceBackend(ABC):
     # Kernels run asynchronously to the host (a device stream), so the engine loop can schedule
     # and prepare a step while the one before runs (overlap), and host copies use pinned memory.
     async_execution: bool = False
+    # --max_num_batched_tokens when not given: the per-step token budget. Small on a CPU (a step's
+    # time grows with its tokens, so a long prompt chunk would stall the decodes beside it);
+    # an accelerator runs thousands of prompt tokens beside its decodes for little more than
+    # their own step, and a small budget starves admission at high concurrency.
+    default_max_num_batched_tokens: int = 2048
     # torch.distributed's backend for this device's tensors (the model's collectives).
     dist_backend: str = HOST_DIST_BACKEND
 

@@ -101,9 +101,12 @@ class DecoderModel:
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_cache: torch.Tensor, sample_rows: Optional[torch.Tensor]) -> torch.Tensor:
+                kv_cache: torch.Tensor, sample_rows: Optional[torch.Tensor],
+                logits_out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """token_ids, positions: [T]; kv_cache: [L, 2, ...]; sample_rows: [N] rows whose next
-        token is wanted (None: all T). Returns logits [N, vocab] in fp32."""
+        token is wanted (None: all T). Returns logits [N, vocab] in fp32: logits_out[:N] when
+        given ([>= N, vocab] fp32; captured graphs share one such buffer rather than each
+        keeping its own output alive)."""
         c, be, tp = self.config, self.backend, self.tp
         T = token_ids.shape[0]
         residual = self._embed(token_ids)  # [T, hidden]; every layer adds into it in place
@@ -124,4 +127,9 @@ class DecoderModel:
             next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
             x = tp.all_reduce_add_rms_norm(mlp, residual, next_norm, c.rms_norm_eps, be)
         h = x if sample_rows is None else x[sample_rows]
-        return tp.gather_vocab(be.lm_head(h, self.lm_head).float(), c.vocab_size)
+        logits = tp.gather_vocab(be.lm_head(h, self.lm_head), c.vocab_size)
+        if logits_out is None:
+            return logits.float()
+        out = logits_out[:logits.shape[0]]
+        out.copy_(logits)  # the fp32 conversion, into the shared buffer
+        return out

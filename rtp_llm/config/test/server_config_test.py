@@ -83,6 +83,7 @@ class ServerConfigTest(unittest.TestCase):
                           config.stream_interval, config.paced_engine_step_ms),
                          (8088, default_frontend_server_count(), 1024, 32, True, "bf16", "cpu", "0.0.0.0", 1, 0.0))
         self.assertIsNone(config.max_seq_len)
+        self.assertIsNone(config.max_num_batched_tokens)  # the device's (DeviceBackend)
         self.assertIsNone(config.api_key)
         self.assertEqual(config.rpc_address, "127.0.0.1:8089")
         self.assertEqual(config.local_ranks, range(0, 1))
@@ -201,6 +202,7 @@ class ServerConfigTest(unittest.TestCase):
             ([ckpt, "--default_timeout_ms=-1"], "--default_timeout_ms"),
             ([ckpt, "--engine_stall_timeout_s=-1"], "--engine_stall_timeout_s"),
             ([ckpt, "--stream_interval=0"], "--stream_interval"),
+            ([ckpt, "--max_num_batched_tokens=0"], "--max_num_batched_tokens"),
             ([ckpt, "--paced_engine_step_ms=-1"], "--paced_engine_step_ms"),
             ([ckpt, "--paced_engine_step_ms=nan"], "--paced_engine_step_ms"),
             ([ckpt, "--paced_engine_step_ms=inf"], "--paced_engine_step_ms"),
@@ -219,6 +221,7 @@ class ServerConfigTest(unittest.TestCase):
         self.assertEqual(self.parse(ckpt, "--start_port=1", "--max_queue_size=0").start_port, 1)
         self.assertEqual(self.parse(ckpt, "--stream_interval=1", "--paced_engine_step_ms=0").stream_interval, 1)
         self.assertEqual(self.parse(ckpt, "--paced_engine_step_ms=0.25").paced_engine_step_ms, 0.25)
+        self.assertEqual(self.parse(ckpt, "--max_num_batched_tokens=1").max_num_batched_tokens, 1)
 
     def test_a_node_starts_at_a_multiple_of_its_rank_count(self):
         flags = [f"--checkpoint_path={self.ckpt}", "--tp_size=4", "--world_size=4", "--local_world_size=2"]

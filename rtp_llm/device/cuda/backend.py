@@ -13,7 +13,7 @@ import torch
 from rtp_llm.device.base import DeviceBackend, SmallAllReduce, StepInputs, accelerator_kv_cache_bytes
 from rtp_llm.device.cuda import kernels as K
 from rtp_llm.device.cuda.graph_runner import CudaGraphRunner
-from rtp_llm.device.cuda.metadata import CudaAttentionMetadata
+from rtp_llm.device.cuda.metadata import CudaAttentionMetadata, DecodeRows
 
 
 class CudaBackend(DeviceBackend):
@@ -21,6 +21,7 @@ class CudaBackend(DeviceBackend):
     block_sizes = (16, 32, 64)
     async_execution = True
     dist_backend = "nccl"
+    default_max_num_batched_tokens = 8192
 
     @classmethod
     def rank_device(cls, local_rank: int) -> torch.device:
@@ -81,12 +82,17 @@ class CudaBackend(DeviceBackend):
 
     def prepare_inputs(self, batch, block_size: int) -> StepInputs:
         t, s = len(batch.token_ids), int(batch.num_streams)
-        decode = bool((batch.query_lens == 1).all())
+        one = batch.query_lens == 1
+        decode = bool(one.all())
+        split = not decode and bool(one.any())  # a mixed step: see DecodeRows
         rows = (batch.query_starts[1:] - 1)[batch.do_sample == 1]
         sample_all = len(rows) == t
+        empty = rows[:0]
+        tiles = empty if decode else K.extend_tiles(np.where(one, 0, batch.query_lens) if split else batch.query_lens)
         parts = [batch.token_ids, batch.positions, batch.slot_mapping, batch.query_starts, batch.context_lens,
-                 batch.block_tables.reshape(-1), rows if not sample_all else rows[:0],
-                 rows[:0] if decode else K.extend_tiles(batch.query_lens).reshape(-1)]
+                 batch.block_tables.reshape(-1), rows if not sample_all else empty, tiles.reshape(-1),
+                 batch.query_starts[:-1][one] if split else empty, batch.context_lens[one] if split else empty,
+                 batch.block_tables[one].reshape(-1) if split else empty]
         # Every part starts 16-byte aligned: Triton specializes kernels on pointer alignment,
         # and a part's alignment would otherwise change with the step's shape.
         offsets = np.cumsum([0] + [-(-len(p) // 4) * 4 for p in parts])
@@ -109,6 +115,10 @@ class CudaBackend(DeviceBackend):
             slot_mapping=views[2], block_tables=views[5].view(s, -1), query_starts=views[3], context_lens=views[4],
             decode_splits=K.decode_splits(s, self._kv_heads, max_ctx, self.num_sms) if decode else 0,
             tiles=None if decode else views[7].view(2, -1))
+        if split:
+            d = len(views[9])
+            meta.decode_rows = DecodeRows(views[8], views[9], views[10].view(d, -1), K.decode_splits(
+                d, self._kv_heads, int(batch.context_lens[one].max()), self.num_sms))
         return StepInputs(views[0], views[1], meta, None if sample_all else views[6])
 
     # ------------------------------------------------------------------ ops
@@ -131,6 +141,10 @@ class CudaBackend(DeviceBackend):
         else:
             K.extend_attention(q, kv, meta.block_tables, meta.query_starts, meta.context_lens, meta.tiles, scale,
                                out)
+            d = meta.decode_rows
+            if d is not None:
+                self.reserve_decode_workspace(d.context_lens.shape[0], q.shape[1], q.shape[2], d.splits)
+                K.decode_attention(q, kv, d.block_tables, d.rows, d.context_lens, scale, d.splits, self._ws, out)
         return out
 
     def qkv_to_cache(self, qkv, num_heads, num_kv_heads, head_dim, q_norm, k_norm, eps, positions, cos, sin, kv,

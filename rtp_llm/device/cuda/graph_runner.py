@@ -2,8 +2,9 @@
 
 - Decode steps (every stream has one query token, all sampled) of S streams replay the graph
   captured for the smallest ladder size >= S, with the split-context decode kernel.
-- Any other step of T tokens (prefill, prompt chunks, mixed batches) replays the graph
-  captured for the smallest token bucket >= T, with the extend kernel over a tile table.
+- Any other step of T tokens (prefill, prompt chunks, mixed batches with fewer than
+  EAGER_DECODE_ROWS decodes) replays the graph captured for the smallest token bucket >= T,
+  with the extend kernel over a tile table.
 
 Inputs are copied into persistent buffers first (one host-to-device copy from a pinned
 staging buffer). Padding tokens have slot -1 and belong to no stream, padding streams have
@@ -38,6 +39,12 @@ def extend_token_sizes(max_num_batched_tokens: int) -> List[int]:
     top = min(max_num_batched_tokens, MAX_GRAPH_TOKENS)
     sizes = [16, 32, 64, 128, 256, 512] + list(range(768, top + 256, 256))
     return sorted({min(s, top) for s in sizes})
+
+
+# A mixed step with this many one-token streams runs eagerly: there they take the split decode
+# kernel (metadata.DecodeRows), in a captured extend graph a 64-row tile each, whose keys are
+# read once per query head. Below it, the graph's saved launches are worth more.
+EAGER_DECODE_ROWS = 64
 
 
 class _Inputs:
@@ -108,6 +115,10 @@ class CudaGraphRunner:
         self.ext.upload(s_max)
         self.max_batch_size = max_batch_size
         self.backend = backend
+        # Every graph's logits land in this one buffer: a graph's output stays allocated while
+        # the graph lives, so per-graph outputs would hold sum(sizes) x vocab floats (gigabytes
+        # for a ladder up to 1024). Replays and their sampling are ordered on one stream.
+        self.logits = torch.empty(max(n, s_max), model.config.vocab_size, dtype=torch.float32, device=dev)
         backend.reserve_decode_workspace(n, model.num_heads, c.head_dim,
                                          K.decode_splits(1, model.num_kv_heads, max_seq_len, backend.num_sms))
         # (kind, size) -> (replay, logits): replay() reruns the step on the current inputs and
@@ -127,10 +138,10 @@ class CudaGraphRunner:
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.inference_mode(), torch.cuda.stream(stream):
             for kind, size, args in plan:
-                model.forward(*args)  # compiles the kernels and settles the allocator outside capture
+                model.forward(*args, logits_out=self.logits)  # compiles the kernels, settles the allocator
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool, stream=stream):
-                    logits = model.forward(*args)
+                    logits = model.forward(*args, logits_out=self.logits)
                 pool = g.pool()
                 self.graphs[(kind, size)] = (g.replay, logits)
         torch.cuda.current_stream(dev).wait_stream(stream)
@@ -168,7 +179,7 @@ class CudaGraphRunner:
             return None
         if t == s and b.num_sampled == s and s <= self.decode_sizes[-1]:
             return self._run_decode(b, prev_tokens)
-        if t <= self.extend_sizes[-1] and s <= self.max_batch_size:
+        if t <= self.extend_sizes[-1] and s <= self.max_batch_size and (b.query_lens == 1).sum() < EAGER_DECODE_ROWS:
             return self._run_extend(b, prev_tokens)
         return None
 

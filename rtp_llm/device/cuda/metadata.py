@@ -10,6 +10,17 @@ from rtp_llm.device.base import AttentionMetadata
 
 
 @dataclass
+class DecodeRows:
+    """A mixed step's streams with one query token (int32 on the GPU, D of them), run by the
+    split decode kernel beside the extend kernel's tiles of the others: as extend tiles they
+    would take a 64-row tile each and read their keys once per query head, not per KV head."""
+    rows: torch.Tensor          # [D] each one's query row (the decode kernel's query_starts)
+    context_lens: torch.Tensor  # [D]
+    block_tables: torch.Tensor  # [D, max_blocks]
+    splits: int
+
+
+@dataclass
 class CudaAttentionMetadata(AttentionMetadata):
     # All int32 on the GPU. S streams, T tokens.
     slot_mapping: torch.Tensor   # [T]; < 0: padding row, not written
@@ -20,3 +31,4 @@ class CudaAttentionMetadata(AttentionMetadata):
     # many splits; 0: the extend kernel (prefill, chunks, mixed batches) over `tiles`.
     decode_splits: int
     tiles: Optional[torch.Tensor] = None  # [2, num_tiles]: kernels.extend_tiles
+    decode_rows: Optional[DecodeRows] = None  # with tiles: one-token streams left out of them

@@ -45,6 +45,7 @@ def _import_torch_npu():
 class NpuBackend(DeviceBackend):
     name = "npu"
     block_sizes = (128,)
+    default_max_num_batched_tokens = 8192
 
     def __init__(self, device: Optional[torch.device] = None):
         if device is None:  # a real NPU; ASCEND_RT_VISIBLE_DEVICES picks which
