@@ -171,6 +171,10 @@ class DeviceBackend(ABC):
         """logits: [N, V] fp32 -> [N] int64, each row's first largest (greedy sampling)."""
         return logits.argmax(dim=-1)
 
+    def apply_token_bitmask(self, logits: torch.Tensor, rows: torch.Tensor, bits: torch.Tensor) -> None:
+        """Grammars: apply_token_bitmask below (torch ops, any device) unless a device has better."""
+        apply_token_bitmask(logits, rows, bits)
+
     def pack_lm_head(self, weight: torch.Tensor) -> torch.Tensor:
         """The LM head [vocab, hidden] in the layout lm_head() wants (default: as is, which
         for tied embeddings shares the embedding table)."""
@@ -218,6 +222,15 @@ class DeviceBackend(ABC):
         Returns the rotated q, k (HF's rotate_half layout); may rotate in place."""
         c, s = cos[positions], sin[positions]
         return _rotate(q, c, s), _rotate(k, c, s)
+
+
+def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bits: torch.Tensor) -> None:
+    """In place: logits [N, V] fp32; rows `rows` ([G] int64) keep the tokens whose bit is set in
+    bits [G, ceil(V/32)] int32 (bit j of word w: token 32 w + j, xgrammar's layout) and the
+    others become -inf; the other rows are untouched."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bits.device)
+    allowed = ((bits.unsqueeze(-1) >> shifts) & 1).view(bits.shape[0], -1)[:, :logits.shape[1]].bool()
+    logits[rows] = logits[rows].masked_fill(~allowed, -float("inf"))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
