@@ -239,7 +239,9 @@ class EngineLoop:
     def _loop(self):
         try:
             while self._running:
-                if self._pending is not None or self.core.wait_for_work(100):
+                # (A stream whose grammar compiles is no work for the core yet, but its compile
+                # timeout runs in step().)
+                if self._pending is not None or self.core.wait_for_work(100) or self.grammar.compiling():
                     self.step()
             self.drain()
         except BaseException:

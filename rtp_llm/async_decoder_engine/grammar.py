@@ -62,7 +62,8 @@ class GrammarCompiler:
         self._tokenizer, self._vocab_size, self._stop = tokenizer, vocab_size, list(stop_token_ids)
         self.options = options
         self._pool = ThreadPoolExecutor(max(1, options.threads), thread_name_prefix="rtp_llm-grammar")
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the cache (the engine thread submits under it: held briefly)
+        self._init_lock = threading.Lock()  # the compiler, built once on a pool thread
         self._compiler = None  # built by the first compile (importing xgrammar and reading the vocabulary take seconds)
         self._cache: "OrderedDict[Tuple[str, str], Future]" = OrderedDict()
 
@@ -82,7 +83,7 @@ class GrammarCompiler:
         return f, False
 
     def _xgrammar(self):
-        with self._lock:
+        with self._init_lock:
             if self._compiler is None:
                 import xgrammar as xgr
 
@@ -198,6 +199,10 @@ class GrammarBook:
             self.core.grammar_done(sid, EngineError(
                 GENERATE_TIMEOUT, f"{field} did not compile within --grammar_admission_compile_timeout_s="
                                   f"{timeout:g}", field))
+
+    def compiling(self) -> bool:
+        """A grammar is compiling (its stream waits; poll() must keep running for its timeout)."""
+        return bool(self._compiling)
 
     def wait_for_compiles(self, timeout_ms: int = 10) -> bool:
         """False when no grammar is compiling; else waits up to timeout_ms for work (a compile

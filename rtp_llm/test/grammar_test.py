@@ -7,7 +7,14 @@ grammar that does not compile fails only its request, naming the field."""
 import json
 import re
 import tempfile
+import time
 import unittest
+from concurrent.futures import Future
+
+import torch
+
+from rtp_llm.async_decoder_engine.grammar import GrammarBook, GrammarOptions
+from rtp_llm.ops.engine_core import EngineCore
 
 from rtp_llm.config.generate_config import GenerateConfig
 from rtp_llm.config.grammar import literal_regex
@@ -68,6 +75,10 @@ class GrammarTest(unittest.TestCase):
                 self.assertTrue(valid(json.loads(seq.text)), (overlap, seq.text))
                 self.assertEqual(seq.token_ids[-1], 0)  # the EOS closed it
             self.assertEqual(outs[-1].outputs[0].finish_reason, "length")
+            stats = self.llms[overlap].engine.core.stats()
+            self.assertGreaterEqual(stats["grammar_cache_hits"], 5)  # one schema, six streams
+            self.assertGreaterEqual(stats["grammar_compiles"], 1)
+            self.assertGreater(stats["grammar_compile_us"], 0)
 
     def test_each_matcher_accepts_exactly_its_committed_tokens(self):
         # Stop words end some streams with a token to spare in the step scheduled ahead (whose
@@ -135,6 +146,32 @@ class GrammarTest(unittest.TestCase):
         stats = self.llms[True].engine.core.stats()
         self.assertGreaterEqual(stats["grammar_failures"], 1)
         self.assertGreaterEqual(stats["grammar_requests"], 1)
+
+
+class CompileTimeoutTest(unittest.TestCase):
+    def test_a_grammar_not_compiled_in_time_fails_only_its_stream_naming_the_field(self):
+        core = EngineCore(64, 16, 4, 64, 128)
+
+        class NeverDone:
+            options = GrammarOptions(timeout_s=0.05)
+
+            def submit(self, field, spec):
+                return Future(), False
+
+        book = GrammarBook(core, NeverDone(), 32, 4, torch.device("cpu"), False, ())
+        slow = core.enqueue([1, 2], GenerateConfig.from_dict({"max_new_tokens": 2, "regex": "a+"}).to_proto())
+        plain = core.enqueue([1, 2], GenerateConfig.from_dict({"max_new_tokens": 2}).to_proto())
+        book.poll()
+        self.assertTrue(book.compiling())
+        time.sleep(0.1)
+        book.poll()
+        self.assertFalse(book.compiling())
+        out, code = core.poll(slow)
+        self.assertEqual(code, 603)  # GENERATE_TIMEOUT
+        self.assertEqual(out.error_info.field, "regex")
+        self.assertIn("--grammar_admission_compile_timeout_s", out.error_info.error_message)
+        self.assertEqual(core.schedule().stream_ids.tolist(), [plain])
+        core.close()
 
 
 if __name__ == "__main__":
