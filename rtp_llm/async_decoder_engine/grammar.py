@@ -47,10 +47,10 @@ class GrammarOptions:
 
 @dataclass
 class TokenBitmask:
-    """The token mask of a step's grammar rows, on the device: rows [G] int64 (indices into the
-    step's sampled rows), bits [G, ceil(V/32)] int32."""
+    """The token mask of a step's grammar rows: rows [G] int64 on the host (indices into the
+    step's sampled rows; the sampler uploads them), bits [G, ceil(V/32)] int32 on the device."""
 
-    rows: torch.Tensor
+    rows: np.ndarray
     bits: torch.Tensor
 
 
@@ -237,11 +237,10 @@ class GrammarBook:
         if len(live) == 1:
             live[0].fill_next_token_bitmask(host, live_rows[0])
         elif live:
-            if self._batch is None:
-                self._batch = xgr.BatchGrammarMatcher(max(1, self.compiler.options.threads))
+            if self._batch is None:  # xgrammar's threads ("auto": half the cores) fill the rows
+                self._batch = xgr.BatchGrammarMatcher("auto")
             self._batch.batch_fill_next_token_bitmask(live, host, live_rows)
-        return TokenBitmask(_upload(rows.astype(np.int64), self.device, self._host.is_pinned()),
-                            host.to(self.device, non_blocking=True))
+        return TokenBitmask(rows.astype(np.int64), host.to(self.device, non_blocking=True))
 
     def advance(self, stream_ids: np.ndarray, tokens: np.ndarray, appended: np.ndarray):
         """Each grammar row's committed token into its stream's matcher, where the core kept it
@@ -269,11 +268,6 @@ class GrammarBook:
 def _bit(j: int) -> int:
     """Bit j of an int32 word as a Python int that fits int32 (bit 31 is the sign)."""
     return -(1 << 31) if j == 31 else 1 << j
-
-
-def _upload(a: np.ndarray, device: torch.device, pin: bool) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(a))
-    return t.pin_memory().to(device, non_blocking=True) if pin else t.to(device)
 
 
 def make_grammar_book(core, tokenizer, vocab_size: int, eos_token_ids: List[int], max_rows: int,

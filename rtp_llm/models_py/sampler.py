@@ -56,7 +56,7 @@ class Sampler:
         want_logprobs = bool(rows.return_logprobs.any())
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         if mask is not None:
-            self.apply_token_bitmask(logits, mask.rows, mask.bits)
+            self.apply_token_bitmask(logits, self._upload(mask.rows), mask.bits)
         logits = self._apply_penalties(logits, rows)
         greedy = (rows.temperature < _GREEDY_TEMPERATURE) | (rows.top_k == 1)
         tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
