@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from rtp_llm.device.base import int32_bit
 from rtp_llm.ops.engine_core import EngineError
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ class GrammarBook:
         self._stop_row = torch.zeros(words, dtype=torch.int32)  # a terminated matcher's row: stop tokens only
         for t in stop_token_ids:
             if 0 <= t < vocab_size:
-                self._stop_row[t // 32] |= _bit(t % 32)
+                self._stop_row[t // 32] |= int32_bit(t % 32)
         self._batch = None  # xgrammar's BatchGrammarMatcher, made with the first matcher
 
     @classmethod
@@ -263,11 +264,6 @@ class GrammarBook:
     def close(self):
         if self.compiler is not None:
             self.compiler.close()
-
-
-def _bit(j: int) -> int:
-    """Bit j of an int32 word as a Python int that fits int32 (bit 31 is the sign)."""
-    return -(1 << 31) if j == 31 else 1 << j
 
 
 def make_grammar_book(core, tokenizer, vocab_size: int, eos_token_ids: List[int], max_rows: int,
