@@ -150,6 +150,7 @@ class GrammarBook:
             if 0 <= t < vocab_size:
                 self._stop_row[t // 32] |= int32_bit(t % 32)
         self._batch = None  # xgrammar's BatchGrammarMatcher, made with the first matcher
+        self._ended_pending = False  # a grammar stream may have ended since the last take
 
     @classmethod
     def refusing(cls, core, reason: str) -> "GrammarBook":
@@ -159,16 +160,19 @@ class GrammarBook:
     # ---- compiling (engine thread; completions on the compiler's threads)
 
     def poll(self):
-        for sid in self.core.take_ended_grammars():
-            with self._lock:
-                self._streams.pop(sid, None)
-                self._compiling.pop(sid, None)
+        if self._ended_pending:  # (an engine without grammar streams makes one call a step, not two)
+            for sid in self.core.take_ended_grammars():
+                with self._lock:
+                    self._streams.pop(sid, None)
+                    self._compiling.pop(sid, None)
+            self._ended_pending = bool(self._streams or self._compiling)
         while (g := self.core.next_grammar()) is not None:
             self._start(*g)
         if self._compiling:
             self._expire(time.monotonic())
 
     def _start(self, sid: int, field: str, spec: str):
+        self._ended_pending = True  # it will end, and be taken from the core's list
         if self.compiler is None:
             self.core.grammar_done(sid, EngineError(INVALID_PARAMS, f"{field}: {self.unavailable}", field))
             return

@@ -173,6 +173,17 @@ class CompileTimeoutTest(unittest.TestCase):
         self.assertEqual(core.schedule().stream_ids.tolist(), [plain])
         core.close()
 
+    def test_an_engine_without_grammars_refuses_them_naming_the_field(self):
+        core = EngineCore(64, 16, 4, 64, 128)
+        book = GrammarBook.refusing(core, "this engine does not sample with grammars")
+        sid = core.enqueue([1, 2], GenerateConfig.from_dict({"max_new_tokens": 2, "ebnf": 'root ::= "a"'}).to_proto())
+        book.poll()
+        out, code = core.poll(sid)
+        self.assertEqual((code, out.error_info.field), (605, "ebnf"))
+        book.poll()
+        self.assertEqual(core.take_ended_grammars(), [])  # the book took the ended stream's id
+        core.close()
+
 
 if __name__ == "__main__":
     unittest.main()
