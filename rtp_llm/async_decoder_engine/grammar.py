@@ -250,15 +250,22 @@ class GrammarBook:
     def advance(self, stream_ids: np.ndarray, tokens: np.ndarray, appended: np.ndarray):
         """Each grammar row's committed token into its stream's matcher, where the core kept it
         (appended) — once per committed token."""
+        import xgrammar as xgr
+
+        ids, matchers, accepting = [], [], []
         for sid, token, kept in zip(stream_ids.tolist(), tokens.tolist(), appended.tolist()):
             st = self._streams.get(sid)
             if not kept or st is None or st.matcher is None:
                 continue
             st.accepted += 1
-            if st.matcher.is_terminated():
-                continue  # past its grammar (ignore_eos, min_new_tokens): only stop tokens were allowed
-            if not st.matcher.accept_token(token):
-                log.error("stream %d: the grammar rejects its sampled token %d (the mask allowed it)", sid, token)
+            if not st.matcher.is_terminated():  # (past its grammar: ignore_eos, min_new_tokens; stop tokens only)
+                ids.append(sid)
+                matchers.append(st.matcher)
+                accepting.append(token)
+        if matchers:
+            for sid, token, ok in zip(ids, accepting, xgr.BatchGrammarMatcher.batch_accept_token(matchers, accepting)):
+                if not ok:
+                    log.error("stream %d: the grammar rejects its sampled token %d (the mask allowed it)", sid, token)
 
     def accepted(self, sid: int) -> int:
         """Tokens the stream's matcher accepted (tests)."""
