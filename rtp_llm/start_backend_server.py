@@ -15,12 +15,15 @@ log = logging.getLogger("rtp_llm.backend")
 
 def _engine_args(config: ServerConfig):
     from rtp_llm.async_decoder_engine.engine import EngineArgs
+    from rtp_llm.async_decoder_engine.grammar import GrammarOptions
 
+    grammar = GrammarOptions(threads=config.grammar_num_workers, timeout_s=config.grammar_admission_compile_timeout_s,
+                             compact_json=config.constrained_json_disable_any_whitespace)
     return EngineArgs(device=config.device, max_seq_len=config.max_seq_len, max_batch_size=config.max_batch_size,
                       max_num_batched_tokens=config.max_num_batched_tokens,
                       seq_size_per_block=config.seq_size_per_block, kv_cache_mem_mb=config.kv_cache_mem_mb,
                       reuse_cache=config.reuse_cache, cuda_graph=config.cuda_graph,
-                      overlap_schedule=None if config.overlap_schedule else False)
+                      overlap_schedule=None if config.overlap_schedule else False, grammar=grammar)
 
 
 def _model_engine(config: ServerConfig):

@@ -28,6 +28,8 @@ need = ["numpy", "grpc", "google.protobuf", "aiohttp", "transformers", "safetens
 missing = [m for m in need if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"install_unpacked: missing Python packages: {', '.join(missing)} (see deps/requirements_base.txt)")
+if importlib.util.find_spec("xgrammar") is None:  # optional: without it grammars are refused (400)
+    print("install_unpacked: xgrammar is not installed: structured output (json_schema, regex, ...) is refused")
 from rtp_llm.ops.engine_core import EngineCore  # noqa: F401  (loads libth_transformer.so)
 from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2  # noqa: F401  (protobuf gencode vs runtime)
 import torch

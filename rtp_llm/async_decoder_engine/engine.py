@@ -18,6 +18,7 @@ from typing import Optional
 
 import torch
 
+from rtp_llm.async_decoder_engine.grammar import GrammarBook, GrammarOptions, make_grammar_book
 from rtp_llm.async_decoder_engine.model_runner import ModelRunner, PendingStep
 from rtp_llm.device import get_backend
 from rtp_llm.distributed.tensor_parallel import CollectiveError, StepBroadcast, TPShard
@@ -41,6 +42,7 @@ class EngineArgs:
     warm_up: bool = True
     cuda_graph: bool = True                 # decode steps replay captured graphs (devices that have them)
     overlap_schedule: Optional[bool] = None  # default: on where the device runs asynchronously (CUDA)
+    grammar: GrammarOptions = None          # default: GrammarOptions()
 
     def validate(self) -> None:
         for name in ("max_batch_size", "max_num_batched_tokens", "seq_size_per_block"):
@@ -50,6 +52,11 @@ class EngineArgs:
             raise ValueError(f"--max_seq_len must be >= 2, got {self.max_seq_len}")
         if self.kv_cache_mem_mb is not None and self.kv_cache_mem_mb < 1:
             raise ValueError(f"--kv_cache_mem_mb must be >= 1, got {self.kv_cache_mem_mb}")
+        self.grammar = self.grammar or GrammarOptions()
+        if self.grammar.threads < 1:
+            raise ValueError(f"--grammar_num_workers must be >= 1, got {self.grammar.threads}")
+        if not self.grammar.timeout_s > 0:
+            raise ValueError(f"--grammar_admission_compile_timeout_s must be > 0, got {self.grammar.timeout_s}")
 
     def step_tokens(self, backend) -> int:
         """max_num_batched_tokens, or the device's default (a DeviceBackend or its class)."""
@@ -113,25 +120,37 @@ class EngineLoop:
         self.runner = ModelRunner(model, self.backend, kv, block, args.max_batch_size, self.max_seq_len,
                                   step_tokens, use_graphs=args.cuda_graph)
         overlap = self.backend.async_execution if args.overlap_schedule is None else args.overlap_schedule
-        self._init_stepping(overlap)  # (ranks > 0 get the sampled tokens by broadcast: model_runner)
+        grammar = None
+        if self.core is not None:
+            grammar = make_grammar_book(self.core, loaded.tokenizer, c.vocab_size, list(c.eos_token_ids),
+                                        args.max_batch_size, self.backend.device, self.runner.sampler.pin_host,
+                                        args.grammar)
+            self.runner.grammar = grammar
+        self._init_stepping(overlap, grammar)  # (ranks > 0 get the sampled tokens by broadcast: model_runner)
         if args.warm_up and self.core is not None:
             self.warm_up()
 
-    def _init_stepping(self, overlap: bool):
-        """The stepping state, once self.core and self.runner exist."""
+    def _init_stepping(self, overlap: bool, grammar: Optional[GrammarBook] = None):
+        """The stepping state, once self.core and self.runner exist. grammar: rank 0's (None:
+        grammars are refused, this engine samples none)."""
         self._thread: Optional[threading.Thread] = None
         self._running = False
         self.overlap = bool(overlap)
         self._pending: Optional[PendingStep] = None  # launched, not yet committed (overlap)
+        self.grammar = grammar
+        if grammar is None and self.core is not None:
+            self.grammar = GrammarBook.refusing(self.core, "this engine does not sample with grammars")
 
     def step(self) -> bool:
-        """One step in the caller's thread; False when there was nothing to run. With overlap a
-        step launched here commits in the next call: call until False (or drain())."""
+        """One step in the caller's thread; False when there was nothing to run (nor a grammar
+        compiling for a stream that will). With overlap a step launched here commits in the
+        next call: call until False (or drain())."""
+        self.grammar.poll()
         if self.overlap:
             return self._step_ahead()
         b = self.core.schedule()
         if b.num_streams == 0:
-            return False
+            return self.grammar.wait_for_compiles()
         try:
             if self.broadcast is not None:
                 self.broadcast.send(b)
@@ -151,7 +170,7 @@ class EngineLoop:
             try:
                 if self.broadcast is not None:
                     self.broadcast.send(b)
-                launched = self.runner.launch(b, self._pending)
+                launched = self.runner.launch(b, self._pending, self.core)
             except CollectiveError:
                 raise
             except Exception as e:
@@ -159,7 +178,7 @@ class EngineLoop:
         pending, self._pending = self._pending, launched
         if pending is not None:
             try:
-                self.core.commit(*pending.result())
+                self.runner.commit(self.core, pending)  # (done already when b has grammar rows)
             except CollectiveError:
                 raise
             except Exception as e:  # the launched step read these tokens: it fails with them
@@ -168,7 +187,7 @@ class EngineLoop:
                 return True
         if launch_error is not None:
             self._fail(launch_error, b.num_streams, len(b.token_ids))  # b is the one uncommitted step now
-        return b.num_streams > 0 or pending is not None
+        return b.num_streams > 0 or pending is not None or self.grammar.wait_for_compiles()
 
     def drain(self):
         """Commits the step still in flight (overlap), if any, launching nothing new."""
@@ -176,7 +195,7 @@ class EngineLoop:
         if pending is None:
             return
         try:
-            self.core.commit(*pending.result())
+            self.runner.commit(self.core, pending)
         except Exception as e:
             self._fail(e, 0, 0)
 
@@ -226,7 +245,9 @@ class EngineLoop:
     def _loop(self):
         try:
             while self._running:
-                if self._pending is not None or self.core.wait_for_work(100):
+                # (A stream whose grammar compiles is no work for the core yet, but its compile
+                # timeout runs in step().)
+                if self._pending is not None or self.core.wait_for_work(100) or self.grammar.compiling():
                     self.step()
             self.drain()
         except BaseException:
@@ -252,6 +273,8 @@ class EngineLoop:
         """Stops and frees the core, the KV cache, the weights and any captured graphs (device
         memory returns to the device, not just to this process's allocator)."""
         self.stop()
+        if self.grammar is not None:
+            self.grammar.close()
         if self.core is not None:
             self.core.close()
         self.runner = None

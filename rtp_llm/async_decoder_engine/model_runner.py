@@ -3,7 +3,12 @@
 launch() queues a step on the device and returns at once with its PendingStep: the sampled
 tokens stay on the device for the step scheduled ahead of them (its placeholder token ids read
 them there) and travel to pinned host memory for commit(). Waiting for them is the one
-host-device sync of a step."""
+host-device sync of a step.
+
+Grammars (grammar.py): a step with grammar rows samples after its forward is queued and, when
+it was scheduled ahead of the step in flight, after that step committed (its tokens advance
+the matchers the mask is filled from); the device runs the forward meanwhile. Steps without
+grammar rows are launched as before."""
 
 import os
 import threading
@@ -48,6 +53,9 @@ class PendingStep:
         self._timeout_s = timeout_s
         if ready is not None:
             ready.record()
+        self.committed = False
+        # The grammar rows: (stream ids [G], their indices in the sampled rows [G]), or None.
+        self.grammar: Optional[Tuple[np.ndarray, np.ndarray]] = None
 
     def result(self) -> Tuple[np.ndarray, np.ndarray]:
         """(tokens [N] int32, log-probs [N] fp32; 0 where not asked), views valid until the
@@ -81,7 +89,9 @@ class ModelRunner:
         # pinned and the copies do not block.
         self._events = [backend.host_copy_event(), backend.host_copy_event()]
         pin = self._events[0] is not None
-        self.sampler = Sampler(backend.device, pin_host=pin, argmax=backend.argmax)
+        self.sampler = Sampler(backend.device, pin_host=pin, argmax=backend.argmax,
+                               apply_token_bitmask=backend.apply_token_bitmask)
+        self.grammar = None  # rank 0's GrammarBook (EngineLoop sets it)
         backend.bind_model(model.num_heads, model.num_kv_heads, model.config.head_dim, max_batch_size, max_seq_len)
         # Steps replay captured graphs where the device has them (CUDA).
         self.graphs = backend.make_graph_runner(model, kv_cache, block_size, max_batch_size, max_seq_len,
@@ -115,16 +125,41 @@ class ModelRunner:
             self.backend.resolve_placeholders(x.token_ids, prev_tokens)
         return self.model.forward(x.token_ids, x.positions, x.meta, self.kv_cache, x.sample_rows)
 
-    def launch(self, b: StepBatch, prev: Optional[PendingStep] = None) -> PendingStep:
+    def launch(self, b: StepBatch, prev: Optional[PendingStep] = None,
+               core: Optional[EngineCore] = None) -> PendingStep:
         """Queues `b` (and its sampling) on the device. prev: the step in flight that `b` was
-        scheduled ahead of."""
+        scheduled ahead of; when `b` has grammar rows, prev is committed to `core` here, between
+        b's forward and its sampling."""
         logits = self.logits(b, prev.tokens if prev is not None else None)
-        tokens, logprobs = self.sampler.sample_on_device(logits, b.rows(b.do_sample == 1))
+        sampled = b.do_sample == 1
+        rows = b.rows(sampled)
+        mask, grammar = None, None
+        if b.num_grammar:
+            if prev is not None:
+                self.commit(core, prev)
+            g = np.nonzero(rows.grammar)[0]
+            grammar = (b.stream_ids[sampled][g], g)
+            mask = self.grammar.bitmask(*grammar)
+        tokens, logprobs = self.sampler.sample_on_device(logits, rows, mask)
         slot = self._slot
         self._slot ^= 1
-        return PendingStep(tokens, logprobs, self._host_tokens[slot], self._host_logprobs[slot], self._events[slot],
+        step = PendingStep(tokens, logprobs, self._host_tokens[slot], self._host_logprobs[slot], self._events[slot],
                            self.model.tp.timeout_s if self.model.tp.size > 1 else 0.0)
+        step.grammar = grammar
+        return step
+
+    def commit(self, core: EngineCore, step: PendingStep):
+        """Commits a launched step's tokens (once; waits for them) and advances its grammar rows'
+        matchers on the tokens the core kept."""
+        if step.committed:
+            return
+        tokens, logprobs = step.result()
+        appended = core.commit(tokens, logprobs)
+        step.committed = True
+        if step.grammar is not None:
+            ids, g = step.grammar
+            self.grammar.advance(ids, tokens[g], appended[g])
 
     def step(self, core: EngineCore, b: StepBatch):
         """Runs `b` and commits the sampled tokens to `core` (no overlap)."""
-        core.commit(*self.launch(b).result())
+        self.commit(core, self.launch(b))

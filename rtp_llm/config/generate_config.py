@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from rtp_llm.config import grammar as grammars
+from rtp_llm.config.grammar import Grammar, GrammarError
 from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2 as pb
 
 INT32_MAX = (1 << 31) - 1
@@ -37,6 +39,7 @@ SAME = "same"          # the proto field of the same name
 SEED = "seed"          # Int64Value random_seed, plus the sequence index
 ONE_PER_STREAM = "1"   # num_return_sequences: the frontend fans out one stream per sequence
 TOKEN_LISTS = "rows"   # an IntMatrix of token id lists
+GRAMMAR = "grammar"    # the grammar (at most one of these fields): its kind's StringValue (config/grammar.py)
 
 
 def _field(default, doc: str, range: Optional[Range] = None, openai: Optional[str] = "",
@@ -91,6 +94,20 @@ class GenerateConfig:
         False, "return the log-prob of each generated token", openai=None, proto="return_softmax_probs")
     timeout_ms: int = _field(
         0, "0 = the server's --default_timeout_ms (0 there: none)", Range(0, INT32_MAX), openai=None)
+    # Structured output (upstream's fields; at most one): the engine keeps the output in the
+    # grammar. OpenAI's response_format / structured_outputs are read by the OpenAI route.
+    response_format: Any = _field(
+        None, 'the output\'s format: {"type": "text" | "json_object" | "json_schema" (json_schema.schema) | '
+        '"regex" (pattern) | "ebnf" (grammar) | "structural_tag" (structural_tag)}', openai=None, proto=GRAMMAR)
+    json_schema: Any = _field(
+        None, "the output is JSON valid under this JSON Schema (an object, a boolean, or its JSON text)",
+        openai=None, proto=GRAMMAR)
+    regex: Optional[str] = _field(None, "the output matches this regular expression (xgrammar's syntax)",
+                                  openai=None, proto=GRAMMAR)
+    ebnf: Optional[str] = _field(None, "the output follows this EBNF grammar (xgrammar's syntax, rule root)",
+                                 openai=None, proto=GRAMMAR)
+    structural_tag: Any = _field(None, "the output follows this xgrammar structural tag", openai=None,
+                                 proto=GRAMMAR)
 
     @classmethod
     def from_dict(cls, d: Optional[Dict[str, Any]]) -> "GenerateConfig":
@@ -111,6 +128,23 @@ class GenerateConfig:
                 reason = reason_of(c, v)
                 if reason:
                     raise GenerateConfigError(c.name, reason)
+        self.grammar()
+
+    def grammar(self) -> Optional[Grammar]:
+        """The grammar the output follows (from response_format or a grammar field), or None;
+        GenerateConfigError when more than one is set."""
+        found = [(name, _grammar_of(name, getattr(self, name))) for name in _GRAMMAR_NAMES
+                 if getattr(self, name) is not None]
+        found = [(name, g) for name, g in found if g is not None]
+        if len(found) > 1:
+            raise GenerateConfigError(found[1][0], f"only one of {', '.join(_GRAMMAR_NAMES)} may be set "
+                                                   f"({found[0][0]} is set too)")
+        return found[0][1] if found else None
+
+    def grammar_source(self) -> str:
+        """The field the grammar came from (response_format, or the grammar's own field)."""
+        return "response_format" if self.response_format is not None else next(
+            (n for n in grammars.GRAMMAR_FIELDS if getattr(self, n) is not None), "")
 
     def to_proto(self, sequence_index: int = 0) -> pb.GenerateConfigPB:
         """The proto for sequence `sequence_index` of num_return_sequences (its own stream)."""
@@ -125,6 +159,9 @@ class GenerateConfig:
             elif proto == TOKEN_LISTS:
                 for words in v:
                     c.stop_words_list.rows.add(values=words)
+        g = self.grammar()
+        if g is not None:
+            getattr(c, g.kind).value = g.text
         return c
 
 
@@ -180,6 +217,25 @@ def _range_check(rng: Optional[Range], token_lists: bool) -> Callable[[Any], Opt
     return lambda v: None if v is None or v in rng else f"must be in {rng}, got {v!r}"
 
 
+def _grammar_of(name: str, value) -> Optional[Grammar]:
+    """The grammar a grammar field's value stands for (None: response_format text)."""
+    if name == "response_format":
+        return grammars.response_format(value)
+    return Grammar.of(name, value)
+
+
+def _grammar_check(name: str) -> Callable[[Any], Optional[str]]:
+    def check(v):
+        if v is None:
+            return None
+        try:
+            _grammar_of(name, v)
+        except GrammarError as e:
+            return e.reason if e.field == name else f"{e.field}: {e.reason}"
+        return None
+    return check
+
+
 @dataclass(frozen=True)
 class _FieldCheck:
     """One declared field's checks and proto conversion, derived once from its declaration
@@ -191,9 +247,13 @@ class _FieldCheck:
     proto: str
 
 
-_CHECKS = tuple(_FieldCheck(f.name, _type_check(f.type), _range_check(f.metadata["range"], f.type == List[List[int]]),
-                            f.metadata["proto"]) for f in fields(GenerateConfig))
+_CHECKS = tuple(_FieldCheck(f.name, _grammar_check(f.name) if f.metadata["proto"] == GRAMMAR else _type_check(f.type),
+                            _range_check(f.metadata["range"], f.type == List[List[int]]), f.metadata["proto"])
+                for f in fields(GenerateConfig))
 _FIELD_NAMES = frozenset(c.name for c in _CHECKS)
 # (field, proto field) of the fields that cross as a plain value (one constructor call per request).
 _SPECIAL_PROTO = tuple(c for c in _CHECKS if c.proto in (SEED, ONE_PER_STREAM, TOKEN_LISTS))
-_PLAIN_PROTO = tuple((c.name, c.name if c.proto == SAME else c.proto) for c in _CHECKS if c not in _SPECIAL_PROTO)
+_GRAMMAR_CHECKS = tuple(c for c in _CHECKS if c.proto == GRAMMAR)
+_GRAMMAR_NAMES = tuple(c.name for c in _GRAMMAR_CHECKS)
+_PLAIN_PROTO = tuple((c.name, c.name if c.proto == SAME else c.proto) for c in _CHECKS
+                     if c not in _SPECIAL_PROTO and c not in _GRAMMAR_CHECKS)

@@ -85,6 +85,13 @@ class ServerConfig:
     # (names in config/output_parsers.py); "" leaves them in content (and refuses tools).
     reasoning_parser: str = ""
     tool_call_parser: str = ""
+    # Structured output (upstream's names): grammar compile threads in the engine process, how
+    # long a stream waits for its grammar to compile before it fails, and JSON without optional
+    # whitespace (upstream's default is False: any whitespace; ours is compact, so a model
+    # cannot loop on spaces).
+    grammar_num_workers: int = 2
+    grammar_admission_compile_timeout_s: float = 30.0
+    constrained_json_disable_any_whitespace: bool = True
     # Benchmark only (async_decoder_engine/paced.py): > 0 runs no model; every engine step sleeps
     # this long and emits a fixed text's tokens, to measure the serving path without a GPU.
     paced_engine_step_ms: float = 0.0
@@ -96,7 +103,8 @@ class ServerConfig:
             raise ValueError(f"--checkpoint_path {self.checkpoint_path} does not exist")
         if not 1 <= self.start_port <= 65534:
             raise ValueError(f"--start_port must be in [1, 65534], got {self.start_port}")
-        for name in ("frontend_server_count", "concurrency_limit", "max_body_size", "stream_interval"):
+        for name in ("frontend_server_count", "concurrency_limit", "max_body_size", "stream_interval",
+                     "grammar_num_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
@@ -108,6 +116,9 @@ class ServerConfig:
             value = getattr(self, name)
             if value and value not in choices:
                 raise ValueError(f"--{name} must be one of {', '.join(sorted(choices))} (or empty), got {value!r}")
+        timeout = self.grammar_admission_compile_timeout_s
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"--grammar_admission_compile_timeout_s must be a finite number > 0, got {timeout}")
         if not (math.isfinite(self.paced_engine_step_ms) and self.paced_engine_step_ms >= 0):
             raise ValueError(f"--paced_engine_step_ms must be a finite number >= 0, got {self.paced_engine_step_ms}")
         if self.paced_engine_step_ms and self.tp_size != 1:

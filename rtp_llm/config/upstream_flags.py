@@ -65,13 +65,13 @@ UPSTREAM_GROUPS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
             "force_stop_words", "generation_config_path", "stop_words_list", "stop_words_str", "think_end_tag",
             "think_end_token_id", "think_mode", "think_start_tag", "think_terminate_token_id"
         )),
-    "grammar": ("structured output is not implemented yet",
+    "grammar": ("grammars compile in the engine process (--grammar_num_workers, "
+                "--grammar_admission_compile_timeout_s, --constrained_json_disable_any_whitespace)",
         (
-            "constrained_json_disable_any_whitespace", "grammar_admission_compile_timeout_s",
             "grammar_admission_compiler_cache_bytes", "grammar_admission_queue_timeout_s",
             "grammar_admission_result_cache_max_entries", "grammar_admission_sandbox_pool_size",
             "grammar_admission_sandbox_process_memory_limit_mb", "grammar_compiler_cache_bytes",
-            "grammar_num_workers", "grammar_terminate_without_stop_token"
+            "grammar_terminate_without_stop_token"
         )),
     "grpc": ("the gRPC server has no tunables",
         (

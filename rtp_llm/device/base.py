@@ -176,6 +176,10 @@ class DeviceBackend(ABC):
         """logits: [N, V] fp32 -> [N] int64, each row's first largest (greedy sampling)."""
         return logits.argmax(dim=-1)
 
+    def apply_token_bitmask(self, logits: torch.Tensor, rows: torch.Tensor, bits: torch.Tensor) -> None:
+        """Grammars: apply_token_bitmask below (torch ops, any device) unless a device has better."""
+        apply_token_bitmask(logits, rows, bits)
+
     def pack_lm_head(self, weight: torch.Tensor) -> torch.Tensor:
         """The LM head [vocab, hidden] in the layout lm_head() wants (default: as is, which
         for tied embeddings shares the embedding table)."""
@@ -223,6 +227,26 @@ class DeviceBackend(ABC):
         Returns the rotated q, k (HF's rotate_half layout); may rotate in place."""
         c, s = cos[positions], sin[positions]
         return _rotate(q, c, s), _rotate(k, c, s)
+
+
+def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bits: torch.Tensor) -> None:
+    """In place: logits [N, V] fp32; rows `rows` ([G] int64) keep the tokens whose bit is set in
+    bits [G, ceil(V/32)] int32 (bit j of word w: token 32 w + j, xgrammar's layout) and the
+    others become -inf; the other rows are untouched."""
+    masks = _BIT_MASKS.get(bits.device)
+    if masks is None:
+        masks = _BIT_MASKS[bits.device] = torch.tensor([int32_bit(j) for j in range(32)], dtype=torch.int32,
+                                                         device=bits.device)
+    allowed = ((bits.unsqueeze(-1) & masks) != 0).view(bits.shape[0], -1)[:, :logits.shape[1]]  # [G, V]
+    logits[rows] = torch.where(allowed, logits[rows], -float("inf"))
+
+
+_BIT_MASKS = {}  # device -> [32] int32: bit j of a word
+
+
+def int32_bit(j: int) -> int:
+    """Bit j of an int32 word as a Python int that fits int32 (bit 31 is the sign)."""
+    return -(1 << 31) if j == 31 else 1 << j
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

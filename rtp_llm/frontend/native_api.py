@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Tuple
 from aiohttp import web
 
 from rtp_llm.frontend.errors import RequestError
-from rtp_llm.frontend.request import (MAX_SEQUENCES_PER_REQUEST, flag, native_config, native_name, read_json,
+from rtp_llm.frontend.request import (MAX_SEQUENCES_PER_REQUEST, flag, grammar_namer, native_config, read_json,
                                      stop_strings)
 from rtp_llm.frontend.streaming import clamp_header, open_stream, sse, sse_done, stream_errors, with_clamp
 
@@ -52,7 +52,8 @@ class NativeApi:
         raise RequestError("prompt", "is required (or prompt_batch, or messages)")
 
     def _events(self, prompt_ids, config, stop, options, field, stream: bool):
-        return self.fe.events(prompt_ids, config, stop, options.get("print_stop_words"), field, native_name, stream)
+        return self.fe.events(prompt_ids, config, stop, options.get("print_stop_words"), field,
+                              grammar_namer(config), stream)
 
     async def _collect(self, prompt_ids, config, clamped, stop, options, field):
         n = config.num_return_sequences

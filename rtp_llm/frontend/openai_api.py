@@ -5,6 +5,7 @@ from typing import Any, Dict, List, Optional
 
 from aiohttp import web
 
+from rtp_llm.config.grammar import GRAMMAR_FIELDS, GrammarError, openai_grammar
 from rtp_llm.frontend.chat_output import AnswerSplitter
 from rtp_llm.frontend.errors import RequestError
 from rtp_llm.frontend.request import flag, openai_config, openai_name, read_json
@@ -36,28 +37,17 @@ def _stop(body: Dict[str, Any]) -> List[str]:
 
 
 # What this server cannot do yet, and a request that asks for it is refused (400 naming the
-# field), never served as if it had not asked: structured output (vLLM's extension and its
-# older names), logit_bias, echo. (Tools: tool_calls.request_tools.)
+# field), never served as if it had not asked: logit_bias, echo. (Tools:
+# tool_calls.request_tools.)
 _UNSUPPORTED = {
-    **{key: "structured output is not supported yet" for key in
-       ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")},
     "logit_bias": "is not supported yet",
     "echo": "is not supported yet",
 }
 
 
 def _refuse_unsupported(body: Dict[str, Any], chat: bool) -> None:
-    """Refuses response_format json_object / json_schema and the _UNSUPPORTED fields (an empty
-    or false value asks for nothing and passes), and tools outside chat."""
-    fmt = body.get("response_format")
-    if fmt is not None:
-        kind = fmt.get("type") if isinstance(fmt, dict) else None
-        if kind not in ("text", "json_object", "json_schema"):
-            raise RequestError("response_format", 'must be an object whose "type" is "text", "json_object" or '
-                                                  '"json_schema"')
-        if kind != "text":
-            raise RequestError("response_format", f'"{kind}" is not supported yet: the engine does not enforce '
-                                                  f'structured output, so it is refused rather than ignored')
+    """Refuses the _UNSUPPORTED fields (an empty or false value asks for nothing and passes),
+    and tools outside chat."""
     for key, why in _UNSUPPORTED.items():
         if body.get(key) not in (None, False, [], {}):
             raise RequestError(key, f"{why}: refused rather than ignored")
@@ -65,6 +55,20 @@ def _refuse_unsupported(body: Dict[str, Any], chat: bool) -> None:
         for key in ("tools", "tool_choice"):
             if body.get(key) not in (None, [], "none"):
                 raise RequestError(key, "is a chat completions field (/v1/chat/completions)")
+
+
+def _with_grammar(config, body: Dict[str, Any]):
+    """Puts the request's structured output (response_format, structured_outputs, guided_*)
+    on `config`; returns the request's names for config fields (a grammar field: the field
+    the grammar came from, so an engine error about it names that)."""
+    try:
+        grammar, source = openai_grammar(body)
+    except GrammarError as e:
+        raise RequestError(e.field, e.reason) from None
+    if grammar is None:
+        return openai_name
+    setattr(config, grammar.kind, grammar.text)
+    return lambda key: source if key in GRAMMAR_FIELDS else openai_name(key)
 
 
 def template_kwargs(body: Dict[str, Any]) -> Dict[str, Any]:
@@ -112,6 +116,7 @@ class OpenAIApi:
         """tools: the answer's tool calls are parsed (the request offered tools)."""
         _refuse_unsupported(body, chat)
         config = openai_config(body, default_max)
+        name = _with_grammar(config, body)
         config.return_logprobs = _logprobs_wanted(body, chat)
         stop = _stop(body)
         stream = flag(body, "stream", "stream")
@@ -122,7 +127,7 @@ class OpenAIApi:
         async with self.fe.admitted():
             field = "messages" if chat else "prompt"
             config, clamped = self.fe.fit(prompt_ids, config, field, fill)
-            source = self.fe.events(prompt_ids, config, stop, False, field, openai_name, stream)
+            source = self.fe.events(prompt_ids, config, stop, False, field, name, stream)
             n = config.num_return_sequences
             parsers = (self.fe.reasoning if chat else None, self.fe.tool_calls if tools else None)
             try:

@@ -28,11 +28,21 @@ _STRINGS = {"type": "array", "items": _STR}
 _TOKEN_IDS = {"type": "array", "items": _int(0), "minItems": 1}
 
 
+_OBJECT = {"type": "object"}
+# The grammar fields' shapes (config/grammar.py checks them; the engine compiles them).
+_GRAMMAR = {"response_format": {"type": "object", "required": ["type"], "properties": {"type": {
+                "type": "string", "enum": ["text", "json_object", "json_schema", "regex", "ebnf", "structural_tag"]}}},
+            "json_schema": {"oneOf": [_OBJECT, {"type": "boolean"}, _STR]},
+            "regex": dict(_STR, minLength=1), "ebnf": dict(_STR, minLength=1), "structural_tag": _OBJECT}
+
+
 def field_schema(f) -> Dict[str, Any]:
     """The JSON schema of a GenerateConfig field (a dataclasses.Field), from its declaration:
     the annotation gives the type, the metadata the range and the description."""
     kind, r = f.type, f.metadata["range"]
-    if kind is bool:
+    if f.name in _GRAMMAR:
+        out = _GRAMMAR[f.name]
+    elif kind is bool:
         out = dict(_BOOL)
     elif kind is float:
         out = _range("number", r)
@@ -80,9 +90,16 @@ _OPENAI_COMMON = {
     "stop": {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}]},
     "stream": _BOOL,
     "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
-    "response_format": {"type": "object", "properties": {"type": {"type": "string", "enum": ["text"]}},
-                        "description": "text only: json_object and json_schema are refused (400) until the "
-                                       "engine enforces structured output"},
+    "response_format": {"type": "object", "required": ["type"], "properties": {
+        "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+        "json_schema": {"type": "object", "required": ["schema"], "properties": {
+            "name": _STR, "description": _STR, "schema": _OBJECT, "strict": _BOOL}}},
+        "description": "the output is JSON (json_object: an object or array; json_schema: valid under the schema, "
+                       "enforced whether or not strict)"},
+    "structured_outputs": {"type": "object", "description": "vLLM's: exactly one of json (a schema), regex, choice "
+                           "(strings), grammar (EBNF), json_object (true), structural_tag", "properties": {
+        "json": {"oneOf": [_OBJECT, _STR]}, "regex": _STR, "choice": {"type": "array", "items": _STR, "minItems": 1},
+        "grammar": _STR, "json_object": _BOOL, "structural_tag": _OBJECT}},
     **_OPENAI_FIELDS,
 }
 

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from aiohttp import web
 
 from rtp_llm.config.generate_config import GenerateConfig, GenerateConfigError, openai_names
+from rtp_llm.config.grammar import GRAMMAR_FIELDS
 from rtp_llm.frontend.errors import RequestError
 
 # Sequences one request may start (prompt_batch x num_return_sequences).
@@ -57,6 +58,13 @@ def make_config(d: Dict[str, Any], name: Namer) -> GenerateConfig:
 
 def native_name(key: str) -> str:
     return f"generate_config.{key}" if key else "generate_config"
+
+
+def grammar_namer(config: GenerateConfig) -> Namer:
+    """native_name, except that a grammar field is named as the request set it (response_format
+    when the grammar came from there)."""
+    source = config.grammar_source()
+    return lambda key: native_name(source if key in GRAMMAR_FIELDS and source else key)
 
 
 def native_config(body: Dict[str, Any]) -> Tuple[GenerateConfig, Dict[str, Any]]:

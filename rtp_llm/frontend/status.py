@@ -15,6 +15,16 @@ from rtp_llm.frontend.request import read_json
 log = logging.getLogger(__name__)
 
 
+# The engine's grammar counters (WorkerStatusPB), as /worker_status and /metrics show them.
+GRAMMAR_STATS = {
+    "grammar_requests": "streams that had a grammar (structured output)",
+    "grammar_cache_hits": "of those, whose grammar was compiled or compiling already",
+    "grammar_compiles": "grammars compiled",
+    "grammar_compile_us": "their compile time summed, microseconds",
+    "grammar_failures": "grammars that did not compile, or not in time",
+}
+
+
 class StatusRoutes:
     def __init__(self, frontend):
         self.fe = frontend
@@ -62,6 +72,7 @@ class StatusRoutes:
                                   "waiting_query_len": s.waiting_query_len, "iterate_count": s.iterate_count,
                                   "available_kv_cache": s.available_kv_cache, "total_kv_cache": s.total_kv_cache,
                                   "max_seq_len": s.max_seq_len, "generated_tokens": s.generated_tokens,
+                                  **{name: getattr(s, name) for name in GRAMMAR_STATS},
                                   "frontend_in_flight": self.fe.in_flight})
 
     async def cache_status(self, request):
@@ -80,6 +91,7 @@ class StatusRoutes:
                                            1 - c.available_kv_cache / max(c.total_kv_cache, 1)),
                 "rtp_llm_prefix_cache_hit_rate": ("prompt tokens served by the prefix cache / looked up",
                                                   c.hit_tokens / max(c.lookup_tokens, 1)),
+                **{f"rtp_llm_{name}_total": (text, getattr(w, name)) for name, text in GRAMMAR_STATS.items()},
             })
         except BackendError:
             pass

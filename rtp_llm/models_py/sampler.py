@@ -1,5 +1,5 @@
-"""Token sampling on the device: greedy, temperature, top-k, top-p, min-p, repetition /
-presence / frequency penalties, and per-request seeds.
+"""Token sampling on the device: grammars' token masks, greedy, temperature, top-k, top-p,
+min-p, repetition / presence / frequency penalties, and per-request seeds.
 
 A seeded row draws from its own generator seeded by (seed, tokens generated so far), so its
 samples do not depend on which other requests share the batch.
@@ -14,6 +14,8 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 import torch
 
+from rtp_llm.device.base import apply_token_bitmask as torch_token_bitmask
+
 _MASK = -float("inf")
 # Temperatures below this sample greedily, the limit they tend to (vLLM's cut-off as well):
 # dividing logits by, say, 1e-38 would overflow to inf and make the probabilities NaN.
@@ -26,13 +28,16 @@ def _seed(seed: int, step: int) -> int:
 
 class Sampler:
     def __init__(self, device: torch.device, pin_host: bool = False,
-                 argmax: Callable[[torch.Tensor], torch.Tensor] = lambda x: x.argmax(dim=-1)):
+                 argmax: Callable[[torch.Tensor], torch.Tensor] = lambda x: x.argmax(dim=-1),
+                 apply_token_bitmask: Optional[Callable] = None):
         """pin_host: upload per-row parameters from pinned memory without blocking the host
         (an accelerator whose steps are queued ahead: a pageable upload would wait for them).
-        argmax: [N, V] -> [N] int64 per row, torch.argmax's answer (DeviceBackend.argmax)."""
+        argmax: [N, V] -> [N] int64 per row, torch.argmax's answer (DeviceBackend.argmax).
+        apply_token_bitmask: (logits, rows, bits) masking in place (DeviceBackend's)."""
         self.device = device
         self.pin_host = pin_host
         self.argmax = argmax
+        self.apply_token_bitmask = apply_token_bitmask or torch_token_bitmask
 
     def _upload(self, a: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(np.ascontiguousarray(a))
@@ -41,12 +46,17 @@ class Sampler:
         return t.to(self.device)
 
     @torch.inference_mode()
-    def sample_on_device(self, logits: torch.Tensor, rows) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """logits: [N, V] fp32. Returns, left on the device and without waiting for it, (tokens [N]
-        int32, log-prob of each under the model [N] fp32, or None when no row asked for them)."""
+    def sample_on_device(self, logits: torch.Tensor, rows, mask=None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """logits: [N, V] fp32 (masked in place where `mask` says). mask: the grammar rows'
+        token bitmask (async_decoder_engine.grammar.TokenBitmask), applied before penalties and
+        temperature; None when no row has a grammar. Returns, left on the device and without
+        waiting for it, (tokens [N] int32, log-prob of each under the model (unmasked) [N] fp32,
+        or None when no row asked for them)."""
         n = logits.shape[0]
         want_logprobs = bool(rows.return_logprobs.any())
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+        if mask is not None:
+            self.apply_token_bitmask(logits, self._upload(mask.rows), mask.bits)
         logits = self._apply_penalties(logits, rows)
         greedy = (rows.temperature < _GREEDY_TEMPERATURE) | (rows.top_k == 1)
         tokens = torch.empty(n, dtype=torch.int64, device=logits.device)

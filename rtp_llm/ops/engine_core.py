@@ -178,8 +178,13 @@ def _bind(lib, structs):
     for name in ("rtp_llm_engine_schedule", "rtp_llm_engine_schedule_ahead"):
         getattr(lib, name).restype = batch
         getattr(lib, name).argtypes = [ctypes.c_void_p]
-    lib.rtp_llm_engine_commit.argtypes = [ctypes.c_void_p, _i32p, _f32p, ctypes.c_int32, ctypes.c_char_p,
+    lib.rtp_llm_engine_commit.argtypes = [ctypes.c_void_p, _i32p, _f32p, ctypes.c_int32, _i32p, ctypes.c_char_p,
                                           ctypes.c_int32]
+    lib.rtp_llm_engine_next_grammar.argtypes = [ctypes.c_void_p, _i64p, ctypes.c_char_p, ctypes.c_int32,
+                                                ctypes.c_char_p, ctypes.c_int32]
+    lib.rtp_llm_engine_grammar_done.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_char_p,
+                                                ctypes.c_char_p, ctypes.c_int64, ctypes.c_int32]
+    lib.rtp_llm_engine_take_ended_grammars.argtypes = [ctypes.c_void_p, _i64p, ctypes.c_int32]
     lib.rtp_llm_engine_fail_batch.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32]
     lib.rtp_llm_engine_wait_for_work.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     lib.rtp_llm_engine_stop.argtypes = [ctypes.c_void_p]
@@ -219,6 +224,9 @@ class EngineCore:
         self._err = ctypes.create_string_buffer(512)
         self._field = ctypes.create_string_buffer(64)
         self._poll_buf = ctypes.create_string_buffer(1 << 16)
+        self._grammar_buf = ctypes.create_string_buffer(1 << 16)
+        self._ended_buf = (ctypes.c_int64 * 256)()
+        self._appended = np.zeros(max_batch_size, dtype=np.int32)
         self._views: dict = {}  # address of a batch buffer -> its arrays, mapped at full size
         self._arrays = [f for f in self._batch_fields if f.length != SCALAR]
         # What _batch() reads every step, as plain tuples: the counts' names, (name, length) per array.
@@ -273,16 +281,50 @@ class EngineCore:
         arrays["block_tables"] = arrays["block_tables"].reshape(c.num_streams, c.block_table_stride)
         return StepBatch(self._rows_spec, counts, arrays)
 
-    def commit(self, tokens: np.ndarray, logprobs: Optional[np.ndarray] = None):
-        """The sampled tokens of the oldest uncommitted batch (its do_sample streams, in order)."""
+    def commit(self, tokens: np.ndarray, logprobs: Optional[np.ndarray] = None) -> np.ndarray:
+        """The sampled tokens of the oldest uncommitted batch (its do_sample streams, in order).
+        Returns which of them were appended ([n] int32, 1 = kept; 0 = dropped: the stream had
+        ended or was cancelled), a view valid until the next commit."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         lp = None
         if logprobs is not None:
             lp = np.ascontiguousarray(logprobs, dtype=np.float32).ctypes.data_as(_f32p)
-        code = self._lib.rtp_llm_engine_commit(self._handle, tokens.ctypes.data_as(_i32p), lp, len(tokens), self._err,
-                                               len(self._err))
+        appended = self._appended[:len(tokens)]
+        code = self._lib.rtp_llm_engine_commit(self._handle, tokens.ctypes.data_as(_i32p), lp, len(tokens),
+                                               appended.ctypes.data_as(_i32p), self._err, len(self._err))
         if code != 0:
             raise EngineError(code, self._err.value.decode())
+        return appended
+
+    def next_grammar(self) -> Optional[Tuple[int, str, str]]:
+        """(stream id, grammar field, grammar text) of the next grammar to compile, or None."""
+        sid = ctypes.c_int64()
+        while True:
+            n = self._lib.rtp_llm_engine_next_grammar(self._handle, ctypes.byref(sid), self._field, len(self._field),
+                                                      self._grammar_buf, len(self._grammar_buf))
+            if n < 0:
+                return None
+            if n <= len(self._grammar_buf):
+                return sid.value, self._field.value.decode(), self._grammar_buf.raw[:n].decode()
+            self._grammar_buf = ctypes.create_string_buffer(n)
+
+    def grammar_done(self, stream_id: int, error: Optional[EngineError] = None, compile_us: int = 0,
+                     cache_hit: bool = False):
+        """The stream's grammar compiled (error None: it may be scheduled) or failed: the stream
+        ends with `error` (its code, message and field). Thread-safe."""
+        code, message, field = (error.code, error.message, error.field) if error is not None else (0, "", "")
+        self._lib.rtp_llm_engine_grammar_done(self._handle, stream_id, code, message.encode(), field.encode(),
+                                              int(compile_us), int(cache_hit))
+
+    def take_ended_grammars(self) -> List[int]:
+        """Ids of streams with a grammar that ended since the last call."""
+        out: List[int] = []
+        cap = len(self._ended_buf)
+        while True:
+            n = self._lib.rtp_llm_engine_take_ended_grammars(self._handle, self._ended_buf, cap)
+            out += self._ended_buf[:n]
+            if n < cap:
+                return out
 
     def fail_batch(self, message: str):
         """Instead of commit(): the streams of every uncommitted batch end with

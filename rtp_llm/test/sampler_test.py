@@ -18,6 +18,7 @@ def rows(n, **kw):
                 repetition_penalty=np.ones(n, np.float32), presence_penalty=np.zeros(n, np.float32),
                 frequency_penalty=np.zeros(n, np.float32), random_seed=np.full(n, -1, np.int64),
                 num_generated=np.zeros(n, np.int32), return_logprobs=np.zeros(n, np.int32),
+                grammar=np.zeros(n, np.int32),
                 history_starts=np.zeros(n, np.int32), history_lens=np.zeros(n, np.int32),
                 history_tokens=np.zeros(0, np.int32))
     for k, v in kw.items():
@@ -25,9 +26,9 @@ def rows(n, **kw):
     return SamplingRows(**base)
 
 
-def sample(sampler, logits, r):
+def sample(sampler, logits, r, mask=None):
     """The real path (sample_on_device), brought to the host: (tokens, log-probs or None)."""
-    tokens, logprobs = sampler.sample_on_device(logits, r)
+    tokens, logprobs = sampler.sample_on_device(logits, r, mask)
     return tokens.cpu().numpy(), None if logprobs is None else logprobs.cpu().numpy()
 
 
@@ -72,6 +73,56 @@ class SamplerTest(unittest.TestCase):
         _, lp = sample(self.s, self.logits, rows(2, temperature=[0, 0], return_logprobs=[1, 0]))
         want = torch.log_softmax(self.logits, -1)[[0, 1], [1, 3]]
         np.testing.assert_allclose(lp, want.numpy(), rtol=1e-6)
+
+
+
+def bitmask(allowed_per_row, vocab):
+    """xgrammar's layout: [G, ceil(V/32)] int32, bit j of word w allows token 32 w + j."""
+    words = np.zeros((len(allowed_per_row), -(-vocab // 32)), dtype=np.uint32)
+    for i, allowed in enumerate(allowed_per_row):
+        for t in allowed:
+            words[i, t // 32] |= np.uint32(1) << np.uint32(t % 32)
+    return torch.from_numpy(words.view(np.int32))
+
+
+class TokenBitmaskTest(unittest.TestCase):
+    """Grammar rows' logits keep only their allowed tokens, before penalties and temperature;
+    other rows are untouched; log-probs stay the model's."""
+
+    def test_masked_rows_sample_only_allowed_tokens_and_others_are_untouched(self):
+        from rtp_llm.async_decoder_engine.grammar import TokenBitmask
+
+        vocab = 70  # not a multiple of 32: the last word is partly padding
+        g = torch.Generator().manual_seed(0)
+        logits = torch.randn(3, vocab, generator=g) * 5
+        allowed = [[31, 63, 69], [0, 32]]  # bit 31 is the sign bit of its word
+        mask = TokenBitmask(np.array([0, 2]), bitmask(allowed, vocab))
+        before = logits.clone()
+        s = Sampler(torch.device("cpu"))
+        tokens, _ = sample(s, logits.clone(), rows(3, temperature=[0, 0, 0]), mask)
+        self.assertEqual(tokens[0], max(allowed[0], key=lambda t: before[0, t]))
+        self.assertEqual(tokens[1], int(before[1].argmax()))
+        self.assertEqual(tokens[2], max(allowed[1], key=lambda t: before[2, t]))
+        for _ in range(20):  # temperature 1 with a penalty: still only the allowed tokens
+            r = rows(3, presence_penalty=[1.0, 0, 0], num_generated=[1, 0, 0], history_starts=[0, 1, 1],
+                     history_lens=[2, 0, 0], history_tokens=[5, 31])
+            tokens, logprobs = sample(s, before.clone(), r, mask)
+            self.assertIn(tokens[0], allowed[0])
+            self.assertIn(tokens[2], allowed[1])
+        m = before.clone()
+        Sampler(torch.device("cpu")).apply_token_bitmask(m, torch.from_numpy(mask.rows), mask.bits)
+        self.assertTrue(torch.equal(m[1], before[1]))
+        self.assertEqual(set(torch.nonzero(torch.isfinite(m[0])).flatten().tolist()), set(allowed[0]))
+
+    def test_log_probs_are_the_model_s_not_the_masked_distribution(self):
+        from rtp_llm.async_decoder_engine.grammar import TokenBitmask
+
+        logits = torch.tensor([[1.0, 3.0, 2.0, -1.0]])
+        mask = TokenBitmask(np.array([0]), bitmask([[2]], 4))
+        tokens, logprobs = sample(Sampler(torch.device("cpu")), logits.clone(),
+                                  rows(1, temperature=[0], return_logprobs=[1]), mask)
+        self.assertEqual(tokens[0], 2)
+        self.assertAlmostEqual(float(logprobs[0]), float(torch.log_softmax(logits, -1)[0, 2]), places=5)
 
 
 if __name__ == "__main__":

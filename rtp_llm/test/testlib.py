@@ -62,6 +62,29 @@ def make_tiny(name: str, root: str) -> str:
     return path
 
 
+TINY_EOS = "<|end|>"
+
+
+def add_tiny_tokenizer(path: str) -> str:
+    """Writes a byte-level BPE tokenizer of TINY_VOCAB tokens (TINY_EOS first, id 0, the EOS)
+    into the checkpoint at `path`, trained on JSON-like text, so grammars over the tiny models
+    have multi-byte tokens to choose from. Returns path."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TINY_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=[TINY_EOS], show_progress=False)
+    words = [a + b + c for a in "bdfklmnprst" for b in "aeiou" for c in ("", "n", "s")]
+    corpus = ['{"name": "Ada", "age": 36, "tags": ["x", "yy"], "ok": true, "n": null}',
+              '[1, 2, 3] {"a": {"b": "c"}}', " ".join(words), '", "'.join(words), "0123456789 " * 4]
+    tok.train_from_iterator(corpus * 20, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=TINY_EOS).save_pretrained(path)
+    return path
+
+
 def random_prompts(seed: int, lengths, prefix=()):
     """Prompts of random token ids below the tiny vocabulary, one per length, after `prefix`."""
     g = torch.Generator().manual_seed(seed)

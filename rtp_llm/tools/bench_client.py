@@ -40,6 +40,7 @@ class Shard:
     request_rate: float  # this process's share of the Poisson arrival rate (0: all at once)
     timeout: float
     seed: int
+    json_schema: Optional[dict] = None  # every request's output follows it (structured output)
 
 
 @dataclass
@@ -50,9 +51,12 @@ class ShardReport:
     cpu_s: float  # user + sys CPU seconds of this process between start and end
 
 
-async def completions(session, url: str, model: str, prompt_ids, output_len: int, chat: bool) -> Result:
+async def completions(session, url: str, model: str, prompt_ids, output_len: int, chat: bool,
+                      json_schema: Optional[dict] = None) -> Result:
     body = {"model": model, "max_tokens": output_len, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
+    if json_schema is not None:  # vLLM's field, which both servers take
+        body["structured_outputs"] = {"json": json_schema}
     if chat:
         body["messages"] = [{"role": "user", "content": " ".join(str(t) for t in prompt_ids)}]
     else:
@@ -87,9 +91,11 @@ async def completions(session, url: str, model: str, prompt_ids, output_len: int
     return r
 
 
-async def native(session, url: str, prompt_ids, output_len: int) -> Result:
+async def native(session, url: str, prompt_ids, output_len: int, json_schema: Optional[dict] = None) -> Result:
     body = {"prompt": prompt_ids, "generate_config": {"max_new_tokens": output_len, "temperature": 0,
                                                        "ignore_eos": True}}
+    if json_schema is not None:
+        body["generate_config"]["json_schema"] = json_schema
     start = time.perf_counter()
     async with session.post(url, json=body) as resp:
         text = await resp.text()
@@ -114,10 +120,10 @@ async def _drive(shard: Shard, barrier) -> ShardReport:
             async with limit:
                 try:
                     if shard.endpoint == "native":
-                        results.append(await native(s, url, prompt, out_len))
+                        results.append(await native(s, url, prompt, out_len, shard.json_schema))
                     else:
                         results.append(await completions(s, url, shard.model, prompt, out_len,
-                                                         shard.endpoint == "chat"))
+                                                         shard.endpoint == "chat", shard.json_schema))
                 except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
                     results.append(Result(ok=False, error=repr(e)[:200]))
 

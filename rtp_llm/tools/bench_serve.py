@@ -10,7 +10,8 @@ minus the engine's aux_info.cost_time.
 
     python -m rtp_llm.tools.bench_serve --base_url http://127.0.0.1:30000 --num_prompts 1024 \\
         --input_len 128 --output_len 1024 --concurrency 256 [--client_procs 4] [--model NAME] \\
-        [--request_rate 4] [--endpoint completions|chat|native] [--json_out r.json] [--plot r.png]
+        [--request_rate 4] [--endpoint completions|chat|native] [--json_out r.json] [--plot r.png] \\
+        [--json_schema long|FILE]
 """
 
 import argparse
@@ -61,15 +62,29 @@ def served_model(base_url: str) -> str:
         return "bench"
 
 
+# --json_schema long: an array of short strings that stays open for any --output_len (so every
+# token is sampled under the grammar; ignore_eos lets nothing end it early).
+LONG_SCHEMA = {"type": "array", "items": {"type": "string", "pattern": "^[a-z ]{1,24}$"}, "minItems": 100000}
+
+
+def json_schema(args) -> Optional[dict]:
+    if not args.json_schema:
+        return None
+    if args.json_schema == "long":
+        return LONG_SCHEMA
+    with open(args.json_schema) as f:
+        return json.load(f)
+
+
 def shards(args, requests: list, procs: int) -> List[Shard]:
     """Process i gets requests i, i + procs, ... and its share of the concurrency and rate."""
-    out = []
+    out, schema = [], json_schema(args)
     for i in range(procs):
         mine = requests[i::procs]
         out.append(Shard(base_url=args.base_url, endpoint=args.endpoint, model=args.model, requests=mine,
                          concurrency=args.concurrency // procs + (i < args.concurrency % procs),
                          request_rate=args.request_rate * len(mine) / len(requests), timeout=args.timeout,
-                         seed=args.seed * 1000 + i))
+                         seed=args.seed * 1000 + i, json_schema=schema))
     return out
 
 
@@ -135,6 +150,9 @@ def parse(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--request_rate", type=float, default=0.0, help="Poisson arrivals per second (0: all at once)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per request")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json_schema", help="structured output: every request's output follows this JSON Schema (a "
+                                         "file; 'long': an array of strings that never closes), sent as vLLM's "
+                                         "structured_outputs.json (native: generate_config.json_schema)")
     p.add_argument("--json_out", "--save_json", dest="json_out", help="write the report as JSON here")
     p.add_argument("--plot", help="write TTFT and latency histograms (PNG) here")
     args = p.parse_args(argv)

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "rtp_llm/cpp/engine/engine_core.h"
 #include "rtp_llm/cpp/model_rpc/proto_convert.h"
@@ -16,6 +18,13 @@ struct RtpEngine {
   std::unique_ptr<rtp_llm::RpcServer> server;
   // One view per batch buffer the engine has handed out (see EngineCore::schedule_ahead).
   RtpStepBatch views[4]{};
+  // A grammar taken from the engine that did not fit the caller's buffer: handed out first.
+  struct Grammar {
+    int64_t id = 0;
+    std::string field, spec;
+  };
+  std::deque<Grammar> held_grammars;
+  std::vector<int64_t> ended_grammars;  // taken from the engine, not yet handed out
 };
 
 namespace {
@@ -151,9 +160,43 @@ const RtpStepBatch* rtp_llm_engine_schedule_ahead(RtpEngine* engine) {
   return view_of(engine, engine->engine->schedule_ahead());
 }
 
-int32_t rtp_llm_engine_commit(RtpEngine* engine, const int32_t* tokens, const float* logprobs, int32_t n, char* err,
-                              int32_t err_len) {
-  return report(engine->engine->commit(tokens, logprobs, n), err, err_len);
+int32_t rtp_llm_engine_commit(RtpEngine* engine, const int32_t* tokens, const float* logprobs, int32_t n,
+                              int32_t* appended, char* err, int32_t err_len) {
+  return report(engine->engine->commit(tokens, logprobs, n, appended), err, err_len);
+}
+
+int32_t rtp_llm_engine_next_grammar(RtpEngine* engine, int64_t* stream_id, char* field, int32_t field_len, char* spec,
+                                    int32_t spec_cap) {
+  if (engine->held_grammars.empty()) {
+    RtpEngine::Grammar g;
+    if (!engine->engine->next_grammar(&g.id, &g.field, &g.spec)) return -1;
+    engine->held_grammars.push_back(std::move(g));
+  }
+  const RtpEngine::Grammar& g = engine->held_grammars.front();
+  const int32_t len = static_cast<int32_t>(g.spec.size());
+  if (len > spec_cap || spec == nullptr) return len;
+  *stream_id = g.id;
+  write_error(g.field, field, field_len);
+  std::memcpy(spec, g.spec.data(), g.spec.size());
+  engine->held_grammars.pop_front();
+  return len;
+}
+
+void rtp_llm_engine_grammar_done(RtpEngine* engine, int64_t stream_id, int32_t error_code, const char* message,
+                                 const char* field, int64_t compile_us, int32_t cache_hit) {
+  const ErrorInfo error = error_code == 0 ? ErrorInfo{}
+                                          : ErrorInfo{static_cast<ErrorCode>(error_code), message ? message : "",
+                                                      field ? field : ""};
+  engine->engine->grammar_done(stream_id, error, compile_us, cache_hit != 0);
+}
+
+int32_t rtp_llm_engine_take_ended_grammars(RtpEngine* engine, int64_t* ids, int32_t cap) {
+  std::vector<int64_t>& ended = engine->ended_grammars;
+  if (ended.empty()) engine->engine->take_ended_grammars(&ended);
+  const int32_t n = std::min(cap, static_cast<int32_t>(ended.size()));
+  std::copy(ended.begin(), ended.begin() + n, ids);
+  ended.erase(ended.begin(), ended.begin() + n);
+  return n;
 }
 
 int32_t rtp_llm_engine_fail_batch(RtpEngine* engine, const char* message, char* err, int32_t err_len) {

@@ -93,10 +93,29 @@ const RtpStepBatch* rtp_llm_engine_schedule(RtpEngine* engine);
 // id -1 - r stands for row r of the tokens that step samples. Empty when two are uncommitted.
 const RtpStepBatch* rtp_llm_engine_schedule_ahead(RtpEngine* engine);
 // The sampled tokens of the oldest uncommitted batch's do_sample streams in batch order
-// (n == num_sampled); logprobs may be NULL. Returns 0, or 605 (INVALID_PARAMS) with the
-// reason in `err`.
-int32_t rtp_llm_engine_commit(RtpEngine* engine, const int32_t* tokens, const float* logprobs, int32_t n, char* err,
-                              int32_t err_len);
+// (n == num_sampled); logprobs may be NULL. appended (NULL, or n entries written): 1 where
+// the token was appended to its stream, 0 where dropped (the stream had ended or was
+// cancelled: an ahead step's wasted row). Returns 0, or 605 (INVALID_PARAMS) with the reason
+// in `err`.
+int32_t rtp_llm_engine_commit(RtpEngine* engine, const int32_t* tokens, const float* logprobs, int32_t n,
+                              int32_t* appended, char* err, int32_t err_len);
+
+// Grammars (the GenerateConfigPB fields json_schema, regex, ebnf, structural_tag): the host
+// compiles them, off its stepping thread; a stream is not scheduled until its grammar is done.
+// next_grammar: the next stream whose grammar is to be compiled: its id, the field's name
+// (into `field`) and the grammar's text (into `spec`, not NUL-terminated). Returns the text's
+// length; -1 when there is none. When it exceeds `spec_cap` nothing is taken: call again
+// with a larger buffer.
+int32_t rtp_llm_engine_next_grammar(RtpEngine* engine, int64_t* stream_id, char* field, int32_t field_len, char* spec,
+                                    int32_t spec_cap);
+// The stream's grammar compiled (error_code 0: it may be scheduled now) or failed: the stream
+// ends with error_code (upstream's numbering), `message` and `field`. compile_us: the compile
+// time when this stream's grammar was compiled for it (0: a cache hit, cache_hit = 1).
+void rtp_llm_engine_grammar_done(RtpEngine* engine, int64_t stream_id, int32_t error_code, const char* message,
+                                 const char* field, int64_t compile_us, int32_t cache_hit);
+// Ids of streams with a grammar that ended since the last call, up to `cap` into `ids`.
+// Returns how many were written (call until it returns less than cap).
+int32_t rtp_llm_engine_take_ended_grammars(RtpEngine* engine, int64_t* ids, int32_t cap);
 
 // Instead of commit() when the model runner failed: the streams of every uncommitted batch end
 // with EXECUTION_EXCEPTION (606) and `message`; the others carry on. Returns 0 or 605.

@@ -78,6 +78,10 @@ ErrorInfo EngineCore::enqueue(std::vector<int32_t> prompt, GenerateConfig config
   }
   const int64_t sid = next_id_++;
   auto stream = std::make_unique<GenerateStream>(sid, std::move(prompt), std::move(config), max_seq_len, now_us());
+  if (stream->grammar_pending) {
+    grammar_queue_.push_back(sid);
+    ++grammar_.requests;
+  }
   scheduler_.add(stream.get());
   streams_.emplace(sid, std::move(stream));
   *id = sid;
@@ -104,7 +108,7 @@ const StepBatch& EngineCore::schedule_locked() {
   const int64_t now = now_us();
   ended_.clear();
   scheduler_.expire(now, ended_);
-  finished_ += static_cast<int64_t>(ended_.size());
+  count_ended(ended_);
   notify(ended_);
   StepBatch& b = batches_[(oldest_ + outstanding_) % Scheduler::kMaxStepsInFlight];
   scheduler_.schedule(b, now);
@@ -112,7 +116,7 @@ const StepBatch& EngineCore::schedule_locked() {
   return b;
 }
 
-ErrorInfo EngineCore::commit(const int32_t* tokens, const float* logprobs, int n) {
+ErrorInfo EngineCore::commit(const int32_t* tokens, const float* logprobs, int n, int32_t* appended) {
   std::lock_guard<std::mutex> lock(mu_);
   if (outstanding_ == 0) return invalid("", "commit() without a scheduled batch");
   const StepBatch& b = batches_[oldest_];
@@ -121,12 +125,12 @@ ErrorInfo EngineCore::commit(const int32_t* tokens, const float* logprobs, int n
   }
   updated_.clear();
   ended_.clear();
-  scheduler_.commit(b, tokens, logprobs, config_.eos_token_ids, now_us(), updated_, ended_);
+  scheduler_.commit(b, tokens, logprobs, config_.eos_token_ids, now_us(), updated_, ended_, appended);
   oldest_ = (oldest_ + 1) % Scheduler::kMaxStepsInFlight;
   --outstanding_;
   ++steps_;
   generated_tokens_ += n;
-  finished_ += static_cast<int64_t>(ended_.size());
+  count_ended(ended_);
   notify(updated_);
   for (GenerateStream* s : ended_) {
     if (std::find(updated_.begin(), updated_.end(), s) == updated_.end()) notify({s});
@@ -141,7 +145,7 @@ ErrorInfo EngineCore::fail_batch(const std::string& message) {
   ended_.clear();
   scheduler_.fail_step({ErrorCode::EXECUTION_EXCEPTION, message}, now_us(), ended_);
   outstanding_ = 0;
-  finished_ += static_cast<int64_t>(ended_.size());
+  count_ended(ended_);
   notify(ended_);
   erase_released();
   return {};
@@ -158,11 +162,58 @@ void EngineCore::erase_released() {
                          release_pending_.end());
 }
 
+void EngineCore::count_ended(const std::vector<GenerateStream*>& ended) {
+  finished_ += static_cast<int64_t>(ended.size());
+  for (const GenerateStream* s : ended) {
+    if (!s->config().grammar.empty()) ended_grammars_.push_back(s->id());
+  }
+}
+
 bool EngineCore::wait_for_work(int timeout_ms) {
   std::unique_lock<std::mutex> lock(mu_);
-  work_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                    [&] { return stopped_ || scheduler_.num_waiting() + scheduler_.num_running() > 0; });
-  return !stopped_ && scheduler_.num_waiting() + scheduler_.num_running() > 0;
+  auto work = [&] { return !grammar_queue_.empty() || scheduler_.has_runnable(); };
+  work_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return stopped_ || work(); });
+  return !stopped_ && work();
+}
+
+bool EngineCore::next_grammar(int64_t* id, std::string* field, std::string* spec) {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!grammar_queue_.empty()) {
+    const int64_t sid = grammar_queue_.front();
+    grammar_queue_.pop_front();
+    auto it = streams_.find(sid);
+    if (it == streams_.end() || it->second->done()) continue;  // released or ended meanwhile
+    *id = sid;
+    *field = it->second->config().grammar.field;
+    *spec = it->second->config().grammar.spec;
+    return true;
+  }
+  return false;
+}
+
+void EngineCore::grammar_done(int64_t id, const ErrorInfo& error, int64_t compile_us, bool cache_hit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  grammar_.compiles += compile_us > 0 ? 1 : 0;
+  grammar_.compile_us += compile_us;
+  grammar_.cache_hits += cache_hit ? 1 : 0;
+  grammar_.failures += error.ok() ? 0 : 1;
+  auto it = streams_.find(id);
+  if (it == streams_.end() || !it->second->grammar_pending) return;
+  GenerateStream* s = it->second.get();
+  s->grammar_pending = false;
+  if (!error.ok() && !s->done()) {
+    scheduler_.remove(s);  // still waiting: a pending stream is never admitted
+    s->finish(StreamStatus::ERROR, error, now_us());
+    count_ended({s});
+    notify({s});
+  }
+  work_cv_.notify_all();
+}
+
+void EngineCore::take_ended_grammars(std::vector<int64_t>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  out->swap(ended_grammars_);
+  ended_grammars_.clear();
 }
 
 bool EngineCore::abort(int64_t id) {
@@ -177,7 +228,7 @@ bool EngineCore::abort(int64_t id) {
   }
   scheduler_.remove(s);
   s->finish(StreamStatus::CANCELLED, {ErrorCode::CANCELLED, "cancelled"}, now_us());
-  ++finished_;
+  count_ended({s});
   notify({s});
   return true;
 }
@@ -243,7 +294,8 @@ void EngineCore::set_listener(int64_t id, Listener listener) {
 EngineStats EngineCore::stats() {
   std::lock_guard<std::mutex> lock(mu_);
   return {scheduler_.num_running(), scheduler_.num_waiting(), static_cast<int>(streams_.size()), kv_.stats(),
-          steps_,                   scheduler_.num_preemptions(), finished_, generated_tokens_};
+          steps_,                   scheduler_.num_preemptions(), finished_, generated_tokens_,
+          grammar_};
 }
 
 void EngineCore::stop() {

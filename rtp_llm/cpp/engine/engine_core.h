@@ -46,11 +46,21 @@ struct StreamUpdate {
   bool done() const { return status >= StreamStatus::FINISHED; }
 };
 
+// Grammars since start (the engine process compiles them and reports each in grammar_done).
+struct GrammarStats {
+  int64_t requests = 0;    // streams enqueued with a grammar
+  int64_t cache_hits = 0;  // of those, whose grammar was compiled (or compiling) already
+  int64_t compiles = 0;    // grammars compiled
+  int64_t compile_us = 0;  // their compile time, summed
+  int64_t failures = 0;    // streams whose grammar failed to compile or timed out
+};
+
 struct EngineStats {
   int running, waiting, tracked_streams;
   KVCacheStats kv;
   int64_t steps, preemptions, finished;
   int64_t generated_tokens;  // tokens sampled and committed, since start
+  GrammarStats grammar;
 };
 
 class EngineCore {
@@ -77,13 +87,25 @@ class EngineCore {
   // running batch samples). With none uncommitted it is schedule(); with two, an empty batch.
   const StepBatch& schedule_ahead();
   // Sampled tokens of the oldest uncommitted batch's do_sample streams, in batch order
-  // (n == num_sampled).
-  ErrorInfo commit(const int32_t* tokens, const float* logprobs, int n);
+  // (n == num_sampled). appended (may be null, else n entries): 1 where the token was
+  // appended, 0 where dropped (see Scheduler::commit).
+  ErrorInfo commit(const int32_t* tokens, const float* logprobs, int n, int32_t* appended = nullptr);
   // Instead of commit(): the model runner failed. The streams of every uncommitted batch
   // end with EXECUTION_EXCEPTION and `message`; every other stream carries on.
   ErrorInfo fail_batch(const std::string& message);
-  // Blocks until a stream waits or runs, or `timeout_ms` passes, or stop(). True if work.
+  // Blocks until there is work (a stream that could be scheduled, or a grammar to compile),
+  // or `timeout_ms` passes, or stop(). True if work.
   bool wait_for_work(int timeout_ms);
+
+  // Grammars. A stream enqueued with one waits unadmitted until grammar_done(). The engine
+  // process takes each stream's grammar to compile (next_grammar: false when none is left;
+  // streams that ended meanwhile are skipped), then reports it: error.ok() lets the stream be
+  // scheduled; otherwise it ends with `error` (naming the grammar field). compile_us: the
+  // compile this stream started (0 for a cache hit). Thread-safe like the rest.
+  bool next_grammar(int64_t* id, std::string* field, std::string* spec);
+  void grammar_done(int64_t id, const ErrorInfo& error, int64_t compile_us, bool cache_hit);
+  // Ids of streams with a grammar that ended since the last call (their matchers can go).
+  void take_ended_grammars(std::vector<int64_t>* out);
   // Cancels a stream (its blocks are freed now, or at commit() if in flight). False if unknown.
   bool abort(int64_t id);
   // Copies the stream's state from generated token `from` on. False if unknown.
@@ -106,6 +128,7 @@ class EngineCore {
   void dispatch_loop();
   const StepBatch& schedule_locked();                          // with mu_ held
   void erase_released();                                     // with mu_ held
+  void count_ended(const std::vector<GenerateStream*>& ended);  // with mu_ held
 
   EngineCoreConfig config_;
   std::mutex mu_;
@@ -123,6 +146,9 @@ class EngineCore {
   std::unordered_map<int64_t, ListenerPtr> listeners_;
   std::vector<GenerateStream*> updated_, ended_;  // scratch, reused every step
   std::vector<int64_t> release_pending_;          // released while in flight: erased once not
+  std::deque<int64_t> grammar_queue_;             // streams whose grammar is to be compiled
+  std::vector<int64_t> ended_grammars_;           // streams with a grammar that ended (take_ended_grammars)
+  GrammarStats grammar_;
 
   std::mutex dispatch_mu_;
   std::condition_variable dispatch_cv_;

@@ -43,6 +43,11 @@ ErrorInfo GenerateConfig::validate() const {
   }
   RTP_LLM_ALL_SAMPLING(RTP_LLM_CHECK_RANGE)
 #undef RTP_LLM_CHECK_RANGE
+  if (!grammar.conflict.empty()) {
+    return invalid(grammar.conflict, "only one of json_schema, regex, ebnf and structural_tag may be set (" +
+                                         grammar.field + " is set too)");
+  }
+  if (!grammar.empty() && grammar.spec.empty()) return invalid(grammar.field, grammar.field + " must not be empty");
   for (const auto& words : stop_words_list) {
     if (words.empty()) return invalid("stop_words_list", "stop_words_list must not contain an empty sequence");
   }

@@ -24,6 +24,7 @@ GenerateStream::GenerateStream(int64_t id, std::vector<int32_t> prompt, Generate
       config_(std::move(config)),
       max_seq_len_(max_seq_len) {
   timing_.enqueue_us = now_us;
+  grammar_pending = !config_.grammar.empty();
   tokens_.reserve(std::min(max_seq_len_, prompt_len_ + config_.max_new_tokens));
 }
 

@@ -63,6 +63,9 @@ class GenerateStream {
   int pending_sampled = 0;
   int pending_row = -1;           // row of the latest such step's sampled tokens (when it samples)
   bool cancel_requested = false;  // abort() arrived while in flight: finish at commit
+  // A stream with a grammar is not admitted until the engine process has compiled it
+  // (EngineCore::grammar_done): its first sample needs the grammar's token mask.
+  bool grammar_pending = false;
 
   // Tokens once every step in flight has committed: the next step starts at the first, and
   // the last of them is sampled by a step in flight when pending_sampled > 0.

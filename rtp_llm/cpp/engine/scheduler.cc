@@ -90,6 +90,8 @@ void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now
   RTP_LLM_ALL_SAMPLING(RTP_LLM_COPY_PARAM)
 #undef RTP_LLM_COPY_PARAM
   b.num_generated[i] = s->num_generated() + s->pending_sampled;
+  b.grammar[i] = c.grammar.empty() ? 0 : 1;
+  b.num_grammar += sample & b.grammar[i];
   add_history(b, i, sample && has_penalties(c) ? s : nullptr);
 
   ++s->in_flight;
@@ -181,10 +183,16 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
     ++i;
   }
 
-  // Admit waiting streams in arrival order; none after a preemption (blocks are short).
+  // Admit waiting streams in arrival order, passing over those whose grammar is still
+  // compiling; none after a preemption (blocks are short).
   // (Ahead of a step in flight, `preempted` means a running stream was short of blocks.)
-  while (!preempted && !waiting_.empty() && budget > 0 && b.num_streams < config_.max_batch_size) {
-    GenerateStream* s = waiting_.front();
+  for (auto it = waiting_.begin();
+       !preempted && it != waiting_.end() && budget > 0 && b.num_streams < config_.max_batch_size;) {
+    GenerateStream* s = *it;
+    if (s->grammar_pending) {
+      ++it;
+      continue;
+    }
     PrefixMatch match = kv_.match_prefix(s->tokens().data(), s->num_tokens());
     const int cached = match.num_tokens(kv_.block_size());
     const int n = std::min(s->num_tokens() - cached, budget);
@@ -196,7 +204,7 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
     }
     s->num_computed = cached;
     s->set_status(StreamStatus::RUNNING);
-    waiting_.pop_front();
+    it = waiting_.erase(it);
     running_.push_back(s);
     add_to_batch(b, s, n, now_us);
     budget -= n;
@@ -215,9 +223,14 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
   }
 }
 
+bool Scheduler::has_runnable() const {
+  return !running_.empty() ||
+         std::any_of(waiting_.begin(), waiting_.end(), [](const GenerateStream* s) { return !s->grammar_pending; });
+}
+
 void Scheduler::commit(const StepBatch& b, const int32_t* tokens, const float* logprobs,
                        const std::vector<int32_t>& eos_ids, int64_t now_us, std::vector<GenerateStream*>& updated,
-                       std::vector<GenerateStream*>& ended) {
+                       std::vector<GenerateStream*>& ended, int32_t* appended) {
   assert(num_steps_ > 0);
   const std::vector<GenerateStream*>& scheduled = step(0);
   int k = 0;
@@ -233,8 +246,10 @@ void Scheduler::commit(const StepBatch& b, const int32_t* tokens, const float* l
       --s->pending_sampled;
       const int32_t token = tokens[k];
       const float logprob = logprobs ? logprobs[k] : 0.0f;
+      const bool keep = !s->cancel_requested && !was_done;
+      if (appended != nullptr) appended[k] = keep ? 1 : 0;
       ++k;
-      if (!s->cancel_requested && !was_done) {
+      if (keep) {
         s->append(token, logprob, eos_ids, now_us);
         updated.push_back(s);
       }

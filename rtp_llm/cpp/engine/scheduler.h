@@ -15,6 +15,10 @@
 // scheduled ahead: the engine steps in turn, so the history is complete at schedule time. A
 // stream that stops on its token (EOS, stop words) wastes one row: its ahead sample is
 // dropped at commit.
+//
+// Grammars: a waiting stream whose grammar is still compiling (grammar_pending) is passed
+// over by admission (streams behind it are admitted meanwhile); once admitted, its sampled
+// rows are marked (`grammar`, `num_grammar`) for the sampler's token mask.
 #pragma once
 
 #include <cstdint>
@@ -50,16 +54,21 @@ class Scheduler {
   // Applies the oldest step in flight: advances num_computed, publishes full blocks, appends the sampled
   // tokens (`tokens`/`logprobs` in batch order of the do_sample streams), applies stop
   // criteria and pending cancellations. Streams that ended are removed and freed, and are
-  // appended to `ended`; streams that got a token are appended to `updated`.
+  // appended to `ended`; streams that got a token are appended to `updated`. appended (may be
+  // null): per sampled row, 1 when its token was appended, 0 when dropped (its stream ended
+  // at an earlier commit or was cancelled), so a grammar's matcher advances on exactly the
+  // tokens its stream keeps.
   void commit(const StepBatch& batch, const int32_t* tokens, const float* logprobs,
               const std::vector<int32_t>& eos_ids, int64_t now_us, std::vector<GenerateStream*>& updated,
-              std::vector<GenerateStream*>& ended);
+              std::vector<GenerateStream*>& ended, int32_t* appended = nullptr);
 
   // The model runner failed: the streams of every step in flight (a step scheduled ahead
   // depends on the one before) end with `error` (blocks freed, removed); appended to `ended`.
   // Streams not in those steps are untouched.
   void fail_step(const ErrorInfo& error, int64_t now_us, std::vector<GenerateStream*>& ended);
 
+  // A stream could be scheduled: one runs, or one waits whose grammar is not pending.
+  bool has_runnable() const;
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }
   const std::deque<GenerateStream*>& waiting() const { return waiting_; }

@@ -50,7 +50,8 @@
   X(num_sampled)        /* streams with do_sample = 1; commit() takes that many tokens */ \
   X(block_table_stride) /* B = max blocks of any stream in this step */                 \
   X(num_prefill)        /* streams that run prompt tokens (not a single decode token) */ \
-  X(num_history_tokens) /* H: tokens in history_tokens */
+  X(num_history_tokens) /* H: tokens in history_tokens */                            \
+  X(num_grammar)        /* sampled streams with a grammar: the sampler masks their logits */
 
 /* The step batch's arrays other than the sampling parameters: X(type, name, length, group). */
 #define RTP_LLM_STEP_ARRAYS(X)                                                                  \
@@ -65,6 +66,7 @@
   X(i32, positions, T, MODEL)                                                                   \
   X(i64, slot_mapping, T, MODEL)    /* block_id * block_size + offset of each token's KV */     \
   X(i32, num_generated, S, SAMPLE)  /* tokens generated so far: a seeded sample's position */   \
+  X(i32, grammar, S, SAMPLE)        /* 1: the stream's samples follow its grammar (compiled) */  \
   /* Penalized sampled rows' token history (prompt, then generated; complete: nothing is      \
      scheduled ahead of such a row), history_tokens[history_starts[i] +: history_lens[i]];    \
      other rows have history_lens 0. */                                                       \
@@ -96,6 +98,11 @@
   X(i64, steps, steps)                         \
   X(i64, preemptions, preemptions)             \
   X(i64, finished, finished)                   \
-  X(i64, generated_tokens, generated_tokens)
+  X(i64, generated_tokens, generated_tokens)   \
+  X(i64, grammar_requests, grammar.requests)   /* streams with a grammar */ \
+  X(i64, grammar_cache_hits, grammar.cache_hits) /* of those, compiled already (or compiling) */ \
+  X(i64, grammar_compiles, grammar.compiles)   /* grammars compiled */ \
+  X(i64, grammar_compile_us, grammar.compile_us) /* their compile time, summed */ \
+  X(i64, grammar_failures, grammar.failures)   /* grammars that failed to compile or timed out */
 
 #endif /* RTP_LLM_STEP_BATCH_FIELDS_H_ */

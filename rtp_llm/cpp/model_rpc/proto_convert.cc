@@ -31,6 +31,17 @@ GenerateConfig from_proto(const GenerateConfigPB& pb, int max_seq_len) {
 #undef RTP_LLM_FROM_PROTO
   c.random_seed = pb.has_random_seed() ? pb.random_seed().value() : -1;
   c.return_logprobs = pb.return_softmax_probs() || pb.return_cum_log_probs();
+  // The first grammar field set is the stream's; validate() refuses a second.
+#define RTP_LLM_FROM_PROTO_GRAMMAR(name)    \
+  if (!pb.has_##name()) {                  \
+  } else if (c.grammar.empty()) {          \
+    c.grammar.field = #name;               \
+    c.grammar.spec = pb.name().value();    \
+  } else if (c.grammar.conflict.empty()) { \
+    c.grammar.conflict = #name;            \
+  }
+  RTP_LLM_GRAMMAR_FIELDS(RTP_LLM_FROM_PROTO_GRAMMAR)
+#undef RTP_LLM_FROM_PROTO_GRAMMAR
   return c;
 }
 
@@ -137,6 +148,11 @@ void fill_worker_status(const EngineStats& s, const EngineCoreConfig& config, Wo
   out->set_max_seq_len(config.max_seq_len);
   out->set_max_batch_tokens_size(config.max_num_batched_tokens);
   out->set_generated_tokens(s.generated_tokens);
+  out->set_grammar_requests(s.grammar.requests);
+  out->set_grammar_cache_hits(s.grammar.cache_hits);
+  out->set_grammar_compiles(s.grammar.compiles);
+  out->set_grammar_compile_us(s.grammar.compile_us);
+  out->set_grammar_failures(s.grammar.failures);
 }
 
 void fill_cache_status(const EngineStats& s, CacheStatusPB* out) {

@@ -192,6 +192,15 @@ class CpuBackend(DeviceBackend):
     def argmax(self, logits):
         return self._ops.argmax_rows(logits)
 
+    def apply_token_bitmask(self, logits, rows, bits):
+        # xgrammar's own CPU kernel (it is installed wherever a grammar compiled) on the grammar
+        # rows, gathered: its indices address the logits and the bitmask alike.
+        from xgrammar import apply_token_bitmask_inplace
+
+        sub = logits[rows]
+        apply_token_bitmask_inplace(sub, bits)
+        logits[rows] = sub
+
     def rms_norm(self, x, weight, eps):
         return self._ops.rms_norm(x, weight, eps)
 

@@ -8,6 +8,7 @@ import unittest
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from rtp_llm.config.grammar import GRAMMAR_FIELDS, JSON_OBJECT_SCHEMA
 from rtp_llm.frontend.app import Frontend
 from rtp_llm.frontend.backend_client import BackendError, Chunk
 from rtp_llm.frontend.errors import ErrorCode
@@ -41,7 +42,7 @@ class Worker:
 class ScriptedBackend:
     """Streams `text` a byte a chunk and finishes with `reason`; a prompt with a "!" is refused
     as the core refuses an empty prompt (field token_ids), one with a "?" as a bad
-    max_new_tokens."""
+    max_new_tokens, one with a "#" and a grammar as a grammar that does not compile."""
 
     def __init__(self, text="abc", reason="length"):
         self.text, self.reason = text, reason
@@ -61,6 +62,9 @@ class ScriptedBackend:
             raise BackendError(400, ErrorCode.INVALID_PARAMS, "token_ids must not be empty", "token_ids")
         if ord("?") in token_ids:
             raise BackendError(400, ErrorCode.INVALID_PARAMS, "max_new_tokens must be >= 1", "max_new_tokens")
+        kind = next((k for k in GRAMMAR_FIELDS if config.HasField(k)), None)
+        if ord("#") in token_ids and kind:
+            raise BackendError(400, ErrorCode.INVALID_PARAMS, f"{kind} does not compile", kind)
         data = self.text.encode()
         for i, b in enumerate(data):
             last = i == len(data) - 1
@@ -167,13 +171,7 @@ class AppTest(unittest.IsolatedAsyncioTestCase):
 
     async def test_what_is_not_supported_is_refused_not_ignored(self):
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        for extra, param in [({"response_format": {"type": "json_object"}}, "response_format"),
-                             ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-                              "response_format"),
-                             ({"response_format": "json"}, "response_format"),
-                             ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
-                             ({"guided_json": {"type": "object"}}, "guided_json"),
-                             ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        for extra, param in [({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
                              ({"tool_choice": "auto"}, "tool_choice"),
                              ({"logit_bias": {"5": 100}}, "logit_bias"),
                              ({"echo": True}, "echo"),
@@ -184,6 +182,78 @@ class AppTest(unittest.IsolatedAsyncioTestCase):
                              {"echo": False}, {"logit_bias": {}}):
             status, _, text = await self.request("/v1/chat/completions", dict(chat, **asks_nothing))
             self.assertEqual(status, 200, (asks_nothing, text))
+
+    async def test_structured_output_reaches_the_engine_as_its_grammar(self):
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+        for path, extra, kind, expected in [
+                ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "json_schema",
+                 json.dumps(JSON_OBJECT_SCHEMA)),
+                ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
+                    "name": "x", "schema": schema, "strict": True}}}, "json_schema", json.dumps(schema)),
+                ("/v1/chat/completions", {"structured_outputs": {"regex": "a+"}}, "regex", "a+"),
+                ("/v1/completions", {"structured_outputs": {"choice": ["a.b", "c"]}}, "regex", r"(a\.b)|(c)"),
+                ("/v1/completions", {"structured_outputs": {"grammar": 'root ::= "x"'}}, "ebnf", 'root ::= "x"'),
+                ("/v1/chat/completions", {"guided_json": schema, "stream": True}, "json_schema", json.dumps(schema)),
+                ("/", {"generate_config": {"json_schema": schema}}, "json_schema", json.dumps(schema)),
+                ("/", {"generate_config": {"response_format": {"type": "regex", "pattern": "[0-9]"}}}, "regex",
+                 "[0-9]")]:
+            with self.subTest(extra=extra):
+                backend = ScriptedBackend()
+                body = dict(chat, **extra) if path == "/v1/chat/completions" else dict(
+                    {"prompt": "hi", "max_tokens": 4} if path == "/v1/completions" else {"prompt": "hi"}, **extra)
+                status, _, text = await self.request(path, body, backend)
+                self.assertEqual(status, 200, text)
+                pb = backend.configs[-1]
+                self.assertTrue(pb.HasField(kind), pb)
+                self.assertEqual(getattr(pb, kind).value, expected)
+                others = [k for k in GRAMMAR_FIELDS if k != kind and pb.HasField(k)]
+                self.assertEqual(others, [])
+        for asks_nothing in ({"response_format": {"type": "text"}}, {"structured_outputs": None}):
+            backend = ScriptedBackend()
+            status, _, text = await self.request("/v1/chat/completions", dict(chat, **asks_nothing), backend)
+            self.assertEqual(status, 200, text)
+            self.assertFalse(any(backend.configs[-1].HasField(k) for k in GRAMMAR_FIELDS))
+
+    async def test_malformed_structured_output_is_a_400_naming_the_field(self):
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        for extra, param in [({"response_format": "json"}, "response_format"),
+                             ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+                             ({"response_format": {"type": "json_schema", "json_schema": {"schema": 3}}},
+                              "response_format.json_schema.schema"),
+                             ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+                             ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
+                             ({"structured_outputs": {"what": 1}}, "structured_outputs.what"),
+                             ({"guided_regex": 5}, "guided_regex"),
+                             ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
+                              "structured_outputs")]:
+            status, _, text = await self.request("/v1/chat/completions", dict(chat, **extra))
+            self.assertEqual((status, json.loads(text)["error"]["param"]), (400, param), extra)
+        for cfg, field in [({"json_schema": "{not json"}, "generate_config.json_schema"),
+                           ({"regex": "a", "ebnf": 'root ::= "a"'}, "generate_config.ebnf"),
+                           ({"response_format": {"type": "yaml"}}, "generate_config.response_format")]:
+            status, _, text = await self.request("/", {"prompt": "hi", "generate_config": cfg})
+            self.assertEqual(status, 400, text)
+            self.assertTrue(json.loads(text)["message"].startswith(field), text)
+
+    async def test_an_engine_grammar_error_names_the_request_s_field(self):
+        # The engine's compile error is about its grammar field: named as the request set it.
+        for path, body, param in [
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "#"}],
+                                          "response_format": {"type": "json_object"}}, "response_format"),
+                ("/v1/completions", {"prompt": "#", "structured_outputs": {"regex": "[a-"}}, "structured_outputs"),
+                ("/", {"prompt": "#", "generate_config": {"regex": "[a-"}}, "generate_config.regex"),
+                ("/", {"prompt": "#", "generate_config": {"response_format": {"type": "regex", "pattern": "[a-"}}},
+                 "generate_config.response_format")]:
+            with self.subTest(body=body):
+                status, _, text = await self.request(path, body)
+                self.assertEqual(status, 400, text)
+                out = json.loads(text)
+                if path == "/":  # the native body names no param: the engine's message says the field
+                    self.assertIn(param.rpartition(".")[2] if "response_format" not in param else "regex",
+                                  out["message"])
+                else:
+                    self.assertEqual(out["error"]["param"], param)
 
     async def test_engine_errors_name_the_field_as_the_request_does(self):
         cases = [("/v1/completions", {"prompt": "!x"}, "prompt"),

@@ -2,9 +2,12 @@
 refused just past it, naming the field as each API calls it), unknown fields, type errors,
 and the proto each field becomes."""
 
+import json
 import math
 import unittest
 
+from rtp_llm.config import grammar as grammars
+from rtp_llm.config.grammar import GRAMMAR_FIELDS, GrammarError
 from rtp_llm.config.generate_config import GenerateConfig, GenerateConfigError
 from rtp_llm.frontend.errors import RequestError
 from rtp_llm.frontend.request import native_config, openai_config
@@ -20,7 +23,8 @@ RANGES = {  # field: (lo, hi, lo_open)
 FLOATS = {"temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}
 DEFAULTS = dict(max_new_tokens=256, min_new_tokens=0, num_return_sequences=1, temperature=1.0, top_k=0, top_p=1.0,
                 min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, random_seed=None,
-                ignore_eos=False, stop_words_list=[], return_logprobs=False, timeout_ms=0)
+                ignore_eos=False, stop_words_list=[], return_logprobs=False, timeout_ms=0, response_format=None,
+                json_schema=None, regex=None, ebnf=None, structural_tag=None)
 OPENAI = {"max_new_tokens": "max_tokens", "random_seed": "seed", "num_return_sequences": "n"}
 NOT_IN_OPENAI = {"min_new_tokens", "timeout_ms", "stop_words_list", "return_logprobs"}
 
@@ -66,7 +70,7 @@ class GenerateConfigTest(unittest.TestCase):
         with self.assertRaises(GenerateConfigError) as cm:
             GenerateConfig.from_dict({"max_new_tokens": 2, "top_q": 1})
         self.assertEqual(cm.exception.field, "top_q")
-        self.assertIn("unknown field (known: frequency_penalty, ignore_eos,", cm.exception.reason)
+        self.assertIn("unknown field (known: ebnf, frequency_penalty, ignore_eos,", cm.exception.reason)
 
     def test_type_errors(self):
         cases = [("max_new_tokens", 1.5), ("max_new_tokens", "8"), ("max_new_tokens", True), ("top_k", None),
@@ -155,6 +159,51 @@ class FrontendNamesTest(unittest.TestCase):
             theirs = OPENAI.get(name, name)
             with self.subTest(theirs):
                 self.assert_request_error(lambda: openai_config({theirs: beyond(name, hi, up=True)}, 16), theirs)
+
+
+
+class GrammarFieldsTest(unittest.TestCase):
+    """The grammar fields (at most one, response_format included) become their StringValue."""
+
+    def test_each_grammar_field_becomes_its_proto_field(self):
+        schema = {"type": "object", "properties": {"a": {"enum": [1, 2]}}}
+        for cfg, kind, text in [({"json_schema": schema}, "json_schema", json.dumps(schema)),
+                                ({"json_schema": json.dumps(schema)}, "json_schema", json.dumps(schema)),
+                                ({"json_schema": True}, "json_schema", "true"),
+                                ({"regex": "[a-z]+"}, "regex", "[a-z]+"),
+                                ({"ebnf": 'root ::= "a"'}, "ebnf", 'root ::= "a"'),
+                                ({"structural_tag": {"type": "structural_tag", "format": {"type": "const_string",
+                                                                                          "value": "x"}}},
+                                 "structural_tag", None),
+                                ({"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}},
+                                 "json_schema", json.dumps(schema)),
+                                ({"response_format": {"type": "ebnf", "grammar": 'root ::= "b"'}}, "ebnf",
+                                 'root ::= "b"')]:
+            with self.subTest(cfg=cfg):
+                pb = GenerateConfig.from_dict(cfg).to_proto()
+                self.assertTrue(pb.HasField(kind))
+                if text is not None:
+                    self.assertEqual(getattr(pb, kind).value, text)
+                self.assertEqual([k for k in GRAMMAR_FIELDS if pb.HasField(k)], [kind])
+        pb = GenerateConfig.from_dict({"response_format": {"type": "text"}}).to_proto()
+        self.assertEqual([k for k in GRAMMAR_FIELDS if pb.HasField(k)], [])
+
+    def test_bad_grammar_fields_name_the_field(self):
+        for cfg, field in [({"json_schema": 5}, "json_schema"), ({"json_schema": "{"}, "json_schema"),
+                           ({"regex": ""}, "regex"), ({"ebnf": 3}, "ebnf"), ({"structural_tag": []}, "structural_tag"),
+                           ({"response_format": {"type": "json_schema"}}, "response_format"),
+                           ({"regex": "a", "json_schema": {}}, "regex"),
+                           ({"response_format": {"type": "json_object"}, "regex": "a"}, "regex")]:
+            with self.subTest(cfg=cfg), self.assertRaises(GenerateConfigError) as cm:
+                GenerateConfig.from_dict(cfg)
+            self.assertEqual(cm.exception.field, field)
+
+    def test_choice_is_a_regex_of_escaped_literals(self):
+        g = grammars.choice(["a.b", "(c)", "d|e"], "choice")
+        self.assertEqual(g.kind, "regex")
+        self.assertEqual(g.text, r"(a\.b)|(\(c\))|(d\|e)")
+        with self.assertRaises(GrammarError):
+            grammars.choice(["ok", 3], "choice")
 
 
 if __name__ == "__main__":

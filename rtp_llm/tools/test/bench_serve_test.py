@@ -16,7 +16,7 @@ from rtp_llm.tools.bench_sampler import ServerSampler
 
 def _args(**kw) -> Namespace:
     base = dict(base_url="http://x", endpoint="completions", model="m", num_prompts=10, input_len=7, output_len=5,
-                range_ratio=0.0, concurrency=5, request_rate=3.0, timeout=60, seed=1)
+                range_ratio=0.0, concurrency=5, request_rate=3.0, timeout=60, seed=1, json_schema=None)
     return Namespace(**dict(base, **kw))
 
 
@@ -65,6 +65,11 @@ class BenchServeTest(unittest.TestCase):
         self.assertEqual(sorted(map(tuple, (p for s in shards for p, _ in s.requests))),
                          sorted(map(tuple, (p for p, _ in requests))))
         self.assertAlmostEqual(sum(s.request_rate for s in shards), 3.0)
+        self.assertTrue(all(s.json_schema is None for s in shards))
+
+    def test_json_schema_goes_to_every_shard(self):
+        shards = bench_serve.shards(_args(json_schema="long"), bench_serve.workload(_args()), 2)
+        self.assertTrue(all(s.json_schema == bench_serve.LONG_SCHEMA for s in shards))
 
     def test_default_client_procs(self):
         self.assertEqual(bench_serve.default_client_procs(1), 1)

@@ -1,0 +1,189 @@
+"""Grammar-constrained generation through the real engine on a tiny random model with a tiny
+byte-level tokenizer (testlib): sampled output follows the grammar and ends with "stop", each
+matcher accepted exactly its stream's committed tokens (overlapped scheduling on and off),
+greedy output under a grammar that admits the unconstrained answer is that answer, and a
+grammar that does not compile fails only its request, naming the field."""
+
+import json
+import re
+import tempfile
+import time
+import unittest
+from concurrent.futures import Future
+
+import torch
+
+from rtp_llm.async_decoder_engine.grammar import GrammarBook, GrammarOptions
+from rtp_llm.ops.engine_core import EngineCore
+
+from rtp_llm.config.generate_config import GenerateConfig
+from rtp_llm.config.grammar import literal_regex
+from rtp_llm.llm import LLM
+from rtp_llm.test import testlib
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z]{1,6}$"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "role": {"enum": ["admin", "user"]},
+        "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,3}$"}, "minItems": 1,
+                 "maxItems": 2},
+        "home": {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{3}$"}},
+                 "required": ["zip"], "additionalProperties": False},
+    },
+    "required": ["name", "age", "role", "tags", "home"],
+    "additionalProperties": False,
+}
+
+
+def valid(doc) -> bool:
+    """SCHEMA's constraints checked by hand (the unit tests' environment has no jsonschema)."""
+    return (isinstance(doc, dict) and set(doc) == set(SCHEMA["required"])
+            and re.fullmatch("[a-z]{1,6}", doc["name"]) is not None
+            and isinstance(doc["age"], int) and 0 <= doc["age"] <= 99 and doc["role"] in ("admin", "user")
+            and 1 <= len(doc["tags"]) <= 2 and all(re.fullmatch("[a-z]{1,3}", t) for t in doc["tags"])
+            and set(doc["home"]) == {"zip"} and re.fullmatch("[0-9]{3}", doc["home"]["zip"]) is not None)
+
+
+class GrammarTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.path = testlib.add_tiny_tokenizer(testlib.make_tiny("qwen3_gqa_untied", cls.tmp.name))
+        cls.llms = {overlap: LLM(cls.path, progress=False, overlap_schedule=overlap, max_batch_size=8,
+                                 num_kv_blocks=256) for overlap in (False, True)}
+
+    @classmethod
+    def tearDownClass(cls):
+        for llm in cls.llms.values():
+            llm.close()
+        cls.tmp.cleanup()
+
+    def generate(self, overlap, prompts, configs):
+        return self.llms[overlap].generate(prompts, configs)
+
+    def test_sampled_json_follows_the_schema_and_stops(self):
+        for overlap in (False, True):
+            configs = [{"max_new_tokens": 120, "temperature": 1.0, "random_seed": seed, "json_schema": SCHEMA}
+                       for seed in range(6)]
+            configs.append({"max_new_tokens": 30, "temperature": 1.0, "random_seed": 9})  # unconstrained alongside
+            outs = self.generate(overlap, ["a b c"] * len(configs), configs)
+            for o in outs[:-1]:
+                seq = o.outputs[0]
+                self.assertEqual(seq.finish_reason, "stop", (overlap, seq.text))
+                self.assertTrue(valid(json.loads(seq.text)), (overlap, seq.text))
+                self.assertEqual(seq.token_ids[-1], 0)  # the EOS closed it
+            self.assertEqual(outs[-1].outputs[0].finish_reason, "length")
+            stats = self.llms[overlap].engine.core.stats()
+            self.assertGreaterEqual(stats["grammar_cache_hits"], 5)  # one schema, six streams
+            self.assertGreaterEqual(stats["grammar_compiles"], 1)
+            self.assertGreater(stats["grammar_compile_us"], 0)
+
+    def test_each_matcher_accepts_exactly_its_committed_tokens(self):
+        # Stop words end some streams with a token to spare in the step scheduled ahead (whose
+        # row is dropped at commit): no matcher may see that token.
+        for overlap in (False, True):
+            llm = self.llms[overlap]
+            core, book = llm.engine.core, llm.engine.grammar
+            ids = []
+            for seed in range(4):
+                cfg = {"max_new_tokens": 60, "temperature": 1.0, "random_seed": seed, "json_schema": SCHEMA}
+                if seed % 2:
+                    cfg["stop_words_list"] = [llm.tokenizer.encode('"')]
+                ids.append(core.enqueue(llm.encode("x y"), GenerateConfig.from_dict(cfg).to_proto()))
+            accepted = {}
+            while llm.engine.step():
+                for sid in ids:  # before poll() forgets a stream that ended
+                    if book.accepted(sid) >= 0:
+                        accepted[sid] = book.accepted(sid)
+            for sid in ids:
+                tokens, prompt_len = core.stream_tokens(sid)
+                self.assertEqual(accepted[sid], len(tokens) - prompt_len, (overlap, sid))
+                core.release(sid)
+
+    def test_regex_and_choice_fullmatch(self):
+        for overlap in (False, True):
+            outs = self.generate(overlap, ["q"] * 4, [
+                {"max_new_tokens": 40, "temperature": 1.0, "random_seed": 1, "regex": "[a-z]{2,5}-[0-9]{2}"},
+                {"max_new_tokens": 40, "temperature": 1.0, "random_seed": 2, "regex": "(yes|no|maybe)!"},
+                {"max_new_tokens": 40, "temperature": 1.0, "random_seed": 3,
+                 "ebnf": 'root ::= "[" num ("," num)* "]"\nnum ::= [1-9] [0-9]?'},
+                {"max_new_tokens": 40, "temperature": 1.0, "random_seed": 4,
+                 "response_format": {"type": "json_object"}}])
+            texts = [o.outputs[0].text for o in outs]
+            self.assertRegex(texts[0], r"^[a-z]{2,5}-[0-9]{2}$")
+            self.assertIn(texts[1], ("yes!", "no!", "maybe!"))
+            self.assertRegex(texts[2], r"^\[[1-9][0-9]?(,[1-9][0-9]?)*\]$")
+            for o in outs[:3]:
+                self.assertEqual(o.outputs[0].finish_reason, "stop", o.outputs[0].text)
+            if outs[3].outputs[0].finish_reason == "stop":
+                self.assertIsInstance(json.loads(texts[3]), (dict, list))
+
+    def test_greedy_under_a_grammar_that_admits_the_unconstrained_answer_is_that_answer(self):
+        # A grammar matching the unconstrained answer's text (or something else): greedy picks the
+        # same tokens. Only answers whose tokens are whole ASCII text compare (a random model's
+        # stray bytes of a UTF-8 sequence decode to U+FFFD, which no grammar over text matches).
+        prompts = testlib.random_prompts(5, [3] * 24)
+        compared = 0
+        for overlap in (False, True):
+            free = self.generate(overlap, prompts, {"max_new_tokens": 6, "temperature": 0})
+            for prompt, out in zip(prompts, free):
+                seq = out.outputs[0]
+                if not seq.text or not seq.text.isascii():
+                    continue
+                pinned = f"({literal_regex(seq.text)})|zzz"
+                got = self.generate(overlap, prompt, {"max_new_tokens": 6, "temperature": 0, "regex": pinned})
+                self.assertEqual(got[0].outputs[0].token_ids, seq.token_ids, (overlap, seq.text))
+                compared += 1
+        self.assertGreater(compared, 2)
+
+    def test_a_grammar_that_does_not_compile_fails_only_its_request(self):
+        outs = self.generate(True, ["q", "q"], [{"max_new_tokens": 4, "regex": "[a-"},
+                                                {"max_new_tokens": 4, "temperature": 0}])
+        self.assertIn("regex does not compile", outs[0].outputs[0].finish_reason)
+        self.assertEqual(outs[1].outputs[0].finish_reason, "length")
+        stats = self.llms[True].engine.core.stats()
+        self.assertGreaterEqual(stats["grammar_failures"], 1)
+        self.assertGreaterEqual(stats["grammar_requests"], 1)
+
+
+class CompileTimeoutTest(unittest.TestCase):
+    def test_a_grammar_not_compiled_in_time_fails_only_its_stream_naming_the_field(self):
+        core = EngineCore(64, 16, 4, 64, 128)
+
+        class NeverDone:
+            options = GrammarOptions(timeout_s=0.05)
+
+            def submit(self, field, spec):
+                return Future(), False
+
+        book = GrammarBook(core, NeverDone(), 32, 4, torch.device("cpu"), False, ())
+        slow = core.enqueue([1, 2], GenerateConfig.from_dict({"max_new_tokens": 2, "regex": "a+"}).to_proto())
+        plain = core.enqueue([1, 2], GenerateConfig.from_dict({"max_new_tokens": 2}).to_proto())
+        book.poll()
+        self.assertTrue(book.compiling())
+        time.sleep(0.1)
+        book.poll()
+        self.assertFalse(book.compiling())
+        out, code = core.poll(slow)
+        self.assertEqual(code, 603)  # GENERATE_TIMEOUT
+        self.assertEqual(out.error_info.field, "regex")
+        self.assertIn("--grammar_admission_compile_timeout_s", out.error_info.error_message)
+        self.assertEqual(core.schedule().stream_ids.tolist(), [plain])
+        core.close()
+
+    def test_an_engine_without_grammars_refuses_them_naming_the_field(self):
+        core = EngineCore(64, 16, 4, 64, 128)
+        book = GrammarBook.refusing(core, "this engine does not sample with grammars")
+        sid = core.enqueue([1, 2], GenerateConfig.from_dict({"max_new_tokens": 2, "ebnf": 'root ::= "a"'}).to_proto())
+        book.poll()
+        out, code = core.poll(sid)
+        self.assertEqual((code, out.error_info.field), (605, "ebnf"))
+        book.poll()
+        self.assertEqual(core.take_ended_grammars(), [])  # the book took the ended stream's id
+        core.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
