@@ -53,3 +53,45 @@ def test_a_tool_result_turn_continues_the_conversation(server):
         "model": "m", "messages": history, "tools": TOOLS, "max_tokens": 16, "temperature": 0, "stream": True},
         timeout=300, stream=True)
     assert stream.status_code == 200 and b"[DONE]" in stream.content
+
+
+def _arguments_follow_the_schema(call, name):
+    import jsonschema
+
+    assert call["type"] == "function" and call["id"].startswith("call_") and call["function"]["name"] == name
+    jsonschema.validate(json.loads(call["function"]["arguments"]), TOOLS[0]["function"]["parameters"])
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_a_forced_tool_choice_always_calls_the_tool_with_schema_valid_arguments(server, choice):
+    # A prompt the model would rather answer in prose: the grammar makes it a call anyway.
+    messages = [{"role": "user", "content": "Write a haiku about Paris."}]
+    choice_ = chat(server, messages, tool_choice=choice, max_tokens=64)
+    calls = choice_["message"]["tool_calls"]
+    assert choice_["finish_reason"] == "tool_calls" and not choice_["message"]["content"], choice_
+    assert len(calls) >= 1
+    for call in calls:
+        _arguments_follow_the_schema(call, "get_weather")
+    # Streamed: the call's id and name first, then its arguments, then finish_reason tool_calls.
+    r = requests.post(server + "/v1/chat/completions", json={
+        "model": "m", "messages": messages, "tools": TOOLS, "tool_choice": choice, "max_tokens": 64,
+        "temperature": 0, "stream": True, "parallel_tool_calls": False}, timeout=300, stream=True)
+    assert r.status_code == 200
+    deltas = [json.loads(line[6:])["choices"] for line in r.iter_lines() if line.startswith(b"data: {")]
+    parts = [c[0]["delta"]["tool_calls"][0] for c in deltas if c and c[0]["delta"].get("tool_calls")]
+    assert parts[0]["function"]["name"] == "get_weather" and parts[0]["id"].startswith("call_")
+    arguments = "".join(p["function"]["arguments"] for p in parts)
+    assert {p["index"] for p in parts} == {0}  # parallel_tool_calls false: one call
+    _arguments_follow_the_schema({"id": parts[0]["id"], "type": "function",
+                                  "function": {"name": "get_weather", "arguments": arguments}}, "get_weather")
+    assert [c[0]["finish_reason"] for c in deltas if c and c[0]["finish_reason"]] == ["tool_calls"]
+
+
+def test_a_named_choice_must_name_a_tool_and_excludes_response_format(server):
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for extra, field in [({"tool_choice": named}, "tool_choice.function.name"),
+                         ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format")]:
+        r = requests.post(server + "/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, **extra}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text

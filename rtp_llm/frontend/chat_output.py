@@ -2,11 +2,11 @@
 and tool calls (--tool_call_parser), whole or as it streams."""
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Union
 
 from rtp_llm.config.output_parsers import ThinkTags, ToolCallTags
 from rtp_llm.frontend.reasoning import ReasoningSplitter
-from rtp_llm.frontend.tool_calls import ToolCallSplitter
+from rtp_llm.frontend.tool_calls import ForcedCalls, ForcedCallSplitter, ToolCallSplitter
 
 
 @dataclass
@@ -18,11 +18,13 @@ class AnswerPiece:
 
 class AnswerSplitter:
     """One sequence's deltas as AnswerPieces: the reasoning parser first, then the tool-call
-    parser on what is content. Without parsers a piece is its delta as content."""
+    parser on what is content (tags: calls in the text; ForcedCalls: the whole answer is the
+    calls). Without parsers a piece is its delta as content."""
 
-    def __init__(self, think: Optional[ThinkTags], tools: Optional[ToolCallTags]):
+    def __init__(self, think: Optional[ThinkTags], tools: Union[ToolCallTags, ForcedCalls, None]):
         self.reasoning = ReasoningSplitter(think) if think else None
-        self.tools = ToolCallSplitter(tools) if tools else None
+        self.tools = None if tools is None else (
+            ForcedCallSplitter(tools) if isinstance(tools, ForcedCalls) else ToolCallSplitter(tools))
         self.num_calls = 0  # calls found so far: the stream's tool_calls indices
 
     def add(self, delta: str, last: bool = False) -> AnswerPiece:

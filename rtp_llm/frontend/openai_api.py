@@ -10,7 +10,7 @@ from rtp_llm.frontend.chat_output import AnswerSplitter
 from rtp_llm.frontend.errors import RequestError
 from rtp_llm.frontend.request import flag, openai_config, openai_name, read_json
 from rtp_llm.frontend.streaming import clamp_header, open_stream, sse, sse_done, stream_errors
-from rtp_llm.frontend.tool_calls import request_tools, template_messages
+from rtp_llm.frontend.tool_calls import ForcedCalls, forced_calls, request_tools, template_messages
 from rtp_llm.openai.protocol import Reply, usage
 
 
@@ -57,14 +57,19 @@ def _refuse_unsupported(body: Dict[str, Any], chat: bool) -> None:
                 raise RequestError(key, "is a chat completions field (/v1/chat/completions)")
 
 
-def _with_grammar(config, body: Dict[str, Any]):
-    """Puts the request's structured output (response_format, structured_outputs, guided_*)
-    on `config`; returns the request's names for config fields (a grammar field: the field
-    the grammar came from, so an engine error about it names that)."""
+def _with_grammar(config, body: Dict[str, Any], forced=None):
+    """Puts the request's structured output (response_format, structured_outputs, guided_*, or
+    the calls a tool_choice forces: tool_calls.ForcedCalls) on `config`; returns the request's
+    names for config fields (a grammar field: the field the grammar came from, so an engine
+    error about it names that)."""
     try:
         grammar, source = openai_grammar(body)
     except GrammarError as e:
         raise RequestError(e.field, e.reason) from None
+    if forced is not None:
+        if grammar is not None:
+            raise RequestError(source, 'cannot be combined with tool_choice "required" or a named function')
+        grammar, source = forced.grammar, "tools"
     if grammar is None:
         return openai_name
     setattr(config, grammar.kind, grammar.text)
@@ -109,14 +114,16 @@ class OpenAIApi:
         body = await read_json(request)
         tools = request_tools(body, self.fe.tool_calls)
         ids = self.fe.prompts.chat_ids(template_messages(body.get("messages")), template_kwargs(body), tools)
-        return await self._generate(request, body, ids, chat=True, default_max=None, tools=tools is not None)
+        calls = forced_calls(body, tools) or (self.fe.tool_calls if tools is not None else None)
+        return await self._generate(request, body, ids, chat=True, default_max=None, calls=calls)
 
     async def _generate(self, request, body, prompt_ids: List[int], chat: bool, default_max: Optional[int],
-                        tools: bool = False):
-        """tools: the answer's tool calls are parsed (the request offered tools)."""
+                        calls=None):
+        """calls: how the answer's tool calls are found (the request offered tools): the
+        parser's ToolCallTags, or the tool_calls.ForcedCalls its tool_choice enforces."""
         _refuse_unsupported(body, chat)
         config = openai_config(body, default_max)
-        name = _with_grammar(config, body)
+        name = _with_grammar(config, body, calls if isinstance(calls, ForcedCalls) else None)
         config.return_logprobs = _logprobs_wanted(body, chat)
         stop = _stop(body)
         stream = flag(body, "stream", "stream")
@@ -129,7 +136,7 @@ class OpenAIApi:
             config, clamped = self.fe.fit(prompt_ids, config, field, fill)
             source = self.fe.events(prompt_ids, config, stop, False, field, name, stream)
             n = config.num_return_sequences
-            parsers = (self.fe.reasoning if chat else None, self.fe.tool_calls if tools else None)
+            parsers = (self.fe.reasoning if chat else None, calls)
             try:
                 if not stream:
                     return await self._collect(source, reply, n, prompt_ids, clamped, parsers)
