@@ -37,6 +37,12 @@ SAME = "same"          # the proto field of the same name
 SEED = "seed"          # Int64Value random_seed, plus the sequence index
 ONE_PER_STREAM = "1"   # num_return_sequences: the frontend fans out one stream per sequence
 TOKEN_LISTS = "rows"   # an IntMatrix of token id lists
+TOKEN_MAP = "map"      # a map<int32, float> from token ids (ints or their decimal strings, as JSON keys)
+
+# Bounds the engine declares (rtp_llm/cpp/engine/step_batch_fields.h): alternatives per token,
+# logit_bias entries per request.
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024
 
 
 def _field(default, doc: str, range: Optional[Range] = None, openai: Optional[str] = "",
@@ -89,6 +95,13 @@ class GenerateConfig:
         proto=TOKEN_LISTS, default_factory=list)
     return_logprobs: bool = _field(
         False, "return the log-prob of each generated token", openai=None, proto="return_softmax_probs")
+    top_logprobs: int = _field(
+        0, "also return this many most likely alternatives (token, log-prob) of each generated token, from the "
+        "distribution it was sampled from (after penalties, logit_bias and temperature; before top-k/top-p/min-p)",
+        Range(0, MAX_TOP_LOGPROBS), openai=None)
+    logit_bias: Dict[int, float] = _field(
+        None, f"token id -> bias added to its logit before sampling (at most {MAX_LOGIT_BIAS} entries; -100 bans "
+        "a token, 100 all but forces it)", Range(-100, 100), proto=TOKEN_MAP, default_factory=dict)
     timeout_ms: int = _field(
         0, "0 = the server's --default_timeout_ms (0 there: none)", Range(0, INT32_MAX), openai=None)
 
@@ -125,6 +138,9 @@ class GenerateConfig:
             elif proto == TOKEN_LISTS:
                 for words in v:
                     c.stop_words_list.rows.add(values=words)
+            elif proto == TOKEN_MAP:
+                for token, bias in v.items():
+                    getattr(c, check.name)[int(token)] = bias
         return c
 
 
@@ -163,13 +179,38 @@ def _type_check(kind) -> Callable[[Any], Optional[str]]:
                 f"must be a list of non-empty token id lists, got {v!r}")
     if kind is float:
         return lambda v: None if _is_finite_number(v) else f"must be a finite number, got {v!r}"
+    if kind == Dict[int, float]:
+        return _token_map_error
     optional = kind == Optional[int]
     return lambda v: None if (optional and v is None) or _is_int(v) else f"must be an integer, got {v!r}"
 
 
-def _range_check(rng: Optional[Range], token_lists: bool) -> Callable[[Any], Optional[str]]:
+def token_id_key(k) -> Optional[int]:
+    """A token id map's key as an int (JSON keys are strings), None when it is not one."""
+    if _is_int(k):
+        return k
+    if isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 10:
+        return int(k)
+    return None
+
+
+def _token_map_error(v) -> Optional[str]:
+    if not isinstance(v, dict):
+        return f"must be an object of token id -> number, got {v!r}"[:200]
+    if len(v) > MAX_LOGIT_BIAS:
+        return f"may have at most {MAX_LOGIT_BIAS} entries, got {len(v)}"
+    for k, x in v.items():
+        t = token_id_key(k)
+        if t is None or t > INT32_MAX:
+            return f"keys must be token ids (non-negative integers), got {k!r}"[:200]
+        if not _is_finite_number(x):
+            return f"values must be finite numbers, got {x!r} for {k!r}"[:200]
+    return None
+
+
+def _range_check(rng: Optional[Range], token_lists: bool, token_map: bool) -> Callable[[Any], Optional[str]]:
     """What is wrong with a value (of the right type) for `rng`, as a function of the value. A
-    list of token id lists has the range on each token id."""
+    list of token id lists has the range on each token id, a token id map on each value."""
     if rng is None:
         return lambda v: None
     if token_lists:
@@ -177,6 +218,11 @@ def _range_check(rng: Optional[Range], token_lists: bool) -> Callable[[Any], Opt
             bad = next((t for w in v for t in w if t not in rng), None)
             return None if bad is None else f"token ids must be in {rng}, got {bad!r}"
         return check
+    if token_map:
+        def check_values(v):
+            bad = next((k for k, x in v.items() if x not in rng), None)
+            return None if bad is None else f"values must be in {rng}, got {v[bad]!r} for {bad!r}"
+        return check_values
     return lambda v: None if v is None or v in rng else f"must be in {rng}, got {v!r}"
 
 
@@ -191,9 +237,10 @@ class _FieldCheck:
     proto: str
 
 
-_CHECKS = tuple(_FieldCheck(f.name, _type_check(f.type), _range_check(f.metadata["range"], f.type == List[List[int]]),
+_CHECKS = tuple(_FieldCheck(f.name, _type_check(f.type), _range_check(f.metadata["range"], f.type == List[List[int]],
+                                                                   f.type == Dict[int, float]),
                             f.metadata["proto"]) for f in fields(GenerateConfig))
 _FIELD_NAMES = frozenset(c.name for c in _CHECKS)
 # (field, proto field) of the fields that cross as a plain value (one constructor call per request).
-_SPECIAL_PROTO = tuple(c for c in _CHECKS if c.proto in (SEED, ONE_PER_STREAM, TOKEN_LISTS))
+_SPECIAL_PROTO = tuple(c for c in _CHECKS if c.proto in (SEED, ONE_PER_STREAM, TOKEN_LISTS, TOKEN_MAP))
 _PLAIN_PROTO = tuple((c.name, c.name if c.proto == SAME else c.proto) for c in _CHECKS if c not in _SPECIAL_PROTO)

@@ -19,7 +19,8 @@ class SequenceEvent:
     finish_reason: Optional[str] = None  # "stop" | "length" when finished
     aux: dict = field(default_factory=dict)
     num_tokens: int = 0
-    # (token id, log-prob) of the tokens this event covers, when the request asked for them.
+    # (token id, log-prob, alternatives [(id, log-prob)] or None) of the tokens this event
+    # covers, when the request asked for log-probs.
     logprobs: List[tuple] = field(default_factory=list)
 
 
@@ -51,13 +52,13 @@ def generate_sequences(client: BackendClient, tokenizer, prompt_ids: List[int], 
 async def _sequence(chunks, detok: IncrementalDetokenizer, index: int, pacing: Streaming
                     ) -> AsyncIterator[SequenceEvent]:
     """The events of one sequence. Everything that arrived together goes in one event."""
-    text, pairs, held, sent = "", [], 0, False  # not yet in an event: text, (id, log-prob), tokens
+    text, pairs, held, sent = "", [], 0, False  # not yet in an event: text, log-probs, tokens
     reason, aux = "stop", {}  # a stop string, unless the core says otherwise
     try:
         async for chunk in chunks:
             aux = chunk.aux
             if chunk.logprobs is not None:
-                pairs += zip(chunk.new_ids, chunk.logprobs)
+                pairs += zip(chunk.new_ids, chunk.logprobs, chunk.top_logprobs or [None] * len(chunk.new_ids))
             text += detok.add(chunk.new_ids)
             held += len(chunk.new_ids)
             if detok.stopped:

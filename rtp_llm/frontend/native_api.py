@@ -7,8 +7,8 @@ from typing import Any, Dict, List, Tuple
 from aiohttp import web
 
 from rtp_llm.frontend.errors import RequestError
-from rtp_llm.frontend.request import (MAX_SEQUENCES_PER_REQUEST, flag, native_config, native_name, read_json,
-                                     stop_strings)
+from rtp_llm.frontend.request import (MAX_SEQUENCES_PER_REQUEST, check_logit_bias, flag, native_config, native_name,
+                                     read_json, stop_strings)
 from rtp_llm.frontend.streaming import clamp_header, open_stream, sse, sse_done, stream_errors, with_clamp
 
 
@@ -19,6 +19,7 @@ class NativeApi:
     async def generate(self, request):
         body = await read_json(request)
         config, options = native_config(body)
+        check_logit_bias(config, self.fe.prompts.vocab_size, native_name)
         ids, fields = self._prompts(body, config.num_return_sequences)
         stop = stop_strings(options)
         streaming = options.get("yield_generator") or flag(body, "stream", "stream") or options.get("is_streaming")

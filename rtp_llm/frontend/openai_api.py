@@ -1,30 +1,35 @@
 """The OpenAI API: /v1/completions, /v1/chat/completions (both also streamed as server-sent
 events) and /v1/models. The response objects' shapes are in rtp_llm/openai/protocol.py."""
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from aiohttp import web
 
+from rtp_llm.config.generate_config import MAX_TOP_LOGPROBS
 from rtp_llm.frontend.chat_output import AnswerSplitter
 from rtp_llm.frontend.errors import RequestError
-from rtp_llm.frontend.request import flag, openai_config, openai_name, read_json
+from rtp_llm.frontend.request import check_logit_bias, flag, openai_config, openai_name, read_json
 from rtp_llm.frontend.streaming import clamp_header, open_stream, sse, sse_done, stream_errors
 from rtp_llm.frontend.tool_calls import request_tools, template_messages
 from rtp_llm.openai.protocol import Reply, usage
 
 
-def _logprobs_wanted(body: Dict[str, Any], chat: bool) -> bool:
-    """Chat asks with logprobs: true (top_logprobs 0); completions with logprobs: 0 or 1.
-    Only the chosen token's log-prob is returned, never alternatives."""
-    top = body.get("top_logprobs") if chat else body.get("logprobs")
+def _logprobs_wanted(body: Dict[str, Any], chat: bool) -> Tuple[bool, int]:
+    """(log-probs asked for, alternatives per token). Chat: logprobs true, top_logprobs 0-20
+    (which needs logprobs true); completions: logprobs N, 0-20 alternatives (OpenAI allows 5,
+    vLLM 20)."""
+    name = "top_logprobs" if chat else "logprobs"
+    top = body.get(name)
     if chat and body.get("logprobs") not in (None, False, True):
         raise RequestError("logprobs", "must be a boolean")
-    if top not in (None, 0, False, True) and not (isinstance(top, int) and top >= 0):
-        raise RequestError("top_logprobs" if chat else "logprobs", "must be a non-negative integer")
-    if isinstance(top, int) and not isinstance(top, bool) and top > (0 if chat else 1):
-        raise RequestError("top_logprobs" if chat else "logprobs",
-                           "alternatives are not supported: only the chosen token's log-prob is returned")
-    return bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
+    if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_TOP_LOGPROBS):
+        raise RequestError(name, f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}"[:200])
+    if not chat:
+        return top is not None, top or 0
+    wanted = bool(body.get("logprobs"))
+    if top and not wanted:
+        raise RequestError("top_logprobs", "needs logprobs: true")
+    return wanted, top or 0
 
 
 def _stop(body: Dict[str, Any]) -> List[str]:
@@ -37,11 +42,10 @@ def _stop(body: Dict[str, Any]) -> List[str]:
 
 # What this server cannot do yet, and a request that asks for it is refused (400 naming the
 # field), never served as if it had not asked: structured output (vLLM's extension and its
-# older names), logit_bias, echo. (Tools: tool_calls.request_tools.)
+# older names), echo. (Tools: tool_calls.request_tools.)
 _UNSUPPORTED = {
     **{key: "structured output is not supported yet" for key in
        ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")},
-    "logit_bias": "is not supported yet",
     "echo": "is not supported yet",
 }
 
@@ -112,7 +116,8 @@ class OpenAIApi:
         """tools: the answer's tool calls are parsed (the request offered tools)."""
         _refuse_unsupported(body, chat)
         config = openai_config(body, default_max)
-        config.return_logprobs = _logprobs_wanted(body, chat)
+        config.return_logprobs, config.top_logprobs = _logprobs_wanted(body, chat)
+        check_logit_bias(config, self.fe.prompts.vocab_size, openai_name)
         stop = _stop(body)
         stream = flag(body, "stream", "stream")
         include_usage = _include_usage(body)

@@ -5,7 +5,7 @@ frontend enforces: anything outside them gets a 400 naming the field."""
 
 from typing import Any, Dict, List
 
-from rtp_llm.config.generate_config import INT32_MAX, Range, request_fields
+from rtp_llm.config.generate_config import INT32_MAX, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, Range, request_fields
 from rtp_llm.frontend.errors import ErrorCode
 from rtp_llm.frontend.prompts import ROLES
 from rtp_llm.frontend.request import MAX_SEQUENCES_PER_REQUEST, NATIVE_OPTIONS, OPENAI_NAMES
@@ -38,6 +38,9 @@ def field_schema(f) -> Dict[str, Any]:
         out = _range("number", r)
     elif kind == List[List[int]]:  # the range bounds each token id
         out = {"type": "array", "items": {"type": "array", "items": _range("integer", r), "minItems": 1}}
+    elif kind == Dict[int, float]:  # token id -> number: the range bounds each number
+        out = {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"}, "additionalProperties": _range("number", r),
+               "maxProperties": MAX_LOGIT_BIAS}
     else:  # int, Optional[int]
         out = _range("integer", r)
     return dict(out, description=f.metadata["doc"])
@@ -92,7 +95,7 @@ _CHAT = {
         "messages": _MESSAGES,
         "max_completion_tokens": _OPENAI_FIELDS["max_tokens"],
         "logprobs": _BOOL,
-        "top_logprobs": _int(0, 0, description="only the chosen token's log-prob is returned"),
+        "top_logprobs": _int(0, MAX_TOP_LOGPROBS, description="alternatives per token (needs logprobs: true)"),
         "chat_template_kwargs": {"type": "object"},
         **_OPENAI_COMMON,
     },
@@ -102,7 +105,8 @@ _COMPLETION = {
     "type": "object", "required": ["prompt"],
     "properties": {
         "prompt": {"oneOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS]},
-        "logprobs": _int(0, 1),
+        "logprobs": _int(0, MAX_TOP_LOGPROBS, description="the chosen token's log-prob and this many alternatives "
+                                                          "(OpenAI allows up to 5, this server and vLLM 20)"),
         **_OPENAI_COMMON,
     },
 }

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from aiohttp import web
 
-from rtp_llm.config.generate_config import GenerateConfig, GenerateConfigError, openai_names
+from rtp_llm.config.generate_config import GenerateConfig, GenerateConfigError, openai_names, token_id_key
 from rtp_llm.frontend.errors import RequestError
 
 # Sequences one request may start (prompt_batch x num_return_sequences).
@@ -53,6 +53,13 @@ def make_config(d: Dict[str, Any], name: Namer) -> GenerateConfig:
         return GenerateConfig.from_dict(d)
     except GenerateConfigError as e:
         raise RequestError(name(e.field), e.reason) from None
+
+
+def check_logit_bias(config: GenerateConfig, vocab_size: int, name: Namer) -> None:
+    """logit_bias names tokens of the vocabulary (its range and types: GenerateConfig)."""
+    bad = next((k for k in config.logit_bias if token_id_key(k) >= vocab_size), None)
+    if bad is not None:
+        raise RequestError(name("logit_bias"), f"token ids must be in [0, {vocab_size}), got {bad!r}"[:200])
 
 
 def native_name(key: str) -> str:

@@ -64,7 +64,10 @@ class ScriptedBackend:
         data = self.text.encode()
         for i, b in enumerate(data):
             last = i == len(data) - 1
-            yield Chunk([b], last, {"output_len": i + 1}, None, self.reason if last else None)
+            # Log-probs when asked: -0.5 for each token, its alternatives itself then "z" (-2).
+            lp = [-0.5] if config.return_softmax_probs else None
+            top = [[(b, -0.5), (ord("z"), -2.0)][:config.top_logprobs]] if config.top_logprobs else None
+            yield Chunk([b], last, {"output_len": i + 1}, lp, self.reason if last else None, top)
             await asyncio.sleep(0)
 
 
@@ -165,6 +168,34 @@ class AppTest(unittest.IsolatedAsyncioTestCase):
         status, _, _ = await self.request("/v1/chat/completions", {"messages": messages, "max_tokens": 7}, backend)
         self.assertEqual(backend.configs[-1].max_new_tokens, 7)
 
+    async def test_alternatives_in_openai_shapes(self):
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "logprobs": True, "top_logprobs": 2}
+        status, _, text = await self.request("/v1/chat/completions", chat)
+        self.assertEqual(status, 200, text)
+        content = json.loads(text)["choices"][0]["logprobs"]["content"]
+        self.assertEqual([c["token"] for c in content], ["a", "b", "c"])
+        self.assertEqual(content[1]["top_logprobs"], [{"token": "b", "logprob": -0.5, "bytes": [98]},
+                                                      {"token": "z", "logprob": -2.0, "bytes": [122]}])
+        _, _, text = await self.request("/v1/chat/completions", dict(chat, stream=True))
+        chunks = [json.loads(e[len("data: "):])["choices"][0] for e in text.split("\n\n")[:-2]]
+        streamed = [c for ch in chunks if ch.get("logprobs") for c in ch["logprobs"]["content"]]
+        self.assertEqual(streamed, content)
+        status, _, text = await self.request("/v1/completions", {"prompt": "hi", "max_tokens": 4, "logprobs": 1})
+        lp = json.loads(text)["choices"][0]["logprobs"]
+        self.assertEqual((lp["tokens"], lp["token_logprobs"]), (["a", "b", "c"], [-0.5] * 3))
+        self.assertEqual(lp["top_logprobs"], [{"a": -0.5}, {"b": -0.5}, {"c": -0.5}])
+        _, _, text = await self.request("/v1/completions", {"prompt": "hi", "max_tokens": 4, "logprobs": 0})
+        self.assertIsNone(json.loads(text)["choices"][0]["logprobs"]["top_logprobs"])
+
+    async def test_logit_bias_reaches_the_engine(self):
+        backend = ScriptedBackend()
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "logit_bias": {"97": -100, "5": 3}}
+        status, _, text = await self.request("/v1/chat/completions", chat, backend)
+        self.assertEqual(status, 200, text)
+        self.assertEqual(dict(backend.configs[-1].logit_bias), {97: -100.0, 5: 3.0})
+        status, _, text = await self.request("/", {"prompt": "hi", "generate_config": {"logit_bias": {"300": 1}}})
+        self.assertEqual((status, json.loads(text)["message"].split(":")[0]), (400, "generate_config.logit_bias"))
+
     async def test_what_is_not_supported_is_refused_not_ignored(self):
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         for extra, param in [({"response_format": {"type": "json_object"}}, "response_format"),
@@ -175,7 +206,10 @@ class AppTest(unittest.IsolatedAsyncioTestCase):
                              ({"guided_json": {"type": "object"}}, "guided_json"),
                              ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
                              ({"tool_choice": "auto"}, "tool_choice"),
-                             ({"logit_bias": {"5": 100}}, "logit_bias"),
+                             ({"logit_bias": {"999999": 100}}, "logit_bias"),  # not a token of the vocabulary
+                             ({"logit_bias": {"5": 101}}, "logit_bias"),
+                             ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+                             ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
                              ({"echo": True}, "echo"),
                              ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role")]:
             status, _, text = await self.request("/v1/chat/completions", dict(chat, **extra))
