@@ -38,6 +38,7 @@ SEED = "seed"          # Int64Value random_seed, plus the sequence index
 ONE_PER_STREAM = "1"   # num_return_sequences: the frontend fans out one stream per sequence
 TOKEN_LISTS = "rows"   # an IntMatrix of token id lists
 TOKEN_MAP = "map"      # a map<int32, float> from token ids (ints or their decimal strings, as JSON keys)
+INT32_WRAPPER = "i32"  # an Int32Value, set when not the default
 
 # Bounds the engine declares (rtp_llm/cpp/engine/step_batch_fields.h): alternatives per token,
 # logit_bias entries per request.
@@ -104,6 +105,17 @@ class GenerateConfig:
         "a token, 100 all but forces it)", Range(-100, 100), proto=TOKEN_MAP, default_factory=dict)
     timeout_ms: int = _field(
         0, "0 = the server's --default_timeout_ms (0 there: none)", Range(0, INT32_MAX), openai=None)
+    no_repeat_ngram_size: int = _field(
+        0, "HF's: no n-gram of this size occurs twice in the prompt and output; 0 = off", Range(0, INT32_MAX),
+        proto=INT32_WRAPPER)
+    max_thinking_tokens: int = _field(
+        0, "upstream's thinking budget: after this many tokens inside the thinking, its end tag is forced; 0 = "
+        "none. The thinking starts with the output (in_think_mode; implied by a budget) and ends at "
+        "end_think_token_ids (default: the tokens of </think>)", Range(0, INT32_MAX))
+    in_think_mode: bool = _field(False, "the output starts inside the thinking (upstream's)", openai=None)
+    end_think_token_ids: List[int] = _field(
+        None, "the tokens that end the thinking (upstream's)", Range(0, INT32_MAX), openai=None,
+        default_factory=list)
 
     @classmethod
     def from_dict(cls, d: Optional[Dict[str, Any]]) -> "GenerateConfig":
@@ -141,6 +153,9 @@ class GenerateConfig:
             elif proto == TOKEN_MAP:
                 for token, bias in v.items():
                     getattr(c, check.name)[int(token)] = bias
+            elif proto == INT32_WRAPPER:
+                if v:
+                    getattr(c, check.name).value = v
         return c
 
 
@@ -181,6 +196,9 @@ def _type_check(kind) -> Callable[[Any], Optional[str]]:
         return lambda v: None if _is_finite_number(v) else f"must be a finite number, got {v!r}"
     if kind == Dict[int, float]:
         return _token_map_error
+    if kind == List[int]:
+        return lambda v: None if isinstance(v, list) and all(_is_int(t) for t in v) else (
+            f"must be a list of token ids, got {v!r}"[:200])
     optional = kind == Optional[int]
     return lambda v: None if (optional and v is None) or _is_int(v) else f"must be an integer, got {v!r}"
 
@@ -208,7 +226,8 @@ def _token_map_error(v) -> Optional[str]:
     return None
 
 
-def _range_check(rng: Optional[Range], token_lists: bool, token_map: bool) -> Callable[[Any], Optional[str]]:
+def _range_check(rng: Optional[Range], token_lists: bool, token_map: bool,
+                 token_ids: bool) -> Callable[[Any], Optional[str]]:
     """What is wrong with a value (of the right type) for `rng`, as a function of the value. A
     list of token id lists has the range on each token id, a token id map on each value."""
     if rng is None:
@@ -218,6 +237,8 @@ def _range_check(rng: Optional[Range], token_lists: bool, token_map: bool) -> Ca
             bad = next((t for w in v for t in w if t not in rng), None)
             return None if bad is None else f"token ids must be in {rng}, got {bad!r}"
         return check
+    if token_ids:
+        return lambda v: next((f"token ids must be in {rng}, got {t!r}" for t in v if t not in rng), None)
     if token_map:
         def check_values(v):
             bad = next((k for k, x in v.items() if x not in rng), None)
@@ -238,9 +259,9 @@ class _FieldCheck:
 
 
 _CHECKS = tuple(_FieldCheck(f.name, _type_check(f.type), _range_check(f.metadata["range"], f.type == List[List[int]],
-                                                                   f.type == Dict[int, float]),
+                                                                   f.type == Dict[int, float], f.type == List[int]),
                             f.metadata["proto"]) for f in fields(GenerateConfig))
 _FIELD_NAMES = frozenset(c.name for c in _CHECKS)
 # (field, proto field) of the fields that cross as a plain value (one constructor call per request).
-_SPECIAL_PROTO = tuple(c for c in _CHECKS if c.proto in (SEED, ONE_PER_STREAM, TOKEN_LISTS, TOKEN_MAP))
+_SPECIAL_PROTO = tuple(c for c in _CHECKS if c.proto in (SEED, ONE_PER_STREAM, TOKEN_LISTS, TOKEN_MAP, INT32_WRAPPER))
 _PLAIN_PROTO = tuple((c.name, c.name if c.proto == SAME else c.proto) for c in _CHECKS if c not in _SPECIAL_PROTO)

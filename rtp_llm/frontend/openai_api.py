@@ -118,6 +118,7 @@ class OpenAIApi:
         config = openai_config(body, default_max)
         config.return_logprobs, config.top_logprobs = _logprobs_wanted(body, chat)
         check_logit_bias(config, self.fe.prompts.vocab_size, openai_name)
+        config = self.fe.thinking_budget(config, not chat or template_kwargs(body).get("enable_thinking") is not False)
         stop = _stop(body)
         stream = flag(body, "stream", "stream")
         include_usage = _include_usage(body)

@@ -6,9 +6,10 @@ frontend enforces: anything outside them gets a 400 naming the field."""
 from typing import Any, Dict, List
 
 from rtp_llm.config.generate_config import INT32_MAX, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, Range, request_fields
+from rtp_llm.config.upstream_generate_fields import IGNORED, REFUSED
 from rtp_llm.frontend.errors import ErrorCode
 from rtp_llm.frontend.prompts import ROLES
-from rtp_llm.frontend.request import MAX_SEQUENCES_PER_REQUEST, NATIVE_OPTIONS, OPENAI_NAMES
+from rtp_llm.frontend.request import MAX_SEQUENCES_PER_REQUEST, NATIVE_OPTIONS, OPENAI_NAMES, TokenIds
 
 
 def _int(lo: int, hi: int = INT32_MAX, **kw) -> Dict[str, Any]:
@@ -38,6 +39,8 @@ def field_schema(f) -> Dict[str, Any]:
         out = _range("number", r)
     elif kind == List[List[int]]:  # the range bounds each token id
         out = {"type": "array", "items": {"type": "array", "items": _range("integer", r), "minItems": 1}}
+    elif kind == List[int]:
+        out = {"type": "array", "items": _range("integer", r)}
     elif kind == Dict[int, float]:  # token id -> number: the range bounds each number
         out = {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"}, "additionalProperties": _range("number", r),
                "maxProperties": MAX_LOGIT_BIAS}
@@ -46,15 +49,27 @@ def field_schema(f) -> Dict[str, Any]:
     return dict(out, description=f.metadata["doc"])
 
 
+_OPTION_KINDS = {
+    bool: _BOOL, List[str]: _STRINGS, Dict[str, Any]: {"type": "object"},
+    TokenIds: {"oneOf": [_int(0), {"type": "array", "items": _int(0)}]},
+    List[List[int]]: {"type": "array", "items": {"type": "array", "items": _int(0), "minItems": 1}},
+}
+
+
 def _option_schema(kind, doc: str) -> Dict[str, Any]:
-    return dict(_BOOL if kind is bool else _STRINGS, description=doc)
+    return dict(_OPTION_KINDS[kind], description=doc)
 
 
 _FIELDS = {f.name: field_schema(f) for f in request_fields()}
+# Upstream's keys that change nothing here, and those refused unless they ask for nothing.
+_UPSTREAM = {**{k: {"description": f"upstream's; accepted and ignored: {why}"} for k, why in IGNORED.items()},
+             **{k: {"description": f"upstream's; refused (400) unless at its default: {why}"}
+                for k, (_, why) in REFUSED.items()}}
 _GENERATE_CONFIG = {
     "type": "object",
     "additionalProperties": False,
-    "properties": {**_FIELDS, **{k: _option_schema(kind, doc) for k, (kind, doc) in NATIVE_OPTIONS.items()}},
+    "properties": {**_FIELDS, **{k: _option_schema(kind, doc) for k, (kind, doc) in NATIVE_OPTIONS.items()},
+                   **_UPSTREAM},
 }
 # The OpenAI routes' sampling fields, by their OpenAI names.
 _OPENAI_FIELDS = {theirs: _FIELDS[ours] for ours, theirs in OPENAI_NAMES.items()}

@@ -32,6 +32,16 @@ def _seed(seed: int, step: int) -> int:
     return (int(seed) * 6364136223846793005 + int(step) * 1442695040888963407 + 1) & ((1 << 63) - 1)
 
 
+def _repeated_ngram_ends(seq: np.ndarray, n: int) -> np.ndarray:
+    """HF's no_repeat_ngram_size: the tokens that would complete an n-gram already in `seq` (the
+    last n - 1 tokens followed by them occur earlier), int64."""
+    if len(seq) < n:
+        return np.zeros(0, np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(seq.astype(np.int64), n)
+    tail = seq[len(seq) - n + 1:]
+    return np.unique(windows[(windows[:, :n - 1] == tail).all(axis=1), n - 1])
+
+
 class Sampled(NamedTuple):
     """One step's samples, left on the device."""
 
@@ -129,7 +139,7 @@ class Sampler:
 
     def _apply_penalties(self, logits, rows) -> torch.Tensor:
         active = np.nonzero((rows.repetition_penalty != 1.0) | (rows.presence_penalty != 0.0)
-                            | (rows.frequency_penalty != 0.0))[0]
+                            | (rows.frequency_penalty != 0.0) | (rows.no_repeat_ngram_size > 0))[0]
         if not len(active):
             return logits
         logits = logits.clone()
@@ -147,6 +157,11 @@ class Sampler:
             if len(out) and (rows.presence_penalty[r] != 0.0 or rows.frequency_penalty[r] != 0.0):
                 counts = torch.bincount(out, minlength=row.shape[0]).to(row.dtype)
                 row -= float(rows.frequency_penalty[r]) * counts + float(rows.presence_penalty[r]) * (counts > 0)
+            if rows.no_repeat_ngram_size[r] > 0:
+                banned = _repeated_ngram_ends(rows.history_tokens[start:start + n], int(rows.no_repeat_ngram_size[r]))
+                banned = banned[banned < row.shape[0]]
+                if len(banned):
+                    row[torch.as_tensor(banned, device=logits.device)] = _MASK
         return logits
 
     def _probs(self, logits: torch.Tensor, rows, idx: np.ndarray) -> torch.Tensor:

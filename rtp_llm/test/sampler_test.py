@@ -23,7 +23,7 @@ def rows(n, **kw):
                 history_tokens=np.zeros(0, np.int32), top_logprobs=np.zeros(n, np.int32),
                 bias_starts=np.zeros(n, np.int32), bias_lens=np.zeros(n, np.int32),
                 bias_tokens=np.zeros(0, np.int32), bias_values=np.zeros(0, np.float32),
-                forced_tokens=np.full(n, -1, np.int32))
+                forced_tokens=np.full(n, -1, np.int32), no_repeat_ngram_size=np.zeros(n, np.int32))
     for k, v in kw.items():
         base[k] = np.asarray(v, dtype=base[k].dtype)
     return SamplingRows(**base)
@@ -123,6 +123,18 @@ class SamplerTest(unittest.TestCase):
     def test_logit_bias_past_the_vocabulary_is_ignored(self):
         tokens, _ = sample(self.s, self.logits, rows(2, temperature=[0, 0], **bias({4: 100.0, 0: 100.0}, {99: 5.0})))
         self.assertEqual(tokens.tolist(), [0, 3])
+
+    def test_no_repeat_ngram_bans_what_would_repeat_one(self):
+        logits = torch.tensor([[1.0, 3.0, 2.9, 0.0]])  # best first: 1, 2, 0, 3
+
+        def greedy(history, n):
+            h = dict(history_tokens=history, history_lens=[len(history)], num_generated=[1])
+            return sample(self.s, logits, rows(1, temperature=[0], no_repeat_ngram_size=[n], **h))[0].tolist()
+
+        self.assertEqual(greedy([1, 2, 3, 1], 2), [1])  # after a 1 only 2 is banned: (1, 2) occurred
+        self.assertEqual(greedy([1, 1, 2, 1], 2), [0])  # (1, 1) and (1, 2) occurred
+        self.assertEqual(greedy([1, 1, 2, 1], 3), [1])  # no 3-gram starts with (2, 1)
+        self.assertEqual(greedy([1, 2, 3, 1], 1), [0])  # unigrams: every token seen
 
     def test_forced_token_is_the_only_choice(self):
         logits = self.logits.repeat(50, 1)

@@ -32,8 +32,10 @@ void Scheduler::preempt(GenerateStream* stream) {
 }
 
 namespace {
+// Whether the sampler reads the stream's history (penalties, n-gram bans).
 bool has_penalties(const GenerateConfig& c) {
-  return c.repetition_penalty != 1.0f || c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f;
+  return c.repetition_penalty != 1.0f || c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f ||
+         c.no_repeat_ngram_size > 0;
 }
 }  // namespace
 

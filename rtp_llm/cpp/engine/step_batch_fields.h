@@ -41,10 +41,12 @@
   X(i32, top_logprobs, 0, 0.0, 0, RTP_LLM_MAX_TOP_LOGPROBS)
 
 /* Sampling parameters converted by hand in proto_convert.cc: random_seed is an Int64Value
-   (-1: none), return_logprobs is return_softmax_probs || return_cum_log_probs. */
+   (-1: none), return_logprobs is return_softmax_probs || return_cum_log_probs,
+   no_repeat_ngram_size an Int32Value (0: off; it reads the history, as the penalties do). */
 #define RTP_LLM_SAMPLING_SPECIAL(X)                     \
   X(i64, random_seed, -1, -HUGE_VAL, 0, HUGE_VAL)       \
-  X(i32, return_logprobs, 0, 0.0, 0, 1.0)
+  X(i32, return_logprobs, 0, 0.0, 0, 1.0)               \
+  X(i32, no_repeat_ngram_size, 0, 0.0, 0, HUGE_VAL)
 
 #define RTP_LLM_ALL_SAMPLING(X) RTP_LLM_SAMPLING_PARAMS(X) RTP_LLM_SAMPLING_SPECIAL(X)
 
@@ -71,7 +73,7 @@
   X(i32, positions, T, MODEL)                                                                   \
   X(i64, slot_mapping, T, MODEL)    /* block_id * block_size + offset of each token's KV */     \
   X(i32, num_generated, S, SAMPLE)  /* tokens generated so far: a seeded sample's position */   \
-  /* Penalized sampled rows' token history (prompt, then generated; complete: nothing is      \
+  /* Penalized (or no_repeat_ngram_size) sampled rows' token history (prompt, then generated; complete: nothing is      \
      scheduled ahead of such a row), history_tokens[history_starts[i] +: history_lens[i]];    \
      other rows have history_lens 0. */                                                       \
   X(i32, history_starts, S, SAMPLE)                                                             \

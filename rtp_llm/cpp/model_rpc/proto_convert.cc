@@ -31,6 +31,7 @@ GenerateConfig from_proto(const GenerateConfigPB& pb, int max_seq_len) {
 #undef RTP_LLM_FROM_PROTO
   c.random_seed = pb.has_random_seed() ? pb.random_seed().value() : -1;
   c.return_logprobs = pb.return_softmax_probs() || pb.return_cum_log_probs();
+  c.no_repeat_ngram_size = pb.has_no_repeat_ngram_size() ? pb.no_repeat_ngram_size().value() : 0;
   c.logit_bias.assign(pb.logit_bias().begin(), pb.logit_bias().end());
   std::sort(c.logit_bias.begin(), c.logit_bias.end());  // a map's order is unspecified: make rows reproducible
   c.in_think_mode = pb.in_think_mode();

@@ -27,7 +27,7 @@ class ByteTokenizer:
     def decode(self, ids, skip_special_tokens=True):
         return bytes(ids).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, tools=None):
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, tools=None, **kwargs):
         offer = "".join(f"tool: {t['function']['name']}\n" for t in tools or ())
         return offer + "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
 
@@ -195,6 +195,41 @@ class AppTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(dict(backend.configs[-1].logit_bias), {97: -100.0, 5: 3.0})
         status, _, text = await self.request("/", {"prompt": "hi", "generate_config": {"logit_bias": {"300": 1}}})
         self.assertEqual((status, json.loads(text)["message"].split(":")[0]), (400, "generate_config.logit_bias"))
+
+    async def test_upstream_output_options_on_the_native_api(self):
+        body = {"prompt": "hi", "generate_config": {"return_output_ids": True, "return_input_ids": True,
+                                                    "return_cum_log_probs": True, "return_softmax_probs": True,
+                                                    "num_beams": 1, "trace_id": "t"}}
+        status, _, text = await self.request("/", body)
+        self.assertEqual(status, 200, text)
+        out = json.loads(text)
+        self.assertEqual((out["output_ids"], out["input_ids"]), ([97, 98, 99], [104, 105]))
+        self.assertEqual(out["aux_info"]["cum_log_probs"], [-1.5])
+        self.assertEqual(len(out["aux_info"]["softmax_probs"]), 3)
+        body["generate_config"].update(yield_generator=True, return_incremental=True)
+        _, _, text = await self.request("/", body)
+        events = [json.loads(e[len("data:"):]) for e in text.split("\n\n")[:-2]]
+        self.assertEqual([e["output_ids"] for e in events], [[97], [98], [99]])
+        self.assertEqual(events[-1]["aux_info"]["cum_log_probs"], [-1.5])
+        status, _, text = await self.request("/", {"prompt": "hi", "generate_config": {"num_beams": 4}})
+        self.assertEqual((status, json.loads(text)["message"].split(":")[0]), (400, "generate_config.num_beams"))
+
+    async def test_a_thinking_budget_reaches_the_engine_with_the_end_tag(self):
+        backend = ScriptedBackend()
+        status, _, text = await self.request("/", {"prompt": "hi", "generate_config": {"max_thinking_tokens": 5}},
+                                             backend)
+        self.assertEqual(status, 200, text)
+        p = backend.configs[-1]
+        self.assertEqual((p.max_thinking_tokens, p.in_think_mode), (5, True))
+        self.assertEqual(bytes(p.end_think_token_ids), b"</think>")  # the tag's tokens (one per byte here)
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "max_thinking_tokens": 5}
+        status, _, text = await self.request(
+            "/v1/chat/completions", dict(chat, chat_template_kwargs={"enable_thinking": False}), backend)
+        self.assertEqual(status, 200, text)
+        self.assertFalse(backend.configs[-1].in_think_mode)  # the template closed the thinking already
+        status, _, text = await self.request("/v1/chat/completions", chat, backend)
+        self.assertEqual(status, 200, text)
+        self.assertTrue(backend.configs[-1].in_think_mode)
 
     async def test_what_is_not_supported_is_refused_not_ignored(self):
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

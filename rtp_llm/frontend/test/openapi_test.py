@@ -8,6 +8,7 @@ from dataclasses import fields
 from typing import Dict
 
 from rtp_llm.config.generate_config import GenerateConfig, GenerateConfigError
+from rtp_llm.config.upstream_generate_fields import IGNORED, REFUSED
 from rtp_llm.frontend.openapi import openapi_spec
 from rtp_llm.frontend.request import NATIVE_OPTIONS, OPENAI_NAMES
 
@@ -32,7 +33,8 @@ def numeric(schema):
 class OpenApiTest(unittest.TestCase):
     def test_generate_config_schema_has_every_declared_field_and_nothing_else(self):
         props = schemas()["GenerateConfig"]["properties"]
-        self.assertEqual(set(props), {f.name for f in fields(GenerateConfig)} | set(NATIVE_OPTIONS))
+        self.assertEqual(set(props), {f.name for f in fields(GenerateConfig)} | set(NATIVE_OPTIONS) | set(IGNORED)
+                         | set(REFUSED))
         self.assertFalse(schemas()["GenerateConfig"]["additionalProperties"])
         for f in fields(GenerateConfig):
             self.assertEqual(props[f.name]["description"], f.metadata["doc"], f.name)

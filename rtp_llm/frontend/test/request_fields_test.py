@@ -16,13 +16,16 @@ RANGES = {  # field: (lo, hi, lo_open)
     "temperature": (0, 1e4, False), "top_k": (0, I32, False), "top_p": (0, 1, True), "min_p": (0, 1, False),
     "repetition_penalty": (0.01, 100, False), "presence_penalty": (-2, 2, False), "frequency_penalty": (-2, 2, False),
     "random_seed": (0, 2 ** 63 - 65, False), "timeout_ms": (0, I32, False), "top_logprobs": (0, 20, False),
+    "no_repeat_ngram_size": (0, I32, False), "max_thinking_tokens": (0, I32, False),
 }
 FLOATS = {"temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}
 DEFAULTS = dict(max_new_tokens=256, min_new_tokens=0, num_return_sequences=1, temperature=1.0, top_k=0, top_p=1.0,
                 min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, random_seed=None,
-                ignore_eos=False, stop_words_list=[], return_logprobs=False, top_logprobs=0, logit_bias={}, timeout_ms=0)
+                ignore_eos=False, stop_words_list=[], return_logprobs=False, top_logprobs=0, logit_bias={}, timeout_ms=0,
+                no_repeat_ngram_size=0, max_thinking_tokens=0, in_think_mode=False, end_think_token_ids=[])
 OPENAI = {"max_new_tokens": "max_tokens", "random_seed": "seed", "num_return_sequences": "n"}
-NOT_IN_OPENAI = {"min_new_tokens", "timeout_ms", "stop_words_list", "return_logprobs", "top_logprobs"}
+NOT_IN_OPENAI = {"min_new_tokens", "timeout_ms", "stop_words_list", "return_logprobs", "top_logprobs", "in_think_mode",
+                 "end_think_token_ids"}
 
 
 def beyond(name, bound, up):
@@ -66,7 +69,7 @@ class GenerateConfigTest(unittest.TestCase):
         with self.assertRaises(GenerateConfigError) as cm:
             GenerateConfig.from_dict({"max_new_tokens": 2, "top_q": 1})
         self.assertEqual(cm.exception.field, "top_q")
-        self.assertIn("unknown field (known: frequency_penalty, ignore_eos,", cm.exception.reason)
+        self.assertIn("unknown field (known: end_think_token_ids, frequency_penalty, ignore_eos,", cm.exception.reason)
 
     def test_type_errors(self):
         cases = [("max_new_tokens", 1.5), ("max_new_tokens", "8"), ("max_new_tokens", True), ("top_k", None),
