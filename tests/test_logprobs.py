@@ -1,7 +1,7 @@
 """Log-probs and logit_bias on the real Qwen2.5-Coder-0.5B-Instruct (fp32): the chosen tokens'
 log-probs and their top alternatives equal HF transformers' fp32 log-softmax within 2e-3, on
 /v1/completions and /v1/chat/completions, streamed and not; logit_bias forces (+100) or bans
-(-100) a token."""
+(-100) a token; echo puts the prompt before the completion."""
 
 import json
 
@@ -113,3 +113,12 @@ def test_logit_bias_forces_and_bans_a_token(server, reference):
     r = requests.post(server + "/v1/completions", json={"model": "m", "prompt": "x", "logit_bias": {"99999999": 1}},
                       timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
+
+
+def test_echo_puts_the_prompt_first(server):
+    plain = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4})["text"]
+    echoed = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "echo": True})["text"]
+    assert echoed == PROMPT + plain
+    r = requests.post(server + "/v1/completions", json={"model": "m", "prompt": PROMPT, "echo": True, "logprobs": 1},
+                      timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"  # prompt log-probs: not computed

@@ -42,12 +42,24 @@ def _stop(body: Dict[str, Any]) -> List[str]:
 
 # What this server cannot do yet, and a request that asks for it is refused (400 naming the
 # field), never served as if it had not asked: structured output (vLLM's extension and its
-# older names), echo. (Tools: tool_calls.request_tools.)
+# older names). (Tools: tool_calls.request_tools; echo: _echo.)
 _UNSUPPORTED = {
     **{key: "structured output is not supported yet" for key in
        ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")},
-    "echo": "is not supported yet",
 }
+
+
+def _echo(body: Dict[str, Any], chat: bool, prompt_text) -> str:
+    """Completions' echo: the prompt's text, put before each choice's text ("" when not asked).
+    Prompt log-probs are not computed, so echo with logprobs is refused; chat has no echo."""
+    if not flag(body, "echo", "echo"):
+        return ""
+    if chat:
+        raise RequestError("echo", "is a completions field (/v1/completions): refused rather than ignored")
+    if body.get("logprobs") is not None:
+        raise RequestError("echo", "with logprobs needs the prompt's log-probs, which are not supported yet: "
+                                   "refused rather than ignored")
+    return prompt_text()
 
 
 def _refuse_unsupported(body: Dict[str, Any], chat: bool) -> None:
@@ -103,7 +115,8 @@ class OpenAIApi:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         ids = self.fe.prompts.encode(prompt, "prompt")
-        return await self._generate(request, body, ids, chat=False, default_max=16)
+        echo = _echo(body, False, lambda: prompt if isinstance(prompt, str) else self.fe.tokenizer.decode(ids))
+        return await self._generate(request, body, ids, chat=False, default_max=16, echo=echo)
 
     async def chat(self, request):
         body = await read_json(request)
@@ -112,9 +125,12 @@ class OpenAIApi:
         return await self._generate(request, body, ids, chat=True, default_max=None, tools=tools is not None)
 
     async def _generate(self, request, body, prompt_ids: List[int], chat: bool, default_max: Optional[int],
-                        tools: bool = False):
-        """tools: the answer's tool calls are parsed (the request offered tools)."""
+                        tools: bool = False, echo: str = ""):
+        """tools: the answer's tool calls are parsed (the request offered tools); echo: text
+        before each choice's (completions' echo)."""
         _refuse_unsupported(body, chat)
+        if chat:
+            _echo(body, chat, str)
         config = openai_config(body, default_max)
         config.return_logprobs, config.top_logprobs = _logprobs_wanted(body, chat)
         check_logit_bias(config, self.fe.prompts.vocab_size, openai_name)
@@ -122,7 +138,7 @@ class OpenAIApi:
         stop = _stop(body)
         stream = flag(body, "stream", "stream")
         include_usage = _include_usage(body)
-        reply = Reply(self.fe.model_name, chat, self.fe.tokenizer if config.return_logprobs else None)
+        reply = Reply(self.fe.model_name, chat, self.fe.tokenizer if config.return_logprobs else None, echo)
         # A chat that sets no limit may use the rest of the context (as OpenAI's and vLLM's do).
         fill = chat and body.get("max_completion_tokens") is None and body.get("max_tokens") is None
         async with self.fe.admitted():
@@ -140,7 +156,7 @@ class OpenAIApi:
 
     @staticmethod
     async def _collect(events, reply: Reply, n: int, prompt_ids, clamped, parsers: tuple):
-        texts, reasons, tokens = [""] * n, ["stop"] * n, [0] * n
+        texts, reasons, tokens = [reply.echo] * n, ["stop"] * n, [0] * n
         pairs: List[list] = [[] for _ in range(n)]
         async for ev in events:
             texts[ev.index] += ev.delta
@@ -172,6 +188,9 @@ class OpenAIApi:
             if reply.chat:
                 for i in range(n):
                     await send([reply.opening_delta(i)])
+            elif reply.echo:
+                for i in range(n):
+                    await send([reply.delta(i, reply.echo, None, [])])
             completion_tokens = 0
             splitters = [AnswerSplitter(*parsers) for _ in range(n)]
             pairs: List[list] = [[] for _ in range(n)]  # log-probs of text not sent yet (a tag held back)

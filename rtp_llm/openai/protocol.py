@@ -14,10 +14,11 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 class Reply:
     """One request's response objects. chat: chat.completion(.chunk) rather than
     text_completion; tokenizer: to spell the tokens of log-probs, None when none were asked
-    for (then "logprobs" is null)."""
+    for (then "logprobs" is null); echo: the prompt's text that each completion choice starts
+    with (completions' echo)."""
 
-    def __init__(self, model: str, chat: bool, tokenizer=None):
-        self.model, self.chat, self.tokenizer = model, chat, tokenizer
+    def __init__(self, model: str, chat: bool, tokenizer=None, echo: str = ""):
+        self.model, self.chat, self.tokenizer, self.echo = model, chat, tokenizer, echo
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 

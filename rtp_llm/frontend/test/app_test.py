@@ -187,6 +187,16 @@ class AppTest(unittest.IsolatedAsyncioTestCase):
         _, _, text = await self.request("/v1/completions", {"prompt": "hi", "max_tokens": 4, "logprobs": 0})
         self.assertIsNone(json.loads(text)["choices"][0]["logprobs"]["top_logprobs"])
 
+    async def test_completions_echo_the_prompt(self):
+        body = {"prompt": "hi", "max_tokens": 4, "echo": True}
+        status, _, text = await self.request("/v1/completions", body)
+        self.assertEqual((status, json.loads(text)["choices"][0]["text"]), (200, "hiabc"))
+        _, _, text = await self.request("/v1/completions", dict(body, prompt=[104, 105], stream=True))
+        chunks = [json.loads(e[len("data: "):])["choices"][0] for e in text.split("\n\n")[:-2]]
+        self.assertEqual("".join(c["text"] for c in chunks), "hiabc")
+        status, _, text = await self.request("/v1/completions", dict(body, logprobs=1))
+        self.assertEqual((status, json.loads(text)["error"]["param"]), (400, "echo"))  # prompt log-probs: not yet
+
     async def test_logit_bias_reaches_the_engine(self):
         backend = ScriptedBackend()
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "logit_bias": {"97": -100, "5": 3}}
@@ -245,7 +255,7 @@ class AppTest(unittest.IsolatedAsyncioTestCase):
                              ({"logit_bias": {"5": 101}}, "logit_bias"),
                              ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
                              ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-                             ({"echo": True}, "echo"),
+                             ({"echo": True}, "echo"),  # a completions field
                              ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role")]:
             status, _, text = await self.request("/v1/chat/completions", dict(chat, **extra))
             self.assertEqual((status, json.loads(text)["error"]["param"]), (400, param), extra)
