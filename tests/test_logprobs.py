@@ -7,7 +7,7 @@ import json
 
 import pytest
 import requests
-from testlib import hf_logprobs, hf_model, hf_tokenizer, sse_events, sse_payload, start_server, stop_server
+from testlib import hf_logprobs, hf_model, sse_events, sse_payload
 
 TOL = 2e-3
 PROMPT = "def fibonacci(n):\n"
@@ -15,15 +15,13 @@ N = 6
 
 
 @pytest.fixture(scope="module")
-def server(qwen25):
-    proc, base = start_server(qwen25, frontends=1)
-    yield base
-    assert stop_server(proc) == 0
+def server(qwen25_server):
+    return qwen25_server
 
 
 @pytest.fixture(scope="module")
-def hf(qwen25):
-    return hf_tokenizer(qwen25), hf_model(qwen25)
+def hf(qwen25, qwen25_tokenizer):
+    return qwen25_tokenizer, hf_model(qwen25)
 
 
 @pytest.fixture(scope="module")

@@ -6,21 +6,19 @@ are accepted, and what the engine cannot do is a 400 naming it."""
 import json
 
 import pytest
-from testlib import hf_tokenizer, post_json, start_server, stop_server
+from testlib import post_json
 
 PROMPT = "def fibonacci(n):\n"
 
 
 @pytest.fixture(scope="module")
-def server(qwen25):
-    proc, base = start_server(qwen25, frontends=1)
-    yield base
-    assert stop_server(proc) == 0
+def server(qwen25_server):
+    return qwen25_server
 
 
 @pytest.fixture(scope="module")
-def tok(qwen25):
-    return hf_tokenizer(qwen25)
+def tok(qwen25_tokenizer):
+    return qwen25_tokenizer
 
 
 def native(base, body):

@@ -1,7 +1,7 @@
 """The OpenAI API: /v1/completions, /v1/chat/completions (both also streamed as server-sent
 events) and /v1/models. The response objects' shapes are in rtp_llm/openai/protocol.py."""
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from aiohttp import web
 
@@ -49,13 +49,11 @@ _UNSUPPORTED = {
 }
 
 
-def _echo(body: Dict[str, Any], chat: bool, prompt_text) -> str:
+def _echo(body: Dict[str, Any], prompt_text: Callable[[], str]) -> str:
     """Completions' echo: the prompt's text, put before each choice's text ("" when not asked).
-    Prompt log-probs are not computed, so echo with logprobs is refused; chat has no echo."""
+    Prompt log-probs are not computed, so echo with logprobs is refused."""
     if not flag(body, "echo", "echo"):
         return ""
-    if chat:
-        raise RequestError("echo", "is a completions field (/v1/completions): refused rather than ignored")
     if body.get("logprobs") is not None:
         raise RequestError("echo", "with logprobs needs the prompt's log-probs, which are not supported yet: "
                                    "refused rather than ignored")
@@ -64,7 +62,7 @@ def _echo(body: Dict[str, Any], chat: bool, prompt_text) -> str:
 
 def _refuse_unsupported(body: Dict[str, Any], chat: bool) -> None:
     """Refuses response_format json_object / json_schema and the _UNSUPPORTED fields (an empty
-    or false value asks for nothing and passes), and tools outside chat."""
+    or false value asks for nothing and passes), tools outside chat and echo in it."""
     fmt = body.get("response_format")
     if fmt is not None:
         kind = fmt.get("type") if isinstance(fmt, dict) else None
@@ -81,6 +79,8 @@ def _refuse_unsupported(body: Dict[str, Any], chat: bool) -> None:
         for key in ("tools", "tool_choice"):
             if body.get(key) not in (None, [], "none"):
                 raise RequestError(key, "is a chat completions field (/v1/chat/completions)")
+    elif body.get("echo") not in (None, False):
+        raise RequestError("echo", "is a completions field (/v1/completions): refused rather than ignored")
 
 
 def template_kwargs(body: Dict[str, Any]) -> Dict[str, Any]:
@@ -115,7 +115,7 @@ class OpenAIApi:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         ids = self.fe.prompts.encode(prompt, "prompt")
-        echo = _echo(body, False, lambda: prompt if isinstance(prompt, str) else self.fe.tokenizer.decode(ids))
+        echo = _echo(body, lambda: prompt if isinstance(prompt, str) else self.fe.tokenizer.decode(ids))
         return await self._generate(request, body, ids, chat=False, default_max=16, echo=echo)
 
     async def chat(self, request):
@@ -129,8 +129,6 @@ class OpenAIApi:
         """tools: the answer's tool calls are parsed (the request offered tools); echo: text
         before each choice's (completions' echo)."""
         _refuse_unsupported(body, chat)
-        if chat:
-            _echo(body, chat, str)
         config = openai_config(body, default_max)
         config.return_logprobs, config.top_logprobs = _logprobs_wanted(body, chat)
         check_logit_bias(config, self.fe.prompts.vocab_size, openai_name)
