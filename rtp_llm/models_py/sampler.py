@@ -77,7 +77,8 @@ class Sampler:
         si = self._upload(s) if len(s) else None
         if len(s):  # the sampled rows' distribution: logits / temperature
             temp = self._upload(rows.temperature[s].astype(np.float32))[:, None]
-            logits = logits.index_copy(0, si, logits[si] / temp)
+            sampled = logits / temp if len(s) == n else logits[si] / temp
+            logits = sampled if len(s) == n else logits.index_copy(0, si, sampled)
         tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
         g = np.nonzero(greedy)[0]
         if len(g) == n:
@@ -86,7 +87,7 @@ class Sampler:
             gi = self._upload(g)
             tokens[gi] = self.argmax(logits[gi])
         if len(s):
-            tokens[si] = self._draw(self._probs(logits[si], rows, s), rows, s)
+            tokens[si] = self._draw(self._probs(sampled, rows, s), rows, s)
         return self._with_logprobs(logits, tokens, rows)
 
     def _draw(self, probs: torch.Tensor, rows, s: np.ndarray) -> torch.Tensor:
