@@ -123,20 +123,26 @@ def translate_upstream(config: GenerateConfig, options: Dict[str, Any]) -> Gener
     if options.get("eos_token_id") is not None:
         eos = _token_ids(options["eos_token_id"], native_name("eos_token_id"))
         changes["stop_words_list"] = config.stop_words_list + [[t] for t in eos]
-    words = options.get("bad_words_list")
-    if words is not None:
-        field = native_name("bad_words_list")
-        if words and isinstance(words[0], list) and words[0] and isinstance(words[0][0], list):
-            words = [w for batch in words for w in batch]  # upstream's per-batch form [[[ids]]]
-        if not isinstance(words, list) or not all(isinstance(w, list) and w for w in words):
-            raise RequestError(field, "must be a list of token id lists")
-        if any(len(w) > 1 for w in words):
-            raise RequestError(field, "only single-token bad words are supported: refused rather than ignored")
-        bias = {token_id_key(k): v for k, v in config.logit_bias.items()}
-        for (t,) in words:
-            bias[_token_ids(t, field)[0]] = -100.0
-        changes["logit_bias"] = bias
+    if options.get("bad_words_list") is not None:
+        words = _bad_words(options["bad_words_list"], native_name("bad_words_list"))
+        changes["logit_bias"] = {**{token_id_key(k): v for k, v in config.logit_bias.items()},
+                                 **{t: -100.0 for t in words}}
     return dataclasses.replace(config, **changes) if changes else config
+
+
+def _bad_words(words, field: str) -> List[int]:
+    """Upstream's bad_words_list ([[ids]], or per batch [[[ids]]]) as its tokens: single-token
+    words only."""
+    def lists(v):
+        return isinstance(v, list) and all(isinstance(w, list) and w for w in v)
+
+    if isinstance(words, list) and words and all(lists(batch) and batch for batch in words):
+        words = [w for batch in words for w in batch]  # the per-batch form: its words are lists
+    if not lists(words):
+        raise RequestError(field, "must be a list of token id lists")
+    if any(len(w) > 1 for w in words):
+        raise RequestError(field, "only single-token bad words are supported: refused rather than ignored")
+    return _token_ids([w[0] for w in words], field)
 
 
 def stop_strings(options: Dict[str, Any]) -> List[str]:

@@ -57,6 +57,9 @@ class UpstreamFieldsTest(unittest.TestCase):
         self.assertEqual(native(do_sample=True, temperature=0.8)[0].temperature, 0.8)
         self.assert_refused("bad_words_list", bad_words_list=[[7, 8]])
         self.assert_refused("bad_words_list", bad_words_list=[3])
+        for junk in ([[[1]], 5], [[[1, 2]]], [[[1]], [[2]], [3]], [["a"]], [[True]], [[]], {"a": 1}):
+            with self.subTest(junk=junk):
+                self.assert_refused("bad_words_list", bad_words_list=junk)
         self.assert_refused("eos_token_id", eos_token_id="2")
         self.assert_refused("skip_special_tokens", skip_special_tokens="no")
 
