@@ -8,7 +8,7 @@
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from rtp_llm.async_decoder_engine.engine import EngineArgs, EngineLoop
 from rtp_llm.config.generate_config import GenerateConfig
@@ -26,6 +26,8 @@ class SequenceOutput:
     text: Optional[str]
     finish_reason: str  # "stop" | "length" (as the core decided) | "error: ..."
     logprobs: Optional[List[float]] = None
+    # With top_logprobs k: per token, its k best alternatives [(token id, log-prob)], best first.
+    top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
 
 
 @dataclass
@@ -91,7 +93,8 @@ class LLM:
                 d = decode_output(out)
                 reason = f"error: {out.error_info.error_message} ({code})" if code != 0 else d.finish_reason
                 logprobs = d.logprobs if parsed[i].return_logprobs else None
-                results[i].outputs.append(SequenceOutput(d.token_ids, self._decode(d.token_ids), reason, logprobs))
+                results[i].outputs.append(SequenceOutput(d.token_ids, self._decode(d.token_ids), reason, logprobs,
+                                                         d.top_logprobs))
                 results[i].aux_info = d.aux
             return results
         finally:

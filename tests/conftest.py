@@ -45,3 +45,21 @@ def smollm2(model_cache) -> str:
 @pytest.fixture(scope="session")
 def qwen25(model_cache) -> str:
     return os.path.join(model_cache, "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+
+
+@pytest.fixture(scope="module")
+def qwen25_server(qwen25) -> str:
+    """A server on Qwen2.5-Coder-0.5B with testlib's defaults (fp32) and one frontend, per module:
+    its base URL."""
+    import testlib
+
+    proc, base = testlib.start_server(qwen25, frontends=1)
+    yield base
+    assert testlib.stop_server(proc) == 0
+
+
+@pytest.fixture(scope="session")
+def qwen25_tokenizer(qwen25):
+    import testlib
+
+    return testlib.hf_tokenizer(qwen25)

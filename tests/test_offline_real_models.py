@@ -1,8 +1,9 @@
-"""The offline API on real GGUF models: it knows the capital of France, and its greedy tokens
-equal HF transformers' on the same (dequantized, fp32) weights."""
+"""The offline API on real GGUF models: it knows the capital of France, its greedy tokens equal
+HF transformers' on the same (dequantized, fp32) weights, and so do its log-probs and their
+alternatives."""
 
 import pytest
-from testlib import hf_greedy, hf_model
+from testlib import hf_greedy, hf_logprobs, hf_model
 
 from rtp_llm.llm import LLM
 
@@ -33,6 +34,19 @@ def test_greedy_tokens_equal_hf_transformers(model):
     ours = llm.generate(PROMPTS, config)
     for out in ours:
         assert out.outputs[0].token_ids == hf_greedy(hf, out.prompt_token_ids, NEW_TOKENS), out.prompt
+
+
+def test_alternatives_equal_hf_log_softmax(model):
+    path, llm = model
+    out = llm.generate(PROMPTS[0], {"max_new_tokens": 4, "temperature": 0, "return_logprobs": True,
+                                    "top_logprobs": 3})[0]
+    seq = out.outputs[0]
+    want = hf_logprobs(hf_model(path), out.prompt_token_ids + seq.token_ids)[len(out.prompt_token_ids) - 1:-1]
+    for i, (token, lp, top) in enumerate(zip(seq.token_ids, seq.logprobs, seq.top_logprobs)):
+        best = want[i].topk(3)
+        assert [t for t, _ in top] == best.indices.tolist() and top[0][0] == token
+        assert max(abs(a - float(b)) for (_, a), b in zip(top, best.values)) < 2e-3
+        assert abs(lp - float(want[i, token])) < 2e-3
 
 
 @pytest.mark.parametrize("name", ["smollm2", "qwen25"])

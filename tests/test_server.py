@@ -158,9 +158,12 @@ def test_logprobs_of_chosen_tokens(client):
     assert "".join(c.token for c in content).strip()
     c = client.completions.create(model="m", prompt="1, 2, 3,", max_tokens=4, temperature=0, logprobs=1)
     assert len(c.choices[0].logprobs.token_logprobs) == 4
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2,
                                        logprobs=True, top_logprobs=5)
+    assert [len(c.top_logprobs) for c in r.choices[0].logprobs.content] == [5] * len(r.choices[0].logprobs.content)
+    with pytest.raises(openai.BadRequestError) as e:  # OpenAI's bound
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       logprobs=True, top_logprobs=21)
     assert "top_logprobs" in str(e.value)
 
 

@@ -21,8 +21,8 @@ import torch
 from rtp_llm.device.base import DeviceBackend
 from rtp_llm.distributed.tensor_parallel import CollectiveError
 from rtp_llm.models_py.decoder import DecoderModel
-from rtp_llm.models_py.sampler import Sampler
-from rtp_llm.ops.engine_core import EngineCore, StepBatch
+from rtp_llm.models_py.sampler import Sampled, Sampler
+from rtp_llm.ops.engine_core import EngineCore, StepBatch, max_top_logprobs
 
 
 def _inject(kind: str, token: int):
@@ -36,30 +36,47 @@ def _inject(kind: str, token: int):
     raise RuntimeError(what)
 
 
+class HostSlot:
+    """Host buffers for one step's samples (pinned where the device copies asynchronously):
+    tokens and log-probs [max_batch_size], alternatives [max_batch_size, max_top]."""
+
+    def __init__(self, max_batch_size: int, max_top: int, pin: bool, ready):
+        self.tokens = torch.zeros(max_batch_size, dtype=torch.int32, pin_memory=pin)
+        self.logprobs = torch.zeros(max_batch_size, dtype=torch.float32, pin_memory=pin)
+        self.top_ids = torch.zeros(max_batch_size, max_top, dtype=torch.int32, pin_memory=pin)
+        self.top_logprobs = torch.zeros(max_batch_size, max_top, dtype=torch.float32, pin_memory=pin)
+        self.ready = ready  # the device's copy event, None where copies are synchronous
+
+
 class PendingStep:
     """A launched step's sampled tokens: on the device now, on the host once result() returns."""
 
-    def __init__(self, tokens: torch.Tensor, logprobs: Optional[torch.Tensor], host_tokens: torch.Tensor,
-                 host_logprobs: torch.Tensor, ready, timeout_s: float = 0.0):
-        self.tokens = tokens  # [N] int32 on the device
-        n = len(tokens)
-        host_tokens[:n].copy_(tokens, non_blocking=True)
-        if logprobs is not None:
-            host_logprobs[:n].copy_(logprobs, non_blocking=True)
+    def __init__(self, sampled: Sampled, slot: HostSlot, timeout_s: float = 0.0):
+        self.tokens = sampled.tokens  # [N] int32 on the device
+        n = len(sampled.tokens)
+        slot.tokens[:n].copy_(sampled.tokens, non_blocking=True)
+        if sampled.logprobs is not None:
+            slot.logprobs[:n].copy_(sampled.logprobs, non_blocking=True)
         else:
-            host_logprobs[:n].zero_()
-        self._tokens, self._logprobs = host_tokens[:n].numpy(), host_logprobs[:n].numpy()
-        self._ready = ready
+            slot.logprobs[:n].zero_()
+        k = 0 if sampled.top_ids is None else sampled.top_ids.shape[1]
+        if k:
+            slot.top_ids[:n, :k].copy_(sampled.top_ids, non_blocking=True)
+            slot.top_logprobs[:n, :k].copy_(sampled.top_logprobs, non_blocking=True)
+        self._host = (slot.tokens[:n].numpy(), slot.logprobs[:n].numpy(), slot.top_ids[:n, :k].numpy(),
+                      slot.top_logprobs[:n, :k].numpy())
+        self._ready = slot.ready
         self._timeout_s = timeout_s
-        if ready is not None:
-            ready.record()
+        if self._ready is not None:
+            self._ready.record()
         self.committed = False
         # The grammar rows: (stream ids [G], their indices in the sampled rows [G]), or None.
         self.grammar: Optional[Tuple[np.ndarray, np.ndarray]] = None
 
-    def result(self) -> Tuple[np.ndarray, np.ndarray]:
-        """(tokens [N] int32, log-probs [N] fp32; 0 where not asked), views valid until the
-        host slot is reused two launches later (commit them before that)."""
+    def result(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens [N] int32, log-probs [N] fp32 (0 where not asked), alternatives' ids [N, k]
+        int32 and log-probs [N, k] fp32), views valid until the host slot is reused two launches
+        later (commit them before that): EngineCore.commit's arguments."""
         if self._ready is not None:
             if self._timeout_s > 0:  # tensor parallel: a dead rank leaves the step's collectives waiting
                 deadline = time.monotonic() + self._timeout_s
@@ -69,7 +86,7 @@ class PendingStep:
                                               f"{self._timeout_s:g} s: a rank died or hung")
                     time.sleep(0)
             self._ready.synchronize()
-        return self._tokens, self._logprobs
+        return self._host
 
 
 class ModelRunner:
@@ -87,8 +104,8 @@ class ModelRunner:
         # Host slots for the sampled tokens of the (at most two) steps in flight, used in turn.
         # Where the device copies asynchronously (it gives an event to wait on), they are
         # pinned and the copies do not block.
-        self._events = [backend.host_copy_event(), backend.host_copy_event()]
-        pin = self._events[0] is not None
+        events = [backend.host_copy_event(), backend.host_copy_event()]
+        pin = events[0] is not None
         self.sampler = Sampler(backend.device, pin_host=pin, argmax=backend.argmax,
                                apply_token_bitmask=backend.apply_token_bitmask)
         self.grammar = None  # rank 0's GrammarBook (EngineLoop sets it)
@@ -96,8 +113,7 @@ class ModelRunner:
         # Steps replay captured graphs where the device has them (CUDA).
         self.graphs = backend.make_graph_runner(model, kv_cache, block_size, max_batch_size, max_seq_len,
                                                 max_num_batched_tokens) if use_graphs else None
-        self._host_tokens = torch.zeros(2, max_batch_size, dtype=torch.int32, pin_memory=pin)
-        self._host_logprobs = torch.zeros(2, max_batch_size, dtype=torch.float32, pin_memory=pin)
+        self._slots = [HostSlot(max_batch_size, max_top_logprobs(), pin, e) for e in events]
         self._slot = 0
         self._prev_sampled = 0  # rows sampled by the last step run: a rank > 0 receives that many
 
@@ -140,11 +156,10 @@ class ModelRunner:
             g = np.nonzero(rows.grammar)[0]
             grammar = (b.stream_ids[sampled][g], g)
             mask = self.grammar.bitmask(*grammar)
-        tokens, logprobs = self.sampler.sample_on_device(logits, rows, mask)
-        slot = self._slot
+        samples = self.sampler.sample_on_device(logits, rows, mask)
+        slot = self._slots[self._slot]
         self._slot ^= 1
-        step = PendingStep(tokens, logprobs, self._host_tokens[slot], self._host_logprobs[slot], self._events[slot],
-                           self.model.tp.timeout_s if self.model.tp.size > 1 else 0.0)
+        step = PendingStep(samples, slot, self.model.tp.timeout_s if self.model.tp.size > 1 else 0.0)
         step.grammar = grammar
         return step
 
@@ -153,8 +168,8 @@ class ModelRunner:
         matchers on the tokens the core kept."""
         if step.committed:
             return
-        tokens, logprobs = step.result()
-        appended = core.commit(tokens, logprobs)
+        tokens, logprobs, top_ids, top_logprobs = step.result()
+        appended = core.commit(tokens, logprobs, top_ids, top_logprobs)
         step.committed = True
         if step.grammar is not None:
             ids, g = step.grammar

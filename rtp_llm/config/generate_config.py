@@ -40,6 +40,13 @@ SEED = "seed"          # Int64Value random_seed, plus the sequence index
 ONE_PER_STREAM = "1"   # num_return_sequences: the frontend fans out one stream per sequence
 TOKEN_LISTS = "rows"   # an IntMatrix of token id lists
 GRAMMAR = "grammar"    # the grammar (at most one of these fields): its kind's StringValue (config/grammar.py)
+TOKEN_MAP = "map"      # a map<int32, float> from token ids (ints or their decimal strings, as JSON keys)
+INT32_WRAPPER = "i32"  # an Int32Value, set when not the default
+
+# Bounds the engine declares (rtp_llm/cpp/engine/step_batch_fields.h): alternatives per token,
+# logit_bias entries per request.
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024
 
 
 def _field(default, doc: str, range: Optional[Range] = None, openai: Optional[str] = "",
@@ -92,6 +99,13 @@ class GenerateConfig:
         proto=TOKEN_LISTS, default_factory=list)
     return_logprobs: bool = _field(
         False, "return the log-prob of each generated token", openai=None, proto="return_softmax_probs")
+    top_logprobs: int = _field(
+        0, "also return this many most likely alternatives (token, log-prob) of each generated token, from the "
+        "distribution it was sampled from (after penalties, logit_bias and temperature; before top-k/top-p/min-p)",
+        Range(0, MAX_TOP_LOGPROBS), openai=None)
+    logit_bias: Dict[int, float] = _field(
+        None, f"token id -> bias added to its logit before sampling (at most {MAX_LOGIT_BIAS} entries; -100 bans "
+        "a token, 100 all but forces it)", Range(-100, 100), proto=TOKEN_MAP, default_factory=dict)
     timeout_ms: int = _field(
         0, "0 = the server's --default_timeout_ms (0 there: none)", Range(0, INT32_MAX), openai=None)
     # Structured output (upstream's fields; at most one): the engine keeps the output in the
@@ -108,6 +122,17 @@ class GenerateConfig:
                                  openai=None, proto=GRAMMAR)
     structural_tag: Any = _field(None, "the output follows this xgrammar structural tag", openai=None,
                                  proto=GRAMMAR)
+    no_repeat_ngram_size: int = _field(
+        0, "HF's: no n-gram of this size occurs twice in the prompt and output; 0 = off", Range(0, INT32_MAX),
+        proto=INT32_WRAPPER)
+    max_thinking_tokens: int = _field(
+        0, "upstream's thinking budget: after this many tokens inside the thinking, its end tag is forced; 0 = "
+        "none. The thinking starts with the output (in_think_mode; implied by a budget) and ends at "
+        "end_think_token_ids (default: the tokens of </think>)", Range(0, INT32_MAX))
+    in_think_mode: bool = _field(False, "the output starts inside the thinking (upstream's)", openai=None)
+    end_think_token_ids: List[int] = _field(
+        None, "the tokens that end the thinking (upstream's)", Range(0, INT32_MAX), openai=None,
+        default_factory=list)
 
     @classmethod
     def from_dict(cls, d: Optional[Dict[str, Any]]) -> "GenerateConfig":
@@ -159,6 +184,12 @@ class GenerateConfig:
             elif proto == TOKEN_LISTS:
                 for words in v:
                     c.stop_words_list.rows.add(values=words)
+            elif proto == TOKEN_MAP:
+                for token, bias in v.items():
+                    getattr(c, check.name)[int(token)] = bias
+            elif proto == INT32_WRAPPER:
+                if v:
+                    getattr(c, check.name).value = v
         g = self.grammar()
         if g is not None:
             getattr(c, g.kind).value = g.text
@@ -200,13 +231,42 @@ def _type_check(kind) -> Callable[[Any], Optional[str]]:
                 f"must be a list of non-empty token id lists, got {v!r}")
     if kind is float:
         return lambda v: None if _is_finite_number(v) else f"must be a finite number, got {v!r}"
+    if kind == Dict[int, float]:
+        return _token_map_error
+    if kind == List[int]:
+        return lambda v: None if isinstance(v, list) and all(_is_int(t) for t in v) else (
+            f"must be a list of token ids, got {v!r}"[:200])
     optional = kind == Optional[int]
     return lambda v: None if (optional and v is None) or _is_int(v) else f"must be an integer, got {v!r}"
 
 
-def _range_check(rng: Optional[Range], token_lists: bool) -> Callable[[Any], Optional[str]]:
+def token_id_key(k) -> Optional[int]:
+    """A token id map's key as an int (JSON keys are strings), None when it is not one."""
+    if _is_int(k):
+        return k
+    if isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 10:
+        return int(k)
+    return None
+
+
+def _token_map_error(v) -> Optional[str]:
+    if not isinstance(v, dict):
+        return f"must be an object of token id -> number, got {v!r}"[:200]
+    if len(v) > MAX_LOGIT_BIAS:
+        return f"may have at most {MAX_LOGIT_BIAS} entries, got {len(v)}"
+    for k, x in v.items():
+        t = token_id_key(k)
+        if t is None or t > INT32_MAX:
+            return f"keys must be token ids (non-negative integers), got {k!r}"[:200]
+        if not _is_finite_number(x):
+            return f"values must be finite numbers, got {x!r} for {k!r}"[:200]
+    return None
+
+
+def _range_check(rng: Optional[Range], token_lists: bool, token_map: bool,
+                 token_ids: bool) -> Callable[[Any], Optional[str]]:
     """What is wrong with a value (of the right type) for `rng`, as a function of the value. A
-    list of token id lists has the range on each token id."""
+    list of token id lists has the range on each token id, a token id map on each value."""
     if rng is None:
         return lambda v: None
     if token_lists:
@@ -214,6 +274,13 @@ def _range_check(rng: Optional[Range], token_lists: bool) -> Callable[[Any], Opt
             bad = next((t for w in v for t in w if t not in rng), None)
             return None if bad is None else f"token ids must be in {rng}, got {bad!r}"
         return check
+    if token_ids:
+        return lambda v: next((f"token ids must be in {rng}, got {t!r}" for t in v if t not in rng), None)
+    if token_map:
+        def check_values(v):
+            bad = next((k for k, x in v.items() if x not in rng), None)
+            return None if bad is None else f"values must be in {rng}, got {v[bad]!r} for {bad!r}"
+        return check_values
     return lambda v: None if v is None or v in rng else f"must be in {rng}, got {v!r}"
 
 
@@ -248,11 +315,12 @@ class _FieldCheck:
 
 
 _CHECKS = tuple(_FieldCheck(f.name, _grammar_check(f.name) if f.metadata["proto"] == GRAMMAR else _type_check(f.type),
-                            _range_check(f.metadata["range"], f.type == List[List[int]]), f.metadata["proto"])
+                            _range_check(f.metadata["range"], f.type == List[List[int]], f.type == Dict[int, float],
+                                         f.type == List[int]), f.metadata["proto"])
                 for f in fields(GenerateConfig))
 _FIELD_NAMES = frozenset(c.name for c in _CHECKS)
 # (field, proto field) of the fields that cross as a plain value (one constructor call per request).
-_SPECIAL_PROTO = tuple(c for c in _CHECKS if c.proto in (SEED, ONE_PER_STREAM, TOKEN_LISTS))
+_SPECIAL_PROTO = tuple(c for c in _CHECKS if c.proto in (SEED, ONE_PER_STREAM, TOKEN_LISTS, TOKEN_MAP, INT32_WRAPPER))
 _GRAMMAR_CHECKS = tuple(c for c in _CHECKS if c.proto == GRAMMAR)
 _GRAMMAR_NAMES = tuple(c.name for c in _GRAMMAR_CHECKS)
 _PLAIN_PROTO = tuple((c.name, c.name if c.proto == SAME else c.proto) for c in _CHECKS

@@ -16,6 +16,7 @@ The other routes: native_api.py (POST /), status.py (/health, /status, /worker_s
 /cache_status, /metrics, /tokenize, /openapi.json)."""
 
 import contextlib
+import dataclasses
 import itertools
 from typing import List, Optional, Sequence, Tuple
 
@@ -30,7 +31,7 @@ from rtp_llm.frontend.middleware import auth_middleware, error_middleware
 from rtp_llm.frontend.native_api import NativeApi
 from rtp_llm.frontend.openai_api import OpenAIApi
 from rtp_llm.frontend.prompts import Prompts, fit
-from rtp_llm.config.output_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from rtp_llm.config.output_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS, ThinkTags
 from rtp_llm.frontend.request import Namer
 from rtp_llm.frontend.status import StatusRoutes
 
@@ -114,14 +115,15 @@ class Frontend:
                    fill)
 
     async def events(self, prompt_ids: List[int], config: GenerateConfig, stop: Sequence[str],
-                     print_stop_words: bool, prompt_field: str, name: Namer, stream: bool):
+                     print_stop_words: bool, prompt_field: str, name: Namer, stream: bool,
+                     skip_special_tokens: bool = True):
         """The SequenceEvents of one prompt's sequences, timed into the metrics (stream False:
         one per sequence, at its end). An engine error leaves with its `param` set to the
         request's name for the field it is about (prompt_field for the prompt's token ids,
         name() of a generate_config key)."""
         pacing = Streaming(stream, self.stream_interval)
         source = self.stats.timed(generate_sequences(self.client, self.tokenizer, prompt_ids, config, stop,
-                                                     print_stop_words, next(self.ids), pacing))
+                                                     print_stop_words, next(self.ids), pacing, skip_special_tokens))
         try:
             async for ev in source:
                 yield ev
@@ -130,6 +132,16 @@ class Frontend:
             raise
         finally:
             await source.aclose()  # closed early: the sequences' gRPC calls end now
+
+    def thinking_budget(self, config: GenerateConfig, thinking: bool = True) -> GenerateConfig:
+        """A thinking budget (max_thinking_tokens > 0) starts the output inside the thinking
+        (in_think_mode, unless `thinking` is off: a chat with enable_thinking false), which ends at
+        end_think_token_ids: by default the tokens of the reasoning parser's end tag."""
+        if config.max_thinking_tokens <= 0:
+            return config
+        end = config.end_think_token_ids or self.prompts.tokenize((self.reasoning or ThinkTags()).end,
+                                                                  "end_think_token_ids", False)
+        return dataclasses.replace(config, in_think_mode=thinking, end_think_token_ids=end)
 
     def _chat_ids(self, messages, kwargs) -> List[int]:
         """Prompts.chat_ids (kept on Frontend: tests/test_server.py renders templates with it)."""

@@ -21,6 +21,7 @@ class Chunk:
     aux: dict = field(default_factory=dict)
     logprobs: Optional[List[float]] = None  # of new_ids, when the request asked for them
     finish_reason: Optional[str] = None     # "stop" | "length" once finished, as the core decided
+    top_logprobs: Optional[list] = None     # per new id, its best alternatives [(id, log-prob)] (top_logprobs)
 
 
 class BackendError(Exception):
@@ -68,10 +69,11 @@ def _chunk(updates: List[pb.MultiplexUpdatePB]) -> Chunk:
     outs = [decode_output(u.output) for u in updates]
     last = outs[-1]
     if len(outs) == 1:
-        return Chunk(last.token_ids, last.finished, last.aux, last.logprobs, last.finish_reason)
+        return Chunk(last.token_ids, last.finished, last.aux, last.logprobs, last.finish_reason, last.top_logprobs)
     ids = [t for o in outs for t in o.token_ids]
     logprobs = None if last.logprobs is None else [p for o in outs for p in o.logprobs or ()]
-    return Chunk(ids, last.finished, last.aux, logprobs, last.finish_reason)
+    top = None if last.top_logprobs is None else [a for o in outs for a in o.top_logprobs or ()]
+    return Chunk(ids, last.finished, last.aux, logprobs, last.finish_reason, top)
 
 
 class _Sink:

@@ -39,8 +39,10 @@ class IncrementalDetokenizer:
     them. Stop strings are looked for in the held-back text only: text already out was known
     not to begin one."""
 
-    def __init__(self, tokenizer, stop: Sequence[str] = (), print_stop_words: bool = False, decode=None):
+    def __init__(self, tokenizer, stop: Sequence[str] = (), print_stop_words: bool = False, decode=None,
+                 skip_special_tokens: bool = True):
         self.decode = decode or text_decoder(tokenizer)
+        self.skip_special = skip_special_tokens
         self.stop = [s for s in stop if s]
         self.print_stop_words = print_stop_words
         self.ids: List[int] = []
@@ -67,8 +69,9 @@ class IncrementalDetokenizer:
         return text
 
     def _new_text(self, final: bool) -> str:
-        context = self.decode(self.ids[self.prefix:self.read], skip_special_tokens=True) if self.read > self.prefix else ""
-        text = self.decode(self.ids[self.prefix:], skip_special_tokens=True)
+        skip = self.skip_special
+        context = self.decode(self.ids[self.prefix:self.read], skip_special_tokens=skip) if self.read > self.prefix else ""
+        text = self.decode(self.ids[self.prefix:], skip_special_tokens=skip)
         if not final and (len(text) <= len(context) or text.endswith(_INCOMPLETE)):
             return ""  # nothing new yet, or a character still waiting for its next byte
         self.prefix, self.read = self.read, len(self.ids)

@@ -19,8 +19,10 @@ class SequenceEvent:
     finish_reason: Optional[str] = None  # "stop" | "length" when finished
     aux: dict = field(default_factory=dict)
     num_tokens: int = 0
-    # (token id, log-prob) of the tokens this event covers, when the request asked for them.
+    # (token id, log-prob, alternatives [(id, log-prob)] or None) of the tokens this event
+    # covers, when the request asked for log-probs.
     logprobs: List[tuple] = field(default_factory=list)
+    token_ids: List[int] = field(default_factory=list)  # the tokens this event covers
 
 
 @dataclass(frozen=True)
@@ -36,9 +38,10 @@ class Streaming:
 
 def generate_sequences(client: BackendClient, tokenizer, prompt_ids: List[int], config: GenerateConfig,
                        stop: Sequence[str] = (), print_stop_words: bool = False, request_id: int = 0,
-                       pacing: Streaming = Streaming()) -> AsyncIterator[SequenceEvent]:
+                       pacing: Streaming = Streaming(), skip_special_tokens: bool = True
+                       ) -> AsyncIterator[SequenceEvent]:
     def one(index: int) -> AsyncIterator[SequenceEvent]:
-        detok = IncrementalDetokenizer(tokenizer, stop, print_stop_words)
+        detok = IncrementalDetokenizer(tokenizer, stop, print_stop_words, skip_special_tokens=skip_special_tokens)
         request = config.to_proto(index)
         request.is_streaming = pacing.stream or bool(detok.stop)
         return _sequence(client.generate(prompt_ids, request, request_id), detok, index, pacing)
@@ -51,25 +54,26 @@ def generate_sequences(client: BackendClient, tokenizer, prompt_ids: List[int], 
 async def _sequence(chunks, detok: IncrementalDetokenizer, index: int, pacing: Streaming
                     ) -> AsyncIterator[SequenceEvent]:
     """The events of one sequence. Everything that arrived together goes in one event."""
-    text, pairs, held, sent = "", [], 0, False  # not yet in an event: text, (id, log-prob), tokens
+    text, pairs, held, sent = "", [], [], False  # not yet in an event: text, log-probs, token ids
     reason, aux = "stop", {}  # a stop string, unless the core says otherwise
     try:
         async for chunk in chunks:
             aux = chunk.aux
             if chunk.logprobs is not None:
-                pairs += zip(chunk.new_ids, chunk.logprobs)
+                pairs += zip(chunk.new_ids, chunk.logprobs, chunk.top_logprobs or [None] * len(chunk.new_ids))
             text += detok.add(chunk.new_ids)
-            held += len(chunk.new_ids)
+            held += chunk.new_ids
             if detok.stopped:
                 break  # a stop string: closing `chunks` cancels the request
             if chunk.finished:
                 text += detok.finish()
                 reason = chunk.finish_reason
                 break
-            if text and pacing.stream and (not sent or held >= pacing.interval):
-                yield SequenceEvent(index, text, False, aux=aux, num_tokens=len(detok.ids), logprobs=pairs)
-                text, pairs, held, sent = "", [], 0, True
-        yield SequenceEvent(index, text, True, reason, aux, len(detok.ids), pairs)
+            if text and pacing.stream and (not sent or len(held) >= pacing.interval):
+                yield SequenceEvent(index, text, False, aux=aux, num_tokens=len(detok.ids), logprobs=pairs,
+                                    token_ids=held)
+                text, pairs, held, sent = "", [], [], True
+        yield SequenceEvent(index, text, True, reason, aux, len(detok.ids), pairs, held)
     finally:
         await chunks.aclose()
 

@@ -1,31 +1,36 @@
 """The OpenAI API: /v1/completions, /v1/chat/completions (both also streamed as server-sent
 events) and /v1/models. The response objects' shapes are in rtp_llm/openai/protocol.py."""
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from aiohttp import web
 
+from rtp_llm.config.generate_config import MAX_TOP_LOGPROBS
 from rtp_llm.config.grammar import GRAMMAR_FIELDS, GrammarError, openai_grammar
 from rtp_llm.frontend.chat_output import AnswerSplitter
 from rtp_llm.frontend.errors import RequestError
-from rtp_llm.frontend.request import flag, openai_config, openai_name, read_json
+from rtp_llm.frontend.request import check_logit_bias, flag, openai_config, openai_name, read_json
 from rtp_llm.frontend.streaming import clamp_header, open_stream, sse, sse_done, stream_errors
 from rtp_llm.frontend.tool_calls import ForcedCalls, forced_calls, request_tools, template_messages
 from rtp_llm.openai.protocol import Reply, usage
 
 
-def _logprobs_wanted(body: Dict[str, Any], chat: bool) -> bool:
-    """Chat asks with logprobs: true (top_logprobs 0); completions with logprobs: 0 or 1.
-    Only the chosen token's log-prob is returned, never alternatives."""
-    top = body.get("top_logprobs") if chat else body.get("logprobs")
+def _logprobs_wanted(body: Dict[str, Any], chat: bool) -> Tuple[bool, int]:
+    """(log-probs asked for, alternatives per token). Chat: logprobs true, top_logprobs 0-20
+    (which needs logprobs true); completions: logprobs N, 0-20 alternatives (OpenAI allows 5,
+    vLLM 20)."""
+    name = "top_logprobs" if chat else "logprobs"
+    top = body.get(name)
     if chat and body.get("logprobs") not in (None, False, True):
         raise RequestError("logprobs", "must be a boolean")
-    if top not in (None, 0, False, True) and not (isinstance(top, int) and top >= 0):
-        raise RequestError("top_logprobs" if chat else "logprobs", "must be a non-negative integer")
-    if isinstance(top, int) and not isinstance(top, bool) and top > (0 if chat else 1):
-        raise RequestError("top_logprobs" if chat else "logprobs",
-                           "alternatives are not supported: only the chosen token's log-prob is returned")
-    return bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
+    if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_TOP_LOGPROBS):
+        raise RequestError(name, f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}"[:200])
+    if not chat:
+        return top is not None, top or 0
+    wanted = bool(body.get("logprobs"))
+    if top and not wanted:
+        raise RequestError("top_logprobs", "needs logprobs: true")
+    return wanted, top or 0
 
 
 def _stop(body: Dict[str, Any]) -> List[str]:
@@ -36,25 +41,27 @@ def _stop(body: Dict[str, Any]) -> List[str]:
     return stop
 
 
-# What this server cannot do yet, and a request that asks for it is refused (400 naming the
-# field), never served as if it had not asked: logit_bias, echo. (Tools:
-# tool_calls.request_tools.)
-_UNSUPPORTED = {
-    "logit_bias": "is not supported yet",
-    "echo": "is not supported yet",
-}
+
+
+def _echo(body: Dict[str, Any], prompt_text: Callable[[], str]) -> str:
+    """Completions' echo: the prompt's text, put before each choice's text ("" when not asked).
+    Prompt log-probs are not computed, so echo with logprobs is refused."""
+    if not flag(body, "echo", "echo"):
+        return ""
+    if body.get("logprobs") is not None:
+        raise RequestError("echo", "with logprobs needs the prompt's log-probs, which are not supported yet: "
+                                   "refused rather than ignored")
+    return prompt_text()
 
 
 def _refuse_unsupported(body: Dict[str, Any], chat: bool) -> None:
-    """Refuses the _UNSUPPORTED fields (an empty or false value asks for nothing and passes),
-    and tools outside chat."""
-    for key, why in _UNSUPPORTED.items():
-        if body.get(key) not in (None, False, [], {}):
-            raise RequestError(key, f"{why}: refused rather than ignored")
+    """Refuses tools outside chat and echo in it."""
     if not chat:
         for key in ("tools", "tool_choice"):
             if body.get(key) not in (None, [], "none"):
                 raise RequestError(key, "is a chat completions field (/v1/chat/completions)")
+    elif body.get("echo") not in (None, False):
+        raise RequestError("echo", "is a completions field (/v1/completions): refused rather than ignored")
 
 
 def _with_grammar(config, body: Dict[str, Any], forced=None):
@@ -108,7 +115,8 @@ class OpenAIApi:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         ids = self.fe.prompts.encode(prompt, "prompt")
-        return await self._generate(request, body, ids, chat=False, default_max=16)
+        echo = _echo(body, lambda: prompt if isinstance(prompt, str) else self.fe.tokenizer.decode(ids))
+        return await self._generate(request, body, ids, chat=False, default_max=16, echo=echo)
 
     async def chat(self, request):
         body = await read_json(request)
@@ -118,17 +126,20 @@ class OpenAIApi:
         return await self._generate(request, body, ids, chat=True, default_max=None, calls=calls)
 
     async def _generate(self, request, body, prompt_ids: List[int], chat: bool, default_max: Optional[int],
-                        calls=None):
+                        calls=None, echo: str = ""):
         """calls: how the answer's tool calls are found (the request offered tools): the
-        parser's ToolCallTags, or the tool_calls.ForcedCalls its tool_choice enforces."""
+        parser's ToolCallTags, or the tool_calls.ForcedCalls its tool_choice enforces. echo:
+        text before each choice's (completions' echo)."""
         _refuse_unsupported(body, chat)
         config = openai_config(body, default_max)
         name = _with_grammar(config, body, calls if isinstance(calls, ForcedCalls) else None)
-        config.return_logprobs = _logprobs_wanted(body, chat)
+        config.return_logprobs, config.top_logprobs = _logprobs_wanted(body, chat)
+        check_logit_bias(config, self.fe.prompts.vocab_size, openai_name)
+        config = self.fe.thinking_budget(config, not chat or template_kwargs(body).get("enable_thinking") is not False)
         stop = _stop(body)
         stream = flag(body, "stream", "stream")
         include_usage = _include_usage(body)
-        reply = Reply(self.fe.model_name, chat, self.fe.tokenizer if config.return_logprobs else None)
+        reply = Reply(self.fe.model_name, chat, self.fe.tokenizer if config.return_logprobs else None, echo)
         # A chat that sets no limit may use the rest of the context (as OpenAI's and vLLM's do).
         fill = chat and body.get("max_completion_tokens") is None and body.get("max_tokens") is None
         async with self.fe.admitted():
@@ -146,7 +157,7 @@ class OpenAIApi:
 
     @staticmethod
     async def _collect(events, reply: Reply, n: int, prompt_ids, clamped, parsers: tuple):
-        texts, reasons, tokens = [""] * n, ["stop"] * n, [0] * n
+        texts, reasons, tokens = [reply.echo] * n, ["stop"] * n, [0] * n
         pairs: List[list] = [[] for _ in range(n)]
         async for ev in events:
             texts[ev.index] += ev.delta
@@ -178,6 +189,9 @@ class OpenAIApi:
             if reply.chat:
                 for i in range(n):
                     await send([reply.opening_delta(i)])
+            elif reply.echo:
+                for i in range(n):
+                    await send([reply.delta(i, reply.echo, None, [])])
             completion_tokens = 0
             splitters = [AnswerSplitter(*parsers) for _ in range(n)]
             pairs: List[list] = [[] for _ in range(n)]  # log-probs of text not sent yet (a tag held back)

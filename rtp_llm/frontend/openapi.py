@@ -5,10 +5,11 @@ frontend enforces: anything outside them gets a 400 naming the field."""
 
 from typing import Any, Dict, List
 
-from rtp_llm.config.generate_config import INT32_MAX, Range, request_fields
+from rtp_llm.config.generate_config import INT32_MAX, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, Range, request_fields
+from rtp_llm.config.upstream_generate_fields import IGNORED, REFUSED
 from rtp_llm.frontend.errors import ErrorCode
 from rtp_llm.frontend.prompts import ROLES
-from rtp_llm.frontend.request import MAX_SEQUENCES_PER_REQUEST, NATIVE_OPTIONS, OPENAI_NAMES
+from rtp_llm.frontend.request import MAX_SEQUENCES_PER_REQUEST, NATIVE_OPTIONS, OPENAI_NAMES, TokenIds
 
 
 def _int(lo: int, hi: int = INT32_MAX, **kw) -> Dict[str, Any]:
@@ -48,20 +49,37 @@ def field_schema(f) -> Dict[str, Any]:
         out = _range("number", r)
     elif kind == List[List[int]]:  # the range bounds each token id
         out = {"type": "array", "items": {"type": "array", "items": _range("integer", r), "minItems": 1}}
+    elif kind == List[int]:
+        out = {"type": "array", "items": _range("integer", r)}
+    elif kind == Dict[int, float]:  # token id -> number: the range bounds each number
+        out = {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"}, "additionalProperties": _range("number", r),
+               "maxProperties": MAX_LOGIT_BIAS}
     else:  # int, Optional[int]
         out = _range("integer", r)
     return dict(out, description=f.metadata["doc"])
 
 
+_OPTION_KINDS = {
+    bool: _BOOL, List[str]: _STRINGS, Dict[str, Any]: {"type": "object"},
+    TokenIds: {"oneOf": [_int(0), {"type": "array", "items": _int(0)}]},
+    List[List[int]]: {"type": "array", "items": {"type": "array", "items": _int(0), "minItems": 1}},
+}
+
+
 def _option_schema(kind, doc: str) -> Dict[str, Any]:
-    return dict(_BOOL if kind is bool else _STRINGS, description=doc)
+    return dict(_OPTION_KINDS[kind], description=doc)
 
 
 _FIELDS = {f.name: field_schema(f) for f in request_fields()}
+# Upstream's keys that change nothing here, and those refused unless they ask for nothing.
+_UPSTREAM = {**{k: {"description": f"upstream's; accepted and ignored: {why}"} for k, why in IGNORED.items()},
+             **{k: {"description": f"upstream's; refused (400) unless at its default: {why}"}
+                for k, (_, why) in REFUSED.items()}}
 _GENERATE_CONFIG = {
     "type": "object",
     "additionalProperties": False,
-    "properties": {**_FIELDS, **{k: _option_schema(kind, doc) for k, (kind, doc) in NATIVE_OPTIONS.items()}},
+    "properties": {**_FIELDS, **{k: _option_schema(kind, doc) for k, (kind, doc) in NATIVE_OPTIONS.items()},
+                   **_UPSTREAM},
 }
 # The OpenAI routes' sampling fields, by their OpenAI names.
 _OPENAI_FIELDS = {theirs: _FIELDS[ours] for ours, theirs in OPENAI_NAMES.items()}
@@ -109,7 +127,7 @@ _CHAT = {
         "messages": _MESSAGES,
         "max_completion_tokens": _OPENAI_FIELDS["max_tokens"],
         "logprobs": _BOOL,
-        "top_logprobs": _int(0, 0, description="only the chosen token's log-prob is returned"),
+        "top_logprobs": _int(0, MAX_TOP_LOGPROBS, description="alternatives per token (needs logprobs: true)"),
         "chat_template_kwargs": {"type": "object"},
         **_OPENAI_COMMON,
     },
@@ -119,7 +137,10 @@ _COMPLETION = {
     "type": "object", "required": ["prompt"],
     "properties": {
         "prompt": {"oneOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS]},
-        "logprobs": _int(0, 1),
+        "logprobs": _int(0, MAX_TOP_LOGPROBS, description="the chosen token's log-prob and this many alternatives "
+                                                          "(OpenAI allows up to 5, this server and vLLM 20)"),
+        "echo": dict(_BOOL, description="each choice starts with the prompt's text (not with logprobs: the "
+                                         "prompt's log-probs are not computed)"),
         **_OPENAI_COMMON,
     },
 }

@@ -1,5 +1,13 @@
 """Token sampling on the device: grammars' token masks, greedy, temperature, top-k, top-p,
-min-p, repetition / presence / frequency penalties, and per-request seeds.
+min-p, repetition / presence / frequency penalties, logit_bias, a forced token (a spent thinking
+budget), per-request seeds, and log-probs with their best alternatives.
+
+Log-probs (the chosen token's and its top_logprobs alternatives) are those of the distribution
+the token is drawn from before truncation: the model's logits after the grammar's mask, the
+penalties, logit_bias, the forced token and the temperature (greedy rows: none), before top-k /
+top-p / min-p. That is vLLM's "processed_logprobs" but for the truncation, which it applies too:
+its masked tokens get -inf, which JSON cannot carry, and alternatives the truncation left out
+would all read -inf.
 
 A seeded row draws from its own generator seeded by (seed, tokens generated so far), so its
 samples do not depend on which other requests share the batch.
@@ -7,9 +15,10 @@ samples do not depend on which other requests share the batch.
 `rows` is a step batch's SamplingRows (StepBatch.rows: rtp_llm/ops/engine_core.py): every
 sampling parameter and num_generated [N] of the rows sampled, named as in
 rtp_llm/cpp/engine/step_batch_fields.h, and the penalized rows' token history (prompt, then
-generated): history_tokens[history_starts[r] +: history_lens[r]]."""
+generated): history_tokens[history_starts[r] +: history_lens[r]]; the rows' logit_bias entries
+(bias_tokens / bias_values[bias_starts[r] +: bias_lens[r]]) and forced_tokens (-1: none)."""
 
-from typing import Callable, Optional, Tuple
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -24,6 +33,25 @@ _GREEDY_TEMPERATURE = 1e-5
 
 def _seed(seed: int, step: int) -> int:
     return (int(seed) * 6364136223846793005 + int(step) * 1442695040888963407 + 1) & ((1 << 63) - 1)
+
+
+def _repeated_ngram_ends(seq: np.ndarray, n: int) -> np.ndarray:
+    """HF's no_repeat_ngram_size: the tokens that would complete an n-gram already in `seq` (the
+    last n - 1 tokens followed by them occur earlier), int64."""
+    if len(seq) < n:
+        return np.zeros(0, np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(seq.astype(np.int64), n)
+    tail = seq[len(seq) - n + 1:]
+    return np.unique(windows[(windows[:, :n - 1] == tail).all(axis=1), n - 1])
+
+
+class Sampled(NamedTuple):
+    """One step's samples, left on the device."""
+
+    tokens: torch.Tensor                  # [N] int32
+    logprobs: Optional[torch.Tensor]      # [N] fp32 of the tokens, when a row asked (else None)
+    top_ids: Optional[torch.Tensor]       # [N, k] int32, best first: k = the rows' largest top_logprobs
+    top_logprobs: Optional[torch.Tensor]  # [N, k] fp32 (None when k is 0)
 
 
 class Sampler:
@@ -46,19 +74,21 @@ class Sampler:
         return t.to(self.device)
 
     @torch.inference_mode()
-    def sample_on_device(self, logits: torch.Tensor, rows, mask=None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def sample_on_device(self, logits: torch.Tensor, rows, mask=None) -> Sampled:
         """logits: [N, V] fp32 (masked in place where `mask` says). mask: the grammar rows'
-        token bitmask (async_decoder_engine.grammar.TokenBitmask), applied before penalties and
-        temperature; None when no row has a grammar. Returns, left on the device and without
-        waiting for it, (tokens [N] int32, log-prob of each under the model (unmasked) [N] fp32,
-        or None when no row asked for them)."""
+        token bitmask (async_decoder_engine.grammar.TokenBitmask), applied first; None when no
+        row has a grammar. Returns the samples without waiting for the device."""
         n = logits.shape[0]
-        want_logprobs = bool(rows.return_logprobs.any())
-        logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         if mask is not None:
             self.apply_token_bitmask(logits, self._upload(mask.rows), mask.bits)
-        logits = self._apply_penalties(logits, rows)
+        logits = self._apply_forced(self._apply_bias(self._apply_penalties(logits, rows), rows), rows)
         greedy = (rows.temperature < _GREEDY_TEMPERATURE) | (rows.top_k == 1)
+        s = np.nonzero(~greedy)[0]
+        si = self._upload(s) if len(s) else None
+        if len(s):  # the sampled rows' distribution: logits / temperature
+            temp = self._upload(rows.temperature[s].astype(np.float32))[:, None]
+            sampled = logits / temp if len(s) == n else logits[si] / temp
+            logits = sampled if len(s) == n else logits.index_copy(0, si, sampled)
         tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
         g = np.nonzero(greedy)[0]
         if len(g) == n:
@@ -66,26 +96,61 @@ class Sampler:
         elif len(g):
             gi = self._upload(g)
             tokens[gi] = self.argmax(logits[gi])
-        s = np.nonzero(~greedy)[0]
         if len(s):
-            si = self._upload(s)
-            probs = self._probs(logits[si], rows, s)
-            seeded = rows.random_seed[s] >= 0
-            picked = torch.empty(len(s), dtype=torch.int64, device=logits.device)
-            if (~seeded).any():
-                u = self._upload(np.nonzero(~seeded)[0])
-                picked[u] = torch.multinomial(probs[u], 1).squeeze(1)
-            for j in np.nonzero(seeded)[0]:
-                r = s[j]
-                gen = torch.Generator(device=logits.device).manual_seed(_seed(rows.random_seed[r], rows.num_generated[r]))
-                picked[j] = torch.multinomial(probs[j], 1, generator=gen)[0]
-            tokens[si] = picked
-        chosen = logprobs.gather(1, tokens[:, None]).squeeze(1) if want_logprobs else None
-        return tokens.to(torch.int32), chosen
+            tokens[si] = self._draw(self._probs(sampled, rows, s), rows, s)
+        return self._with_logprobs(logits, tokens, rows)
+
+    def _draw(self, probs: torch.Tensor, rows, s: np.ndarray) -> torch.Tensor:
+        """One token per row of probs [len(s), V] (rows s): seeded rows from their own generator."""
+        seeded = rows.random_seed[s] >= 0
+        picked = torch.empty(len(s), dtype=torch.int64, device=probs.device)
+        if (~seeded).any():
+            u = self._upload(np.nonzero(~seeded)[0])
+            picked[u] = torch.multinomial(probs[u], 1).squeeze(1)
+        for j in np.nonzero(seeded)[0]:
+            r = s[j]
+            gen = torch.Generator(device=probs.device).manual_seed(_seed(rows.random_seed[r], rows.num_generated[r]))
+            picked[j] = torch.multinomial(probs[j], 1, generator=gen)[0]
+        return picked
+
+    @staticmethod
+    def _with_logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows) -> Sampled:
+        """The samples with the log-probs the rows asked for, from `logits` as sampled from."""
+        k = int(rows.top_logprobs.max()) if len(rows.top_logprobs) else 0
+        if not (k or rows.return_logprobs.any()):
+            return Sampled(tokens.to(torch.int32), None, None, None)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
+        if not k:
+            return Sampled(tokens.to(torch.int32), chosen, None, None)
+        top = logprobs.topk(k, dim=-1)
+        return Sampled(tokens.to(torch.int32), chosen, top.indices.to(torch.int32), top.values)
+
+    def _apply_bias(self, logits: torch.Tensor, rows) -> torch.Tensor:
+        """logits + each row's logit_bias (ids past the vocabulary are ignored)."""
+        lens = rows.bias_lens
+        if not lens.any():
+            return logits
+        r = np.repeat(np.arange(len(lens)), lens)
+        j = np.concatenate([np.arange(a, a + m) for a, m in zip(rows.bias_starts, lens) if m])
+        t = rows.bias_tokens[j]
+        keep = (t >= 0) & (t < logits.shape[1])
+        r, t, v = r[keep], t[keep].astype(np.int64), rows.bias_values[j][keep].astype(np.float32)
+        return logits.index_put((self._upload(r.astype(np.int64)), self._upload(t)), self._upload(v), accumulate=True)
+
+    def _apply_forced(self, logits: torch.Tensor, rows) -> torch.Tensor:
+        """Rows with a forced token (>= 0) can sample only it."""
+        f = np.nonzero(rows.forced_tokens >= 0)[0]
+        if not len(f):
+            return logits
+        fi = self._upload(f)
+        only = torch.full((len(f), logits.shape[1]), _MASK, dtype=logits.dtype, device=logits.device)
+        only[torch.arange(len(f), device=logits.device), self._upload(rows.forced_tokens[f].astype(np.int64))] = 0.0
+        return logits.index_copy(0, fi, only)
 
     def _apply_penalties(self, logits, rows) -> torch.Tensor:
         active = np.nonzero((rows.repetition_penalty != 1.0) | (rows.presence_penalty != 0.0)
-                            | (rows.frequency_penalty != 0.0))[0]
+                            | (rows.frequency_penalty != 0.0) | (rows.no_repeat_ngram_size > 0))[0]
         if not len(active):
             return logits
         logits = logits.clone()
@@ -103,11 +168,15 @@ class Sampler:
             if len(out) and (rows.presence_penalty[r] != 0.0 or rows.frequency_penalty[r] != 0.0):
                 counts = torch.bincount(out, minlength=row.shape[0]).to(row.dtype)
                 row -= float(rows.frequency_penalty[r]) * counts + float(rows.presence_penalty[r]) * (counts > 0)
+            if rows.no_repeat_ngram_size[r] > 0:
+                banned = _repeated_ngram_ends(rows.history_tokens[start:start + n], int(rows.no_repeat_ngram_size[r]))
+                banned = banned[banned < row.shape[0]]
+                if len(banned):
+                    row[torch.as_tensor(banned, device=logits.device)] = _MASK
         return logits
 
     def _probs(self, logits: torch.Tensor, rows, idx: np.ndarray) -> torch.Tensor:
-        temp = self._upload(rows.temperature[idx].astype(np.float32))[:, None]
-        logits = logits / temp
+        """Probabilities of rows idx from their tempered logits, truncated by top-k, top-p, min-p."""
         top_k = rows.top_k[idx]
         if (top_k > 0).any():
             k_host = np.minimum(np.where(top_k > 0, top_k, logits.shape[1]), logits.shape[1]).astype(np.int64)

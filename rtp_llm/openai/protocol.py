@@ -3,7 +3,7 @@ streamed chunks, choices, log-probs and usage, as the official client parses the
 
 import time
 import uuid
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -14,10 +14,11 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 class Reply:
     """One request's response objects. chat: chat.completion(.chunk) rather than
     text_completion; tokenizer: to spell the tokens of log-probs, None when none were asked
-    for (then "logprobs" is null)."""
+    for (then "logprobs" is null); echo: the prompt's text that each completion choice starts
+    with (completions' echo)."""
 
-    def __init__(self, model: str, chat: bool, tokenizer=None):
-        self.model, self.chat, self.tokenizer = model, chat, tokenizer
+    def __init__(self, model: str, chat: bool, tokenizer=None, echo: str = ""):
+        self.model, self.chat, self.tokenizer, self.echo = model, chat, tokenizer, echo
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -32,9 +33,10 @@ class Reply:
             payload["usage"] = counts
         return payload
 
-    def choice(self, index: int, text: str, finish_reason: str, pairs: List[Tuple[int, float]],
+    def choice(self, index: int, text: str, finish_reason: str, pairs: List[tuple],
                reasoning: Optional[str] = None, calls: Optional[List[dict]] = None) -> dict:
-        """A whole sequence; pairs: its (token id, log-prob)s; reasoning: its reasoning_content
+        """A whole sequence; pairs: its (token id, log-prob, alternatives [(id, log-prob)] or
+        None)s (SequenceEvent.logprobs); reasoning: its reasoning_content
         (chat with a reasoning parser; None: no such field); calls: its tool calls (then a
         content of only whitespace is null)."""
         if self.chat:
@@ -52,7 +54,7 @@ class Reply:
         """Chat's first chunk of a sequence: the assistant's turn, no text yet."""
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
 
-    def delta(self, index: int, text: str, finish_reason: Optional[str], pairs: List[Tuple[int, float]],
+    def delta(self, index: int, text: str, finish_reason: Optional[str], pairs: List[tuple],
               reasoning: str = "") -> dict:
         """A streamed piece of a sequence (finish_reason set on its last); reasoning: its
         reasoning_content (chat)."""
@@ -74,12 +76,24 @@ class Reply:
                 {"index": index, "delta": {"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]},
                  "finish_reason": None, "logprobs": None}]
 
-    def _logprobs(self, pairs: List[Tuple[int, float]]) -> Optional[dict]:
+    def _logprobs(self, pairs: List[tuple]) -> Optional[dict]:
+        """OpenAI's logprobs object: chat's content list (each token with its top_logprobs
+        alternatives), completions' parallel lists (top_logprobs: a {token: log-prob} per token,
+        null when none were asked for)."""
         if self.tokenizer is None:
             return None
-        tokens = [self.tokenizer.decode([t]) for t, _ in pairs]
+        spell = self._spell
         if self.chat:
-            return {"content": [{"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
-                                for tok, (_, lp) in zip(tokens, pairs)]}
-        return {"tokens": tokens, "token_logprobs": [lp for _, lp in pairs], "top_logprobs": None,
+            return {"content": [dict(self._entry(t, lp), top_logprobs=[self._entry(a, alp) for a, alp in top or ()])
+                                for t, lp, top in pairs]}
+        asked = any(top is not None for _, _, top in pairs)
+        return {"tokens": [spell(t) for t, _, _ in pairs], "token_logprobs": [lp for _, lp, _ in pairs],
+                "top_logprobs": [{spell(a): alp for a, alp in top or ()} for _, _, top in pairs] if asked else None,
                 "text_offset": None}
+
+    def _spell(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def _entry(self, token: int, logprob: float) -> dict:
+        text = self._spell(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}

@@ -22,7 +22,7 @@ _f32p = ctypes.POINTER(ctypes.c_float)
 
 # engine_api.h's codes (RTP_LLM_TYPE_*, RTP_LLM_LEN_*, RTP_LLM_GROUP_*).
 _CTYPES = {1: ctypes.c_int32, 2: ctypes.c_int64, 3: ctypes.c_float}
-SCALAR, LEN_S, LEN_S1, LEN_T, LEN_SB, LEN_H, LEN_EOS = range(7)
+SCALAR, LEN_S, LEN_S1, LEN_T, LEN_SB, LEN_H, LEN_EOS, LEN_L = range(8)
 GROUP_HOST, GROUP_MODEL, GROUP_SAMPLE, GROUP_PARAM = 1, 2, 3, 4
 
 
@@ -111,7 +111,7 @@ def used_lengths(b) -> Dict[int, int]:
     """Each array length kind's size in the step with counts `b` (num_streams, ...)."""
     s = b.num_streams
     return {LEN_S: s, LEN_S1: s + 1, LEN_T: b.num_tokens, LEN_SB: s * b.block_table_stride,
-            LEN_H: b.num_history_tokens}
+            LEN_H: b.num_history_tokens, LEN_L: b.num_bias_entries}
 
 
 class SamplingRows(SimpleNamespace):
@@ -152,6 +152,8 @@ class DecodedOutput:
     aux: dict                        # upstream's aux_info names; times in milliseconds
     finish_reason: Optional[str] = None  # "stop" | "length" once finished (as the core decided)
     error_field: str = ""                # the field error_info is about, when there is an error
+    # With top_logprobs k: per token id, its k best alternatives [(id, log-prob)], best first.
+    top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
 
 
 def decode_output(out: pb.GenerateOutputsPB) -> DecodedOutput:
@@ -165,7 +167,17 @@ def decode_output(out: pb.GenerateOutputsPB) -> DecodedOutput:
         "prefix_len": a.prefix_len, "reuse_len": a.total_reuse_len, "output_len": a.output_len,
     }
     return DecodedOutput(ids, bool(flat.finished and flat.finished[0]), logprobs, aux, a.finish_reason or None,
-                         out.error_info.field)
+                         out.error_info.field, _alternatives(a))
+
+
+def _alternatives(a: pb.AuxInfoPB) -> Optional[List[List[Tuple[int, float]]]]:
+    """AuxInfoPB.top_token_ids / top_logprobs ([n, k]) as n lists of k (id, log-prob)."""
+    if not a.top_token_ids.int32_data:
+        return None
+    k = a.top_token_ids.shape[1]
+    ids = memoryview(a.top_token_ids.int32_data).cast("i")
+    lps = memoryview(a.top_logprobs.fp32_data).cast("f")
+    return [list(zip(ids[r:r + k], lps[r:r + k])) for r in range(0, len(ids), k)]
 
 
 def _bind(lib, structs):
@@ -178,8 +190,10 @@ def _bind(lib, structs):
     for name in ("rtp_llm_engine_schedule", "rtp_llm_engine_schedule_ahead"):
         getattr(lib, name).restype = batch
         getattr(lib, name).argtypes = [ctypes.c_void_p]
-    lib.rtp_llm_engine_commit.argtypes = [ctypes.c_void_p, _i32p, _f32p, ctypes.c_int32, _i32p, ctypes.c_char_p,
-                                          ctypes.c_int32]
+    lib.rtp_llm_engine_commit.argtypes = [ctypes.c_void_p, _i32p, _f32p, ctypes.c_int32, _i32p, _f32p,
+                                          ctypes.c_int32, _i32p, ctypes.c_char_p, ctypes.c_int32]
+    lib.rtp_llm_engine_array_capacity.restype = ctypes.c_int64
+    lib.rtp_llm_engine_array_capacity.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     lib.rtp_llm_engine_next_grammar.argtypes = [ctypes.c_void_p, _i64p, ctypes.c_char_p, ctypes.c_int32,
                                                 ctypes.c_char_p, ctypes.c_int32]
     lib.rtp_llm_engine_grammar_done.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_char_p,
@@ -218,9 +232,6 @@ class EngineCore:
             raise ValueError(f"invalid engine config: {err.value.decode()}")
         self.block_size = block_size
         self.max_seq_len = max_seq_len
-        # Capacities of each array length (see EngineCore's StepBatchCapacity).
-        self._capacity = {LEN_S: max_batch_size, LEN_S1: max_batch_size + 1, LEN_T: max_num_batched_tokens,
-                          LEN_SB: max_batch_size * -(-max_seq_len // block_size), LEN_H: max_batch_size * max_seq_len}
         self._err = ctypes.create_string_buffer(512)
         self._field = ctypes.create_string_buffer(64)
         self._poll_buf = ctypes.create_string_buffer(1 << 16)
@@ -229,6 +240,9 @@ class EngineCore:
         self._appended = np.zeros(max_batch_size, dtype=np.int32)
         self._views: dict = {}  # address of a batch buffer -> its arrays, mapped at full size
         self._arrays = [f for f in self._batch_fields if f.length != SCALAR]
+        # The size each array length kind is preallocated to (the core's StepBatchCapacity).
+        self._capacity = {f.length: self._lib.rtp_llm_engine_array_capacity(self._handle, f.length)
+                          for f in self._arrays}
         # What _batch() reads every step, as plain tuples: the counts' names, (name, length) per array.
         self._count_names = tuple(f.name for f in self._batch_fields if f.length == SCALAR)
         self._array_lengths = tuple((f.name, f.length) for f in self._arrays)
@@ -281,17 +295,25 @@ class EngineCore:
         arrays["block_tables"] = arrays["block_tables"].reshape(c.num_streams, c.block_table_stride)
         return StepBatch(self._rows_spec, counts, arrays)
 
-    def commit(self, tokens: np.ndarray, logprobs: Optional[np.ndarray] = None) -> np.ndarray:
-        """The sampled tokens of the oldest uncommitted batch (its do_sample streams, in order).
-        Returns which of them were appended ([n] int32, 1 = kept; 0 = dropped: the stream had
-        ended or was cancelled), a view valid until the next commit."""
+    def commit(self, tokens: np.ndarray, logprobs: Optional[np.ndarray] = None, top_ids: Optional[np.ndarray] = None,
+               top_logprobs: Optional[np.ndarray] = None) -> np.ndarray:
+        """The sampled tokens of the oldest uncommitted batch (its do_sample streams, in order),
+        their log-probs [N] and their best alternatives ([N, k] ids and log-probs, best first;
+        k at least every row's top_logprobs). Returns which of them were appended ([N] int32,
+        1 = kept; 0 = dropped: the stream had ended or was cancelled), a view valid until the
+        next commit."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         lp = None
         if logprobs is not None:
             lp = np.ascontiguousarray(logprobs, dtype=np.float32).ctypes.data_as(_f32p)
+        k, ids, tlp = 0, None, None
+        if top_ids is not None and top_ids.size:
+            top_ids = np.ascontiguousarray(top_ids, dtype=np.int32)
+            top_logprobs = np.ascontiguousarray(top_logprobs, dtype=np.float32)
+            k, ids, tlp = top_ids.shape[1], top_ids.ctypes.data_as(_i32p), top_logprobs.ctypes.data_as(_f32p)
         appended = self._appended[:len(tokens)]
-        code = self._lib.rtp_llm_engine_commit(self._handle, tokens.ctypes.data_as(_i32p), lp, len(tokens),
-                                               appended.ctypes.data_as(_i32p), self._err, len(self._err))
+        code = self._lib.rtp_llm_engine_commit(self._handle, tokens.ctypes.data_as(_i32p), lp, len(tokens), ids, tlp,
+                                               k, appended.ctypes.data_as(_i32p), self._err, len(self._err))
         if code != 0:
             raise EngineError(code, self._err.value.decode())
         return appended
@@ -384,3 +406,8 @@ class EngineCore:
 
     def stop_rpc_server(self):
         self._lib.rtp_llm_engine_stop_rpc_server(self._handle)
+
+
+def max_top_logprobs() -> int:
+    """The most alternatives a sampled token may carry: top_logprobs' bound (step_batch_fields.h)."""
+    return int(next(f.hi for f in step_batch_fields() if f.name == "top_logprobs"))

@@ -1,6 +1,7 @@
 """The sampler's semantics on hand-made logits: greedy (also for vanishing temperatures),
-top-k / top-p / min-p masks, HF's penalties, per-request seeds independent of the batch, and
-log-probs only when asked for."""
+top-k / top-p / min-p masks, HF's penalties, logit_bias, forced tokens, per-request seeds
+independent of the batch, and log-probs (with alternatives) only when asked for, from the
+distribution sampled from."""
 
 import unittest
 
@@ -20,16 +21,30 @@ def rows(n, **kw):
                 num_generated=np.zeros(n, np.int32), return_logprobs=np.zeros(n, np.int32),
                 grammar=np.zeros(n, np.int32),
                 history_starts=np.zeros(n, np.int32), history_lens=np.zeros(n, np.int32),
-                history_tokens=np.zeros(0, np.int32))
+                history_tokens=np.zeros(0, np.int32), top_logprobs=np.zeros(n, np.int32),
+                bias_starts=np.zeros(n, np.int32), bias_lens=np.zeros(n, np.int32),
+                bias_tokens=np.zeros(0, np.int32), bias_values=np.zeros(0, np.float32),
+                forced_tokens=np.full(n, -1, np.int32), no_repeat_ngram_size=np.zeros(n, np.int32))
     for k, v in kw.items():
         base[k] = np.asarray(v, dtype=base[k].dtype)
     return SamplingRows(**base)
 
 
+def host(t):
+    return None if t is None else t.cpu().numpy()
+
+
 def sample(sampler, logits, r, mask=None):
     """The real path (sample_on_device), brought to the host: (tokens, log-probs or None)."""
-    tokens, logprobs = sampler.sample_on_device(logits, r, mask)
-    return tokens.cpu().numpy(), None if logprobs is None else logprobs.cpu().numpy()
+    out = sampler.sample_on_device(logits, r, mask)
+    return host(out.tokens), host(out.logprobs)
+
+
+def bias(*entries):
+    """rows() arguments for per-row logit_bias dicts."""
+    lens = [len(e) for e in entries]
+    return dict(bias_starts=np.cumsum([0] + lens[:-1]), bias_lens=lens,
+                bias_tokens=[t for e in entries for t in e], bias_values=[v for e in entries for v in e.values()])
 
 
 class SamplerTest(unittest.TestCase):
@@ -75,6 +90,60 @@ class SamplerTest(unittest.TestCase):
         np.testing.assert_allclose(lp, want.numpy(), rtol=1e-6)
 
 
+    def test_alternatives_are_the_tempered_distributions_best(self):
+        logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(1))
+        r = rows(3, temperature=[0, 2.0, 1.0], top_logprobs=[3, 5, 0], top_k=[0, 4, 0], random_seed=[-1, 1, 2])
+        out = self.s.sample_on_device(logits, r)
+        self.assertEqual(tuple(out.top_ids.shape), (3, 5))  # the rows' largest top_logprobs
+        # greedy: the model's distribution; sampled: logits / temperature, before top-k's mask
+        want = torch.log_softmax(torch.stack([logits[0], logits[1] / 2.0, logits[2]]), -1)
+        top = want.topk(5, dim=-1)
+        np.testing.assert_array_equal(host(out.top_ids), top.indices.numpy())
+        np.testing.assert_allclose(host(out.top_logprobs), top.values.numpy(), rtol=1e-6)
+        chosen = want.gather(1, out.tokens.long()[:, None]).squeeze(1)
+        np.testing.assert_allclose(host(out.logprobs), chosen.numpy(), rtol=1e-6)
+        self.assertEqual(int(out.tokens[0]), int(logits[0].argmax()))
+
+    def test_penalties_shape_the_logprobs(self):
+        logits = torch.tensor([[1.0, 3.0, 2.9, 0.0]])
+        r = rows(1, temperature=[0], frequency_penalty=[1.0], top_logprobs=[2], history_tokens=[1, 1, 2],
+                 history_lens=[3], num_generated=[2])
+        out = self.s.sample_on_device(logits, r)
+        want = torch.log_softmax(torch.tensor([[1.0, 2.0, 1.9, 0.0]]), -1)
+        np.testing.assert_allclose(host(out.top_logprobs)[0], want[0, [1, 2]].numpy(), rtol=1e-6)
+
+    def test_logit_bias_forces_and_bans(self):
+        logits = self.logits.repeat(2, 1)
+        r = rows(4, temperature=[0, 1, 0, 0], random_seed=[-1, 5, -1, -1], top_logprobs=[1, 0, 0, 0],
+                 **bias({2: 100.0}, {0: 100.0}, {1: -100.0, 3: -100.0}, {}))
+        tokens, _ = sample(self.s, logits, r)
+        self.assertEqual(tokens.tolist(), [2, 0, 2, 3])
+        out = self.s.sample_on_device(logits, r)
+        self.assertAlmostEqual(float(out.logprobs[0]), 0.0, places=4)  # the biased distribution's
+
+    def test_logit_bias_past_the_vocabulary_is_ignored(self):
+        tokens, _ = sample(self.s, self.logits, rows(2, temperature=[0, 0], **bias({4: 100.0, 0: 100.0}, {99: 5.0})))
+        self.assertEqual(tokens.tolist(), [0, 3])
+
+    def test_no_repeat_ngram_bans_what_would_repeat_one(self):
+        logits = torch.tensor([[1.0, 3.0, 2.9, 0.0]])  # best first: 1, 2, 0, 3
+
+        def greedy(history, n):
+            h = dict(history_tokens=history, history_lens=[len(history)], num_generated=[1])
+            return sample(self.s, logits, rows(1, temperature=[0], no_repeat_ngram_size=[n], **h))[0].tolist()
+
+        self.assertEqual(greedy([1, 2, 3, 1], 2), [1])  # after a 1 only 2 is banned: (1, 2) occurred
+        self.assertEqual(greedy([1, 1, 2, 1], 2), [0])  # (1, 1) and (1, 2) occurred
+        self.assertEqual(greedy([1, 1, 2, 1], 3), [1])  # no 3-gram starts with (2, 1)
+        self.assertEqual(greedy([1, 2, 3, 1], 1), [0])  # unigrams: every token seen
+
+    def test_forced_token_is_the_only_choice(self):
+        logits = self.logits.repeat(50, 1)
+        r = rows(100, temperature=np.r_[np.zeros(50), np.ones(50)], forced_tokens=[3] * 100, return_logprobs=[1] * 100)
+        tokens, lp = sample(self.s, logits, r)
+        self.assertEqual(set(tokens.tolist()), {3})
+        np.testing.assert_allclose(lp, 0.0, atol=1e-6)
+
 
 def bitmask(allowed_per_row, vocab):
     """xgrammar's layout: [G, ceil(V/32)] int32, bit j of word w allows token 32 w + j."""
@@ -87,7 +156,7 @@ def bitmask(allowed_per_row, vocab):
 
 class TokenBitmaskTest(unittest.TestCase):
     """Grammar rows' logits keep only their allowed tokens, before penalties and temperature;
-    other rows are untouched; log-probs stay the model's."""
+    other rows are untouched; log-probs are those of the masked distribution sampled from."""
 
     def test_masked_rows_sample_only_allowed_tokens_and_others_are_untouched(self):
         from rtp_llm.async_decoder_engine.grammar import TokenBitmask
@@ -114,7 +183,7 @@ class TokenBitmaskTest(unittest.TestCase):
         self.assertTrue(torch.equal(m[1], before[1]))
         self.assertEqual(set(torch.nonzero(torch.isfinite(m[0])).flatten().tolist()), set(allowed[0]))
 
-    def test_log_probs_are_the_model_s_not_the_masked_distribution(self):
+    def test_log_probs_are_the_masked_distribution_s(self):
         from rtp_llm.async_decoder_engine.grammar import TokenBitmask
 
         logits = torch.tensor([[1.0, 3.0, 2.0, -1.0]])
@@ -122,7 +191,7 @@ class TokenBitmaskTest(unittest.TestCase):
         tokens, logprobs = sample(Sampler(torch.device("cpu")), logits.clone(),
                                   rows(1, temperature=[0], return_logprobs=[1]), mask)
         self.assertEqual(tokens[0], 2)
-        self.assertAlmostEqual(float(logprobs[0]), float(torch.log_softmax(logits, -1)[0, 2]), places=5)
+        self.assertAlmostEqual(float(logprobs[0]), 0.0, places=5)  # the one token the grammar allows
 
 
 if __name__ == "__main__":

@@ -118,6 +118,23 @@ def hf_greedy(model, prompt, n: int):
     return out[0, len(prompt):].tolist()
 
 
+def hf_logprobs(model, ids) -> torch.Tensor:
+    """HF's fp32 log-softmax at every position of `ids` (token ids): [len(ids), vocab], row i
+    the distribution of the token after ids[:i + 1]."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids], device=model.device)).logits[0]
+    return torch.log_softmax(logits.float(), dim=-1).cpu()
+
+
+def hf_tokenizer(path: str):
+    """The tokenizer of an HF checkpoint directory or a .gguf file."""
+    from transformers import AutoTokenizer
+
+    if path.endswith(".gguf"):
+        return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    return AutoTokenizer.from_pretrained(path)
+
+
 # ------------------------------------------------------------------ servers
 
 SERVER_DEFAULTS = ("--kv_cache_mem_mb=256", "--max_seq_len=2048", "--act_type=fp32")

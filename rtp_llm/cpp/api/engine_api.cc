@@ -96,6 +96,21 @@ const RtpStructInfo* rtp_llm_struct_info(const char* name) {
   return nullptr;
 }
 
+int64_t rtp_llm_engine_array_capacity(RtpEngine* engine, int32_t length) {
+  using rtp_llm::ArrayLength;
+  ArrayLength kind;
+  switch (length) {
+    case RTP_LLM_LEN_S: kind = ArrayLength::S; break;
+    case RTP_LLM_LEN_S1: kind = ArrayLength::S1; break;
+    case RTP_LLM_LEN_T: kind = ArrayLength::T; break;
+    case RTP_LLM_LEN_SB: kind = ArrayLength::SB; break;
+    case RTP_LLM_LEN_H: kind = ArrayLength::H; break;
+    case RTP_LLM_LEN_L: kind = ArrayLength::L; break;
+    default: return -1;
+  }
+  return static_cast<int64_t>(rtp_llm::array_capacity(kind, engine->engine->capacity()));
+}
+
 RtpEngine* rtp_llm_engine_create(const RtpEngineConfig* config, char* err, int32_t err_len) {
   if (config == nullptr) {
     write_error("config is NULL", err, err_len);
@@ -161,8 +176,9 @@ const RtpStepBatch* rtp_llm_engine_schedule_ahead(RtpEngine* engine) {
 }
 
 int32_t rtp_llm_engine_commit(RtpEngine* engine, const int32_t* tokens, const float* logprobs, int32_t n,
-                              int32_t* appended, char* err, int32_t err_len) {
-  return report(engine->engine->commit(tokens, logprobs, n, appended), err, err_len);
+                              const int32_t* top_ids, const float* top_logprobs, int32_t top_k, int32_t* appended,
+                              char* err, int32_t err_len) {
+  return report(engine->engine->commit({tokens, logprobs, top_ids, top_logprobs, top_k}, n, appended), err, err_len);
 }
 
 int32_t rtp_llm_engine_next_grammar(RtpEngine* engine, int64_t* stream_id, char* field, int32_t field_len, char* spec,

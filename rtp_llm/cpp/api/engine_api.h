@@ -35,7 +35,8 @@ typedef struct {
   int32_t num_eos_token_ids;
 } RtpEngineConfig;
 
-// Arrays of S = num_streams, T = num_tokens, B = block_table_stride, H = num_history_tokens.
+// Arrays of S = num_streams, T = num_tokens, B = block_table_stride, H = num_history_tokens,
+// L = num_bias_entries.
 typedef struct {
   RTP_LLM_STEP_COUNTS(RTP_LLM_DECLARE_COUNT)
   RTP_LLM_STEP_ARRAYS(RTP_LLM_DECLARE_ARRAY)
@@ -53,7 +54,8 @@ typedef struct {
 // ((lo, hi] when lo_open; +-HUGE_VAL: no bound).
 enum { RTP_LLM_TYPE_i32 = 1, RTP_LLM_TYPE_i64 = 2, RTP_LLM_TYPE_f32 = 3 };
 // (RTP_LLM_LEN_EOS: num_eos_token_ids)
-enum { RTP_LLM_LEN_SCALAR, RTP_LLM_LEN_S, RTP_LLM_LEN_S1, RTP_LLM_LEN_T, RTP_LLM_LEN_SB, RTP_LLM_LEN_H, RTP_LLM_LEN_EOS };
+enum { RTP_LLM_LEN_SCALAR, RTP_LLM_LEN_S, RTP_LLM_LEN_S1, RTP_LLM_LEN_T, RTP_LLM_LEN_SB, RTP_LLM_LEN_H, RTP_LLM_LEN_EOS,
+       RTP_LLM_LEN_L };
 enum { RTP_LLM_GROUP_NONE = 0, RTP_LLM_GROUP_HOST = 1, RTP_LLM_GROUP_MODEL = 2, RTP_LLM_GROUP_SAMPLE = 3,
        RTP_LLM_GROUP_PARAM = 4 };
 
@@ -76,6 +78,10 @@ typedef struct {
 // "RtpEngineConfig", "RtpStepBatch" or "RtpEngineStats"; NULL for any other name. Static.
 const RtpStructInfo* rtp_llm_struct_info(const char* name);
 
+// The size every step batch's arrays of length kind `length` (RTP_LLM_LEN_S ... except EOS)
+// are preallocated to, so a host can map them once; -1 for another kind.
+int64_t rtp_llm_engine_array_capacity(RtpEngine* engine, int32_t length);
+
 // NULL on a bad config, with the field at fault named in `err`.
 RtpEngine* rtp_llm_engine_create(const RtpEngineConfig* config, char* err, int32_t err_len);
 void rtp_llm_engine_destroy(RtpEngine* engine);
@@ -93,12 +99,14 @@ const RtpStepBatch* rtp_llm_engine_schedule(RtpEngine* engine);
 // id -1 - r stands for row r of the tokens that step samples. Empty when two are uncommitted.
 const RtpStepBatch* rtp_llm_engine_schedule_ahead(RtpEngine* engine);
 // The sampled tokens of the oldest uncommitted batch's do_sample streams in batch order
-// (n == num_sampled); logprobs may be NULL. appended (NULL, or n entries written): 1 where
-// the token was appended to its stream, 0 where dropped (the stream had ended or was
-// cancelled: an ahead step's wasted row). Returns 0, or 605 (INVALID_PARAMS) with the reason
-// in `err`.
+// (n == num_sampled); logprobs may be NULL. top_ids / top_logprobs: [n, top_k] row-major, the
+// best top_k alternatives of each row, best first (top_k >= every row's top_logprobs; NULL
+// when top_k is 0). appended (NULL, or n entries written): 1 where the token was appended to
+// its stream, 0 where dropped (the stream had ended or was cancelled: an ahead step's wasted
+// row). Returns 0, or 605 (INVALID_PARAMS) with the reason in `err`.
 int32_t rtp_llm_engine_commit(RtpEngine* engine, const int32_t* tokens, const float* logprobs, int32_t n,
-                              int32_t* appended, char* err, int32_t err_len);
+                              const int32_t* top_ids, const float* top_logprobs, int32_t top_k, int32_t* appended,
+                              char* err, int32_t err_len);
 
 // Grammars (the GenerateConfigPB fields json_schema, regex, ebnf, structural_tag): the host
 // compiles them, off its stepping thread; a stream is not scheduled until its grammar is done.

@@ -19,6 +19,10 @@ ErrorInfo EngineCoreConfig::validate() const {
     return invalid("max_seq_len", "max_batch_size * max_seq_len must be <= " + std::to_string(INT32_MAX) +
                                       ", got " + std::to_string(history));
   }
+  // Likewise the logit-bias entries (bias_starts, num_bias_entries).
+  if (static_cast<int64_t>(max_batch_size) * RTP_LLM_MAX_LOGIT_BIAS > INT32_MAX) {
+    return invalid("max_batch_size", "max_batch_size must be <= " + std::to_string(INT32_MAX / RTP_LLM_MAX_LOGIT_BIAS));
+  }
   return {};
 }
 
@@ -26,11 +30,11 @@ EngineCore::EngineCore(EngineCoreConfig config)
     : config_(std::move(config)),
       kv_(config_.num_blocks, config_.block_size, config_.reuse_cache != 0),
       scheduler_({config_.max_batch_size, config_.max_num_batched_tokens}, kv_, config_.max_seq_len) {
-  // History: a penalized row copies at most max_seq_len tokens.
-  const StepBatchCapacity cap{config_.max_batch_size, config_.max_num_batched_tokens,
-                              kv_.blocks_for(config_.max_seq_len), config_.max_batch_size * config_.max_seq_len};
-  for (StepBatch& b : batches_) b.reserve(cap);
-  empty_.reserve({1, 1, 1, 1});  // real (never written) buffers: views of it are mapped like any batch
+  // History: a penalized row copies at most max_seq_len tokens; logit bias: RTP_LLM_MAX_LOGIT_BIAS per row.
+  capacity_ = {config_.max_batch_size, config_.max_num_batched_tokens, kv_.blocks_for(config_.max_seq_len),
+               config_.max_batch_size * config_.max_seq_len, config_.max_batch_size * RTP_LLM_MAX_LOGIT_BIAS};
+  for (StepBatch& b : batches_) b.reserve(capacity_);
+  empty_.reserve({1, 1, 1, 1, 1});  // real (never written) buffers: views of it are mapped like any batch
   updated_.reserve(config_.max_batch_size);
   ended_.reserve(config_.max_batch_size);
   dispatcher_ = std::thread([this] { dispatch_loop(); });
@@ -116,7 +120,7 @@ const StepBatch& EngineCore::schedule_locked() {
   return b;
 }
 
-ErrorInfo EngineCore::commit(const int32_t* tokens, const float* logprobs, int n, int32_t* appended) {
+ErrorInfo EngineCore::commit(const StepSamples& samples, int n, int32_t* appended) {
   std::lock_guard<std::mutex> lock(mu_);
   if (outstanding_ == 0) return invalid("", "commit() without a scheduled batch");
   const StepBatch& b = batches_[oldest_];
@@ -125,7 +129,11 @@ ErrorInfo EngineCore::commit(const int32_t* tokens, const float* logprobs, int n
   }
   updated_.clear();
   ended_.clear();
-  scheduler_.commit(b, tokens, logprobs, config_.eos_token_ids, now_us(), updated_, ended_, appended);
+  if (samples.top_k < 0 || samples.top_k > RTP_LLM_MAX_TOP_LOGPROBS) {
+    return invalid("", "commit() got " + std::to_string(samples.top_k) + " alternatives per token; at most " +
+                           std::to_string(RTP_LLM_MAX_TOP_LOGPROBS));
+  }
+  scheduler_.commit(b, samples, config_.eos_token_ids, now_us(), updated_, ended_, appended);
   oldest_ = (oldest_ + 1) % Scheduler::kMaxStepsInFlight;
   --outstanding_;
   ++steps_;
@@ -246,6 +254,10 @@ bool EngineCore::poll(int64_t id, int from, StreamUpdate* out) {
   } else {
     out->new_logprobs.clear();
   }
+  const int k = s.config().top_logprobs;
+  out->top_logprobs = k;
+  out->new_top_ids.assign(s.top_ids().begin() + static_cast<size_t>(from) * k, s.top_ids().end());
+  out->new_top_logprobs.assign(s.top_logprobs().begin() + static_cast<size_t>(from) * k, s.top_logprobs().end());
   out->num_generated = generated;
   out->prompt_len = s.prompt_len();
   out->status = s.status();

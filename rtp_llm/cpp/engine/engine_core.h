@@ -37,6 +37,9 @@ struct EngineCoreConfig {
 struct StreamUpdate {
   std::vector<int32_t> new_tokens;  // generated tokens from the reader's cursor on
   std::vector<float> new_logprobs;  // same length when the request asked for log-probs
+  int top_logprobs = 0;             // alternatives per new token (the request's top_logprobs)
+  std::vector<int32_t> new_top_ids;  // [new_tokens, top_logprobs], best first
+  std::vector<float> new_top_logprobs;
   int num_generated = 0;
   int prompt_len = 0;
   StreamStatus status = StreamStatus::WAITING;
@@ -73,6 +76,8 @@ class EngineCore {
   EngineCore& operator=(const EngineCore&) = delete;
 
   const EngineCoreConfig& config() const { return config_; }
+  // The step batch's array sizes (every batch is preallocated to them).
+  const StepBatchCapacity& capacity() const { return capacity_; }
 
   // Admits a request or says why it can never run (empty or too long prompt, bad params).
   // max_waiting > 0: refuses it (CONCURRENCY_LIMIT_ERROR) when that many streams already wait,
@@ -87,9 +92,13 @@ class EngineCore {
   // running batch samples). With none uncommitted it is schedule(); with two, an empty batch.
   const StepBatch& schedule_ahead();
   // Sampled tokens of the oldest uncommitted batch's do_sample streams, in batch order
-  // (n == num_sampled). appended (may be null, else n entries): 1 where the token was
-  // appended, 0 where dropped (see Scheduler::commit).
-  ErrorInfo commit(const int32_t* tokens, const float* logprobs, int n, int32_t* appended = nullptr);
+  // (n == num_sampled), with their log-probs and alternatives (scheduler.h). appended (may be
+  // null, else n entries): 1 where the token was appended, 0 where dropped (see
+  // Scheduler::commit).
+  ErrorInfo commit(const StepSamples& samples, int n, int32_t* appended = nullptr);
+  ErrorInfo commit(const int32_t* tokens, const float* logprobs, int n, int32_t* appended = nullptr) {
+    return commit(StepSamples{tokens, logprobs}, n, appended);
+  }
   // Instead of commit(): the model runner failed. The streams of every uncommitted batch
   // end with EXECUTION_EXCEPTION and `message`; every other stream carries on.
   ErrorInfo fail_batch(const std::string& message);
@@ -131,6 +140,7 @@ class EngineCore {
   void count_ended(const std::vector<GenerateStream*>& ended);  // with mu_ held
 
   EngineCoreConfig config_;
+  StepBatchCapacity capacity_;
   std::mutex mu_;
   std::condition_variable work_cv_;
   KVCacheManager kv_;

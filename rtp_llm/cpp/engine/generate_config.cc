@@ -33,6 +33,24 @@ ErrorInfo check_range(const char* name, double value, double lo, bool lo_open, d
 
 }  // namespace
 
+ErrorInfo GenerateConfig::validate_logits_rules() const {
+  if (logit_bias.size() > RTP_LLM_MAX_LOGIT_BIAS) {
+    return invalid("logit_bias", "logit_bias may have at most " + num(RTP_LLM_MAX_LOGIT_BIAS) + " entries, got " +
+                                     num(static_cast<double>(logit_bias.size())));
+  }
+  for (const auto& [token, bias] : logit_bias) {
+    if (token < 0) return invalid("logit_bias", "logit_bias token ids must be >= 0, got " + num(token));
+    if (ErrorInfo e = check_range("logit_bias", bias, -100.0, false, 100.0); !e.ok()) return e;
+  }
+  if (max_thinking_tokens < 0) {
+    return invalid("max_thinking_tokens", "max_thinking_tokens must be >= 0, got " + num(max_thinking_tokens));
+  }
+  if (in_think_mode && max_thinking_tokens > 0 && end_think_token_ids.empty()) {
+    return invalid("end_think_token_ids", "a thinking budget (max_thinking_tokens) needs end_think_token_ids");
+  }
+  return {};
+}
+
 ErrorInfo GenerateConfig::validate() const {
   if (max_new_tokens < 1) return invalid("max_new_tokens", "max_new_tokens must be >= 1, got " + num(max_new_tokens));
   if (min_new_tokens < 0) return invalid("min_new_tokens", "min_new_tokens must be >= 0, got " + num(min_new_tokens));
@@ -51,7 +69,7 @@ ErrorInfo GenerateConfig::validate() const {
   for (const auto& words : stop_words_list) {
     if (words.empty()) return invalid("stop_words_list", "stop_words_list must not contain an empty sequence");
   }
-  return {};
+  return validate_logits_rules();
 }
 
 }  // namespace rtp_llm

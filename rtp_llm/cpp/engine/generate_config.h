@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "rtp_llm/cpp/engine/error_code.h"
@@ -32,6 +33,16 @@ struct GenerateConfig {
   std::vector<std::vector<int32_t>> stop_words_list;  // token sequences ending generation
   int timeout_ms = 0;                                 // 0: none
   GrammarSpec grammar;
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the logits before sampling;
+  // at most RTP_LLM_MAX_LOGIT_BIAS entries, ids not checked against the vocabulary (the
+  // sampler ignores ids past it; the frontend refuses them).
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // Upstream's thinking budget: with in_think_mode, generation starts inside the thinking,
+  // which ends when end_think_token_ids appear; once max_thinking_tokens (> 0) tokens were
+  // generated inside it, the rest of end_think_token_ids is forced, one token a step.
+  bool in_think_mode = false;
+  int max_thinking_tokens = 0;  // 0: no budget
+  std::vector<int32_t> end_think_token_ids;
 
   // Sampling (applied by the model runner; the core only carries them): names, defaults and
   // ranges in RTP_LLM_ALL_SAMPLING (step_batch_fields.h). temperature 0: greedy; top_k 0:
@@ -42,6 +53,9 @@ struct GenerateConfig {
 
   // Empty message when valid; otherwise names the field at fault.
   ErrorInfo validate() const;
+
+ private:
+  ErrorInfo validate_logits_rules() const;  // logit_bias and the thinking budget
 };
 
 }  // namespace rtp_llm

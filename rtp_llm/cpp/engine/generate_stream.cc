@@ -22,7 +22,8 @@ GenerateStream::GenerateStream(int64_t id, std::vector<int32_t> prompt, Generate
       tokens_(std::move(prompt)),
       prompt_len_(static_cast<int>(tokens_.size())),
       config_(std::move(config)),
-      max_seq_len_(max_seq_len) {
+      max_seq_len_(max_seq_len),
+      thinking_(config_.in_think_mode && !config_.end_think_token_ids.empty()) {
   timing_.enqueue_us = now_us;
   grammar_pending = !config_.grammar.empty();
   tokens_.reserve(std::min(max_seq_len_, prompt_len_ + config_.max_new_tokens));
@@ -33,9 +34,36 @@ void GenerateStream::mark_scheduled(int64_t now_us) {
   ++timing_.iter_count;
 }
 
-bool GenerateStream::append(int32_t token, float logprob, const std::vector<int32_t>& eos_ids, int64_t now_us) {
+int32_t GenerateStream::forced_token() const {
+  if (!thinking_ || config_.max_thinking_tokens <= 0 || num_generated() < config_.max_thinking_tokens) return -1;
+  return config_.end_think_token_ids[think_matched_];
+}
+
+bool GenerateStream::may_force_after_next() const {
+  return thinking_ && config_.max_thinking_tokens > 0 && num_generated() + 1 >= config_.max_thinking_tokens;
+}
+
+void GenerateStream::track_thinking(int32_t token) {
+  if (!thinking_) return;
+  const std::vector<int32_t>& end = config_.end_think_token_ids;
+  // A prefix match is enough for end tags of distinct tokens (as "</think>", "\n\n").
+  think_matched_ = token == end[think_matched_] ? think_matched_ + 1 : (token == end[0] ? 1 : 0);
+  if (think_matched_ == static_cast<int>(end.size())) thinking_ = false;
+}
+
+bool GenerateStream::append(const SampledToken& sampled, const std::vector<int32_t>& eos_ids, int64_t now_us) {
+  const int32_t token = sampled.token;
   tokens_.push_back(token);
-  if (config_.return_logprobs) logprobs_.push_back(logprob);
+  if (config_.return_logprobs) logprobs_.push_back(sampled.logprob);
+  const int k = config_.top_logprobs;
+  if (k > 0) {  // the sampler returns at least k when asked; zeros (never sent as such) otherwise
+    const bool have = sampled.num_top >= k && sampled.top_ids != nullptr && sampled.top_logprobs != nullptr;
+    for (int j = 0; j < k; ++j) {
+      top_ids_.push_back(have ? sampled.top_ids[j] : 0);
+      top_logprobs_.push_back(have ? sampled.top_logprobs[j] : 0.0f);
+    }
+  }
+  track_thinking(token);
   if (timing_.first_token_us == 0) timing_.first_token_us = now_us;
 
   const int generated = num_generated();

@@ -31,6 +31,17 @@ struct StreamTiming {
   int reuse_len = 0;  // prompt tokens served by the prefix cache at first admission
 };
 
+// A sampled token and what the sampler says of it: its log-prob and the best `num_top`
+// alternatives (ids and log-probs, best first; the stream keeps its config's top_logprobs of
+// them, num_top >= that when asked).
+struct SampledToken {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  const int32_t* top_ids = nullptr;
+  const float* top_logprobs = nullptr;
+  int num_top = 0;
+};
+
 class GenerateStream {
  public:
   GenerateStream(int64_t id, std::vector<int32_t> prompt, GenerateConfig config, int max_seq_len, int64_t now_us);
@@ -42,6 +53,9 @@ class GenerateStream {
   int prompt_len() const { return prompt_len_; }
   int num_generated() const { return num_tokens() - prompt_len_; }
   const std::vector<float>& logprobs() const { return logprobs_; }
+  // config().top_logprobs alternatives per generated token, row-major [num_generated, top_logprobs].
+  const std::vector<int32_t>& top_ids() const { return top_ids_; }
+  const std::vector<float>& top_logprobs() const { return top_logprobs_; }
   int max_seq_len() const { return max_seq_len_; }
 
   StreamStatus status() const { return status_; }
@@ -74,7 +88,16 @@ class GenerateStream {
 
   void mark_scheduled(int64_t now_us);
   // Appends a sampled token and applies the stop criteria. Returns true when finished.
-  bool append(int32_t token, float logprob, const std::vector<int32_t>& eos_ids, int64_t now_us);
+  bool append(const SampledToken& sampled, const std::vector<int32_t>& eos_ids, int64_t now_us);
+  bool append(int32_t token, float logprob, const std::vector<int32_t>& eos_ids, int64_t now_us) {
+    return append(SampledToken{token, logprob}, eos_ids, now_us);
+  }
+  // Thinking budget (GenerateConfig::max_thinking_tokens): -1, or the token the next sample
+  // must be (the next of end_think_token_ids: the budget is spent and thinking not closed).
+  int32_t forced_token() const;
+  // Whether the sample after the one in flight may be forced: that needs the state after
+  // the token in flight, so such a stream does not run ahead.
+  bool may_force_after_next() const;
   void finish(StreamStatus status, ErrorInfo error, int64_t now_us);
   void set_status(StreamStatus status) { status_ = status; }
   void set_reuse_len(int n) { timing_.reuse_len = n; }
@@ -84,10 +107,13 @@ class GenerateStream {
 
  private:
   bool hit_stop_words() const;
+  void track_thinking(int32_t token);
 
   int64_t id_;
   std::vector<int32_t> tokens_;
   std::vector<float> logprobs_;
+  std::vector<int32_t> top_ids_;
+  std::vector<float> top_logprobs_;
   int prompt_len_;
   GenerateConfig config_;
   int max_seq_len_;  // total tokens this stream may reach (model limit and KV capacity)
@@ -95,6 +121,8 @@ class GenerateStream {
   ErrorInfo error_;
   std::string finish_reason_;
   StreamTiming timing_;
+  bool thinking_;        // inside the thinking (from in_think_mode until end_think_token_ids)
+  int think_matched_ = 0;  // leading tokens of end_think_token_ids that end the tokens so far
 };
 
 }  // namespace rtp_llm

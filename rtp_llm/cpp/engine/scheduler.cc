@@ -32,8 +32,10 @@ void Scheduler::preempt(GenerateStream* stream) {
 }
 
 namespace {
+// Whether the sampler reads the stream's history (penalties, n-gram bans).
 bool has_penalties(const GenerateConfig& c) {
-  return c.repetition_penalty != 1.0f || c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f;
+  return c.repetition_penalty != 1.0f || c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f ||
+         c.no_repeat_ngram_size > 0;
 }
 }  // namespace
 
@@ -41,6 +43,7 @@ bool Scheduler::can_run_ahead(const GenerateStream* s, int64_t now_us) const {
   // Timed out: sitting out lets expire() end it once the step in flight commits.
   if (s->cancel_requested || s->timed_out(now_us)) return false;
   if (s->pending_sampled == 0) return true;  // its next tokens are known (a prompt chunk)
+  if (s->may_force_after_next()) return false;
   const GenerateConfig& c = s->config();
   return s->num_generated() + 1 < c.max_new_tokens && s->num_tokens() + 1 < s->max_seq_len();  // not sure to finish
 }
@@ -56,6 +59,21 @@ void Scheduler::add_history(StepBatch& b, int i, const GenerateStream* s) {
   std::copy(s->tokens().begin(), s->tokens().end(), b.history_tokens.begin() + b.num_history_tokens);
   b.history_lens[i] = n;
   b.num_history_tokens += n;
+}
+
+void Scheduler::add_bias(StepBatch& b, int i, const GenerateStream* s) {
+  b.bias_starts[i] = b.num_bias_entries;
+  b.bias_lens[i] = 0;
+  if (s == nullptr) return;
+  const auto& bias = s->config().logit_bias;
+  const int n = static_cast<int>(bias.size());  // <= RTP_LLM_MAX_LOGIT_BIAS (validated at enqueue)
+  assert(static_cast<size_t>(b.num_bias_entries + n) <= b.bias_tokens.size());
+  for (int j = 0; j < n; ++j) {
+    b.bias_tokens[b.num_bias_entries + j] = bias[j].first;
+    b.bias_values[b.num_bias_entries + j] = bias[j].second;
+  }
+  b.bias_lens[i] = n;
+  b.num_bias_entries += n;
 }
 
 void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now_us) {
@@ -93,6 +111,9 @@ void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now
   b.grammar[i] = c.grammar.empty() ? 0 : 1;
   b.num_grammar += sample & b.grammar[i];
   add_history(b, i, sample && has_penalties(c) ? s : nullptr);
+  add_bias(b, i, sample ? s : nullptr);
+  // Exact: a stream whose sample may be forced does not run ahead (pending_sampled is 0 then).
+  b.forced_tokens[i] = sample ? s->forced_token() : -1;
 
   ++s->in_flight;
   s->pending_computed += n;
@@ -228,9 +249,9 @@ bool Scheduler::has_runnable() const {
          std::any_of(waiting_.begin(), waiting_.end(), [](const GenerateStream* s) { return !s->grammar_pending; });
 }
 
-void Scheduler::commit(const StepBatch& b, const int32_t* tokens, const float* logprobs,
-                       const std::vector<int32_t>& eos_ids, int64_t now_us, std::vector<GenerateStream*>& updated,
-                       std::vector<GenerateStream*>& ended, int32_t* appended) {
+void Scheduler::commit(const StepBatch& b, const StepSamples& samples, const std::vector<int32_t>& eos_ids,
+                       int64_t now_us, std::vector<GenerateStream*>& updated, std::vector<GenerateStream*>& ended,
+                       int32_t* appended) {
   assert(num_steps_ > 0);
   const std::vector<GenerateStream*>& scheduled = step(0);
   int k = 0;
@@ -244,13 +265,17 @@ void Scheduler::commit(const StepBatch& b, const int32_t* tokens, const float* l
     if (!was_done) kv_.publish_computed(s->block_table, s->tokens().data(), s->num_computed);
     if (b.do_sample[i]) {
       --s->pending_sampled;
-      const int32_t token = tokens[k];
-      const float logprob = logprobs ? logprobs[k] : 0.0f;
+      SampledToken sampled{samples.tokens[k], samples.logprobs ? samples.logprobs[k] : 0.0f};
+      if (samples.top_k > 0 && samples.top_ids != nullptr && samples.top_logprobs != nullptr) {
+        sampled.top_ids = samples.top_ids + static_cast<size_t>(k) * samples.top_k;
+        sampled.top_logprobs = samples.top_logprobs + static_cast<size_t>(k) * samples.top_k;
+        sampled.num_top = samples.top_k;
+      }
       const bool keep = !s->cancel_requested && !was_done;
       if (appended != nullptr) appended[k] = keep ? 1 : 0;
       ++k;
       if (keep) {
-        s->append(token, logprob, eos_ids, now_us);
+        s->append(sampled, eos_ids, now_us);
         updated.push_back(s);
       }
     }

@@ -10,7 +10,8 @@
 // the in-flight step's sampled tokens; the model runner resolves it on the device). Ahead
 // scheduling never preempts (the running steps own those blocks) and leaves out streams
 // whose next step depends on the host seeing the token first: a sure finish (max_new_tokens /
-// max_seq_len), pending cancellations and timeouts. While a stream with penalties samples
+// max_seq_len), pending cancellations and timeouts, and a stream whose thinking budget may force
+// the sample after the one in flight (that depends on the token in flight). While a stream with penalties samples
 // (the sampler reads its history, which the step batch carries in history_tokens) nothing is
 // scheduled ahead: the engine steps in turn, so the history is complete at schedule time. A
 // stream that stops on its token (EOS, stop words) wastes one row: its ahead sample is
@@ -30,6 +31,17 @@
 #include "rtp_llm/cpp/engine/step_batch.h"
 
 namespace rtp_llm {
+
+// What the sampler returns for one step's do_sample streams, in batch order: tokens [N], their
+// log-probs [N] (null: none asked for) and the best top_k alternatives of each row
+// ([N, top_k] ids and log-probs, row-major; null when top_k is 0).
+struct StepSamples {
+  const int32_t* tokens = nullptr;
+  const float* logprobs = nullptr;
+  const int32_t* top_ids = nullptr;
+  const float* top_logprobs = nullptr;
+  int top_k = 0;
+};
 
 struct SchedulerConfig {
   int max_batch_size = 256;            // streams per step
@@ -58,9 +70,14 @@ class Scheduler {
   // null): per sampled row, 1 when its token was appended, 0 when dropped (its stream ended
   // at an earlier commit or was cancelled), so a grammar's matcher advances on exactly the
   // tokens its stream keeps.
+  void commit(const StepBatch& batch, const StepSamples& samples, const std::vector<int32_t>& eos_ids,
+              int64_t now_us, std::vector<GenerateStream*>& updated, std::vector<GenerateStream*>& ended,
+              int32_t* appended = nullptr);
   void commit(const StepBatch& batch, const int32_t* tokens, const float* logprobs,
               const std::vector<int32_t>& eos_ids, int64_t now_us, std::vector<GenerateStream*>& updated,
-              std::vector<GenerateStream*>& ended, int32_t* appended = nullptr);
+              std::vector<GenerateStream*>& ended, int32_t* appended = nullptr) {
+    commit(batch, StepSamples{tokens, logprobs}, eos_ids, now_us, updated, ended, appended);
+  }
 
   // The model runner failed: the streams of every step in flight (a step scheduled ahead
   // depends on the one before) end with `error` (blocks freed, removed); appended to `ended`.
@@ -81,6 +98,8 @@ class Scheduler {
   void add_to_batch(StepBatch& batch, GenerateStream* stream, int n, int64_t now_us);
   // Row i's penalty history: all of `stream`'s tokens (prompt, then generated), or none (null).
   void add_history(StepBatch& batch, int i, const GenerateStream* stream);
+  // Row i's logit_bias entries: `stream`'s, or none (null).
+  void add_bias(StepBatch& batch, int i, const GenerateStream* stream);
   std::vector<GenerateStream*>& step(int age) { return steps_[(oldest_ + age) % kMaxStepsInFlight]; }
   void pop_oldest_step();
 

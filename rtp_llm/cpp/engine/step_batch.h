@@ -3,6 +3,7 @@
 // valid until the next schedule()). Fields, lengths and meanings: step_batch_fields.h.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -10,10 +11,14 @@
 
 namespace rtp_llm {
 
-// The largest batch: S streams, T tokens, B blocks per stream, H history tokens.
+// The largest batch: S streams, T tokens, B blocks per stream, H history tokens, L logit-bias entries.
 struct StepBatchCapacity {
-  int streams, tokens, blocks_per_stream, history_tokens;
+  int streams, tokens, blocks_per_stream, history_tokens, bias_entries;
 };
+
+// The array length kinds of step_batch_fields.h, and the size each is preallocated to.
+enum class ArrayLength { S, S1, T, SB, H, L };
+size_t array_capacity(ArrayLength length, const StepBatchCapacity& cap);
 
 struct StepBatch {
 #define RTP_LLM_BATCH_COUNT(name) int name = 0;

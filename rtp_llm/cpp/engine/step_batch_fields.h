@@ -7,7 +7,7 @@
 
    Element types: i32 (int32_t), i64 (int64_t), f32 (float).
    Array lengths: S = num_streams, S1 = S + 1, T = num_tokens, SB = S * block_table_stride
-   (row-major [S, B]), H = num_history_tokens.
+   (row-major [S, B]), H = num_history_tokens, L = num_bias_entries.
    Groups of the step arrays: MODEL (every rank's model path reads it: broadcast under tensor
    parallelism), SAMPLE (rank 0's sampler reads it, masked to the sampled rows), HOST (the
    core's bookkeeping). Every sampling parameter is an [S] array of the SAMPLE group. */
@@ -22,6 +22,10 @@
 #define RTP_LLM_CTYPE_i64 int64_t
 #define RTP_LLM_CTYPE_f32 float
 
+/* Alternatives (top log-probs) a sampled token may carry; logit_bias entries per request. */
+#define RTP_LLM_MAX_TOP_LOGPROBS 20
+#define RTP_LLM_MAX_LOGIT_BIAS 1024
+
 /* Per-stream sampling parameters whose GenerateConfigPB field has the same name and type:
    X(type, name, default, lo, lo_open, hi). Valid values lie in [lo, hi] ((lo, hi] when
    lo_open); HUGE_VAL bounds are none. A proto value of 0 outside the range means unset: the
@@ -33,13 +37,16 @@
   X(f32, min_p, 0.0f, 0.0, 0, 1.0)                     \
   X(f32, repetition_penalty, 1.0f, 0.0, 1, HUGE_VAL)   \
   X(f32, presence_penalty, 0.0f, -HUGE_VAL, 0, HUGE_VAL) \
-  X(f32, frequency_penalty, 0.0f, -HUGE_VAL, 0, HUGE_VAL)
+  X(f32, frequency_penalty, 0.0f, -HUGE_VAL, 0, HUGE_VAL) \
+  X(i32, top_logprobs, 0, 0.0, 0, RTP_LLM_MAX_TOP_LOGPROBS)
 
 /* Sampling parameters converted by hand in proto_convert.cc: random_seed is an Int64Value
-   (-1: none), return_logprobs is return_softmax_probs || return_cum_log_probs. */
+   (-1: none), return_logprobs is return_softmax_probs || return_cum_log_probs,
+   no_repeat_ngram_size an Int32Value (0: off; it reads the history, as the penalties do). */
 #define RTP_LLM_SAMPLING_SPECIAL(X)                     \
   X(i64, random_seed, -1, -HUGE_VAL, 0, HUGE_VAL)       \
-  X(i32, return_logprobs, 0, 0.0, 0, 1.0)
+  X(i32, return_logprobs, 0, 0.0, 0, 1.0)               \
+  X(i32, no_repeat_ngram_size, 0, 0.0, 0, HUGE_VAL)
 
 #define RTP_LLM_ALL_SAMPLING(X) RTP_LLM_SAMPLING_PARAMS(X) RTP_LLM_SAMPLING_SPECIAL(X)
 
@@ -50,7 +57,8 @@
   X(num_sampled)        /* streams with do_sample = 1; commit() takes that many tokens */ \
   X(block_table_stride) /* B = max blocks of any stream in this step */                 \
   X(num_prefill)        /* streams that run prompt tokens (not a single decode token) */ \
-  X(num_history_tokens) /* H: tokens in history_tokens */                            \
+  X(num_history_tokens) /* H: tokens in history_tokens */                               \
+  X(num_bias_entries)   /* L: entries in bias_tokens / bias_values */                   \
   X(num_grammar)        /* sampled streams with a grammar: the sampler masks their logits */
 
 /* The step batch's arrays other than the sampling parameters: X(type, name, length, group). */
@@ -67,12 +75,20 @@
   X(i64, slot_mapping, T, MODEL)    /* block_id * block_size + offset of each token's KV */     \
   X(i32, num_generated, S, SAMPLE)  /* tokens generated so far: a seeded sample's position */   \
   X(i32, grammar, S, SAMPLE)        /* 1: the stream's samples follow its grammar (compiled) */  \
-  /* Penalized sampled rows' token history (prompt, then generated; complete: nothing is      \
+  /* Penalized (or no_repeat_ngram_size) sampled rows' token history (prompt, then generated; complete: nothing is      \
      scheduled ahead of such a row), history_tokens[history_starts[i] +: history_lens[i]];    \
      other rows have history_lens 0. */                                                       \
   X(i32, history_starts, S, SAMPLE)                                                             \
   X(i32, history_lens, S, SAMPLE)                                                               \
-  X(i32, history_tokens, H, SAMPLE)
+  X(i32, history_tokens, H, SAMPLE)                                                             \
+  /* Sampled rows' logit_bias: bias_values[j] is added to the logit of bias_tokens[j], j in     \
+     [bias_starts[i], bias_starts[i] + bias_lens[i]); other rows have bias_lens 0. */           \
+  X(i32, bias_starts, S, SAMPLE)                                                                \
+  X(i32, bias_lens, S, SAMPLE)                                                                  \
+  X(i32, bias_tokens, L, SAMPLE)                                                                \
+  X(f32, bias_values, L, SAMPLE)                                                                \
+  /* -1, or the one token the row may sample (max_thinking_tokens spent: the end of thinking) */ \
+  X(i32, forced_tokens, S, SAMPLE)
 
 /* RtpEngineConfig's scalar fields: X(type, name, default, min). */
 #define RTP_LLM_ENGINE_CONFIG(X)                   \

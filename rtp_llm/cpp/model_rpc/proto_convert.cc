@@ -42,15 +42,29 @@ GenerateConfig from_proto(const GenerateConfigPB& pb, int max_seq_len) {
   }
   RTP_LLM_GRAMMAR_FIELDS(RTP_LLM_FROM_PROTO_GRAMMAR)
 #undef RTP_LLM_FROM_PROTO_GRAMMAR
+  c.no_repeat_ngram_size = pb.has_no_repeat_ngram_size() ? pb.no_repeat_ngram_size().value() : 0;
+  c.logit_bias.assign(pb.logit_bias().begin(), pb.logit_bias().end());
+  std::sort(c.logit_bias.begin(), c.logit_bias.end());  // a map's order is unspecified: make rows reproducible
+  c.in_think_mode = pb.in_think_mode();
+  c.max_thinking_tokens = pb.max_thinking_tokens();
+  c.end_think_token_ids.assign(pb.end_think_token_ids().begin(), pb.end_think_token_ids().end());
   return c;
 }
 
 namespace {
 
-void set_fp32(TensorPB* t, const std::vector<float>& values) {
+// `values` as a TensorPB of `shape` (default: 1-D).
+void set_fp32(TensorPB* t, const std::vector<float>& values, std::vector<int64_t> shape = {}) {
   t->set_data_type(TensorPB::FP32);
-  t->add_shape(static_cast<int64_t>(values.size()));
+  if (shape.empty()) shape = {static_cast<int64_t>(values.size())};
+  for (int64_t d : shape) t->add_shape(d);
   t->set_fp32_data(values.data(), values.size() * sizeof(float));
+}
+
+void set_int32(TensorPB* t, const std::vector<int32_t>& values, const std::vector<int64_t>& shape) {
+  t->set_data_type(TensorPB::INT32);
+  for (int64_t d : shape) t->add_shape(d);
+  t->set_int32_data(values.data(), values.size() * sizeof(int32_t));
 }
 
 int32_t us(int64_t from, int64_t to) { return from > 0 && to >= from ? static_cast<int32_t>(to - from) : 0; }
@@ -63,11 +77,8 @@ void to_proto(int64_t request_id, const StreamUpdate& u, int64_t now_us, Generat
   FlattenOutputPB* flat = out->mutable_flatten_output();
   flat->add_finished(u.done());
 
-  TensorPB* ids = flat->mutable_output_ids();
-  ids->set_data_type(TensorPB::INT32);
-  ids->add_shape(1);
-  ids->add_shape(static_cast<int64_t>(u.new_tokens.size()));
-  ids->set_int32_data(u.new_tokens.data(), u.new_tokens.size() * sizeof(int32_t));
+  const auto n = static_cast<int64_t>(u.new_tokens.size());
+  set_int32(flat->mutable_output_ids(), u.new_tokens, {1, n});
 
   AuxInfoPB* aux = flat->add_aux_info();
   const StreamTiming& t = u.timing;
@@ -83,6 +94,10 @@ void to_proto(int64_t request_id, const StreamUpdate& u, int64_t now_us, Generat
   aux->set_prefix_len(t.reuse_len);
   aux->set_finish_reason(u.finish_reason);
   if (!u.new_logprobs.empty()) set_fp32(aux->mutable_logprobs(), u.new_logprobs);
+  if (u.top_logprobs > 0 && n > 0) {
+    set_int32(aux->mutable_top_token_ids(), u.new_top_ids, {n, u.top_logprobs});
+    set_fp32(aux->mutable_top_logprobs(), u.new_top_logprobs, {n, u.top_logprobs});
+  }
 }
 
 int max_waiting(const grpc::CallbackServerContext& context) {

@@ -28,7 +28,7 @@ class ByteTokenizer:
     def decode(self, ids, skip_special_tokens=True):
         return bytes(ids).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, tools=None):
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, tools=None, **kwargs):
         offer = "".join(f"tool: {t['function']['name']}\n" for t in tools or ())
         return offer + "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
 
@@ -68,7 +68,10 @@ class ScriptedBackend:
         data = self.text.encode()
         for i, b in enumerate(data):
             last = i == len(data) - 1
-            yield Chunk([b], last, {"output_len": i + 1}, None, self.reason if last else None)
+            # Log-probs when asked: -0.5 for each token, its alternatives itself then "z" (-2).
+            lp = [-0.5] if config.return_softmax_probs else None
+            top = [[(b, -0.5), (ord("z"), -2.0)][:config.top_logprobs]] if config.top_logprobs else None
+            yield Chunk([b], last, {"output_len": i + 1}, lp, self.reason if last else None, top)
             await asyncio.sleep(0)
 
 
@@ -169,12 +172,88 @@ class AppTest(unittest.IsolatedAsyncioTestCase):
         status, _, _ = await self.request("/v1/chat/completions", {"messages": messages, "max_tokens": 7}, backend)
         self.assertEqual(backend.configs[-1].max_new_tokens, 7)
 
+    async def test_alternatives_in_openai_shapes(self):
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "logprobs": True, "top_logprobs": 2}
+        status, _, text = await self.request("/v1/chat/completions", chat)
+        self.assertEqual(status, 200, text)
+        content = json.loads(text)["choices"][0]["logprobs"]["content"]
+        self.assertEqual([c["token"] for c in content], ["a", "b", "c"])
+        self.assertEqual(content[1]["top_logprobs"], [{"token": "b", "logprob": -0.5, "bytes": [98]},
+                                                      {"token": "z", "logprob": -2.0, "bytes": [122]}])
+        _, _, text = await self.request("/v1/chat/completions", dict(chat, stream=True))
+        chunks = [json.loads(e[len("data: "):])["choices"][0] for e in text.split("\n\n")[:-2]]
+        streamed = [c for ch in chunks if ch.get("logprobs") for c in ch["logprobs"]["content"]]
+        self.assertEqual(streamed, content)
+        status, _, text = await self.request("/v1/completions", {"prompt": "hi", "max_tokens": 4, "logprobs": 1})
+        lp = json.loads(text)["choices"][0]["logprobs"]
+        self.assertEqual((lp["tokens"], lp["token_logprobs"]), (["a", "b", "c"], [-0.5] * 3))
+        self.assertEqual(lp["top_logprobs"], [{"a": -0.5}, {"b": -0.5}, {"c": -0.5}])
+        _, _, text = await self.request("/v1/completions", {"prompt": "hi", "max_tokens": 4, "logprobs": 0})
+        self.assertIsNone(json.loads(text)["choices"][0]["logprobs"]["top_logprobs"])
+
+    async def test_completions_echo_the_prompt(self):
+        body = {"prompt": "hi", "max_tokens": 4, "echo": True}
+        status, _, text = await self.request("/v1/completions", body)
+        self.assertEqual((status, json.loads(text)["choices"][0]["text"]), (200, "hiabc"))
+        _, _, text = await self.request("/v1/completions", dict(body, prompt=[104, 105], stream=True))
+        chunks = [json.loads(e[len("data: "):])["choices"][0] for e in text.split("\n\n")[:-2]]
+        self.assertEqual("".join(c["text"] for c in chunks), "hiabc")
+        status, _, text = await self.request("/v1/completions", dict(body, logprobs=1))
+        self.assertEqual((status, json.loads(text)["error"]["param"]), (400, "echo"))  # prompt log-probs: not yet
+
+    async def test_logit_bias_reaches_the_engine(self):
+        backend = ScriptedBackend()
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "logit_bias": {"97": -100, "5": 3}}
+        status, _, text = await self.request("/v1/chat/completions", chat, backend)
+        self.assertEqual(status, 200, text)
+        self.assertEqual(dict(backend.configs[-1].logit_bias), {97: -100.0, 5: 3.0})
+        status, _, text = await self.request("/", {"prompt": "hi", "generate_config": {"logit_bias": {"300": 1}}})
+        self.assertEqual((status, json.loads(text)["message"].split(":")[0]), (400, "generate_config.logit_bias"))
+
+    async def test_upstream_output_options_on_the_native_api(self):
+        body = {"prompt": "hi", "generate_config": {"return_output_ids": True, "return_input_ids": True,
+                                                    "return_cum_log_probs": True, "return_softmax_probs": True,
+                                                    "num_beams": 1, "trace_id": "t"}}
+        status, _, text = await self.request("/", body)
+        self.assertEqual(status, 200, text)
+        out = json.loads(text)
+        self.assertEqual((out["output_ids"], out["input_ids"]), ([97, 98, 99], [104, 105]))
+        self.assertEqual(out["aux_info"]["cum_log_probs"], [-1.5])
+        self.assertEqual(len(out["aux_info"]["softmax_probs"]), 3)
+        body["generate_config"].update(yield_generator=True, return_incremental=True)
+        _, _, text = await self.request("/", body)
+        events = [json.loads(e[len("data:"):]) for e in text.split("\n\n")[:-2]]
+        self.assertEqual([e["output_ids"] for e in events], [[97], [98], [99]])
+        self.assertEqual(events[-1]["aux_info"]["cum_log_probs"], [-1.5])
+        status, _, text = await self.request("/", {"prompt": "hi", "generate_config": {"num_beams": 4}})
+        self.assertEqual((status, json.loads(text)["message"].split(":")[0]), (400, "generate_config.num_beams"))
+
+    async def test_a_thinking_budget_reaches_the_engine_with_the_end_tag(self):
+        backend = ScriptedBackend()
+        status, _, text = await self.request("/", {"prompt": "hi", "generate_config": {"max_thinking_tokens": 5}},
+                                             backend)
+        self.assertEqual(status, 200, text)
+        p = backend.configs[-1]
+        self.assertEqual((p.max_thinking_tokens, p.in_think_mode), (5, True))
+        self.assertEqual(bytes(p.end_think_token_ids), b"</think>")  # the tag's tokens (one per byte here)
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "max_thinking_tokens": 5}
+        status, _, text = await self.request(
+            "/v1/chat/completions", dict(chat, chat_template_kwargs={"enable_thinking": False}), backend)
+        self.assertEqual(status, 200, text)
+        self.assertFalse(backend.configs[-1].in_think_mode)  # the template closed the thinking already
+        status, _, text = await self.request("/v1/chat/completions", chat, backend)
+        self.assertEqual(status, 200, text)
+        self.assertTrue(backend.configs[-1].in_think_mode)
+
     async def test_what_is_not_supported_is_refused_not_ignored(self):
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         for extra, param in [({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
                              ({"tool_choice": "auto"}, "tool_choice"),
-                             ({"logit_bias": {"5": 100}}, "logit_bias"),
-                             ({"echo": True}, "echo"),
+                             ({"logit_bias": {"999999": 100}}, "logit_bias"),  # not a token of the vocabulary
+                             ({"logit_bias": {"5": 101}}, "logit_bias"),
+                             ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+                             ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                             ({"echo": True}, "echo"),  # a completions field
                              ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role")]:
             status, _, text = await self.request("/v1/chat/completions", dict(chat, **extra))
             self.assertEqual((status, json.loads(text)["error"]["param"]), (400, param), extra)

@@ -5,9 +5,11 @@ else, and what it calls valid the frontend accepts."""
 import math
 import unittest
 from dataclasses import fields
+from typing import Dict
 
 from rtp_llm.config.generate_config import GenerateConfig, GenerateConfigError
 from rtp_llm.config.grammar import GRAMMAR_FIELDS
+from rtp_llm.config.upstream_generate_fields import IGNORED, REFUSED
 from rtp_llm.frontend.openapi import openapi_spec
 from rtp_llm.frontend.request import NATIVE_OPTIONS, OPENAI_NAMES
 
@@ -17,9 +19,9 @@ def schemas():
 
 
 def scalar(schema):
-    """The schema itself, or a token id list's item schema."""
-    while schema.get("type") == "array":
-        schema = schema["items"]
+    """The schema itself, or a token id list's item schema, or a token id map's value schema."""
+    while schema.get("type") in ("array", "object"):
+        schema = schema["items"] if schema["type"] == "array" else schema["additionalProperties"]
     return schema
 
 
@@ -32,7 +34,8 @@ def numeric(schema):
 class OpenApiTest(unittest.TestCase):
     def test_generate_config_schema_has_every_declared_field_and_nothing_else(self):
         props = schemas()["GenerateConfig"]["properties"]
-        self.assertEqual(set(props), {f.name for f in fields(GenerateConfig)} | set(NATIVE_OPTIONS))
+        self.assertEqual(set(props), {f.name for f in fields(GenerateConfig)} | set(NATIVE_OPTIONS) | set(IGNORED)
+                         | set(REFUSED))
         self.assertFalse(schemas()["GenerateConfig"]["additionalProperties"])
         for f in fields(GenerateConfig):
             self.assertEqual(props[f.name]["description"], f.metadata["doc"], f.name)
@@ -49,7 +52,8 @@ class OpenApiTest(unittest.TestCase):
                     self.assertEqual(props[f.name]["type"], "boolean")
                     continue
                 self.assertEqual(numeric(props[f.name]), (r.lo, r.hi, r.lo_open))
-                self.assertEqual(scalar(props[f.name])["type"], "number" if f.type is float else "integer")
+                numbers = f.type is float or f.type == Dict[int, float]  # a token id map's values
+                self.assertEqual(scalar(props[f.name])["type"], "number" if numbers else "integer")
 
     def test_openai_routes_carry_the_same_ranges_under_openai_names(self):
         native = schemas()["GenerateConfig"]["properties"]

@@ -18,15 +18,18 @@ RANGES = {  # field: (lo, hi, lo_open)
     "max_new_tokens": (1, I32, False), "min_new_tokens": (0, I32, False), "num_return_sequences": (1, 64, False),
     "temperature": (0, 1e4, False), "top_k": (0, I32, False), "top_p": (0, 1, True), "min_p": (0, 1, False),
     "repetition_penalty": (0.01, 100, False), "presence_penalty": (-2, 2, False), "frequency_penalty": (-2, 2, False),
-    "random_seed": (0, 2 ** 63 - 65, False), "timeout_ms": (0, I32, False),
+    "random_seed": (0, 2 ** 63 - 65, False), "timeout_ms": (0, I32, False), "top_logprobs": (0, 20, False),
+    "no_repeat_ngram_size": (0, I32, False), "max_thinking_tokens": (0, I32, False),
 }
 FLOATS = {"temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}
 DEFAULTS = dict(max_new_tokens=256, min_new_tokens=0, num_return_sequences=1, temperature=1.0, top_k=0, top_p=1.0,
                 min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, random_seed=None,
-                ignore_eos=False, stop_words_list=[], return_logprobs=False, timeout_ms=0, response_format=None,
-                json_schema=None, regex=None, ebnf=None, structural_tag=None)
+                ignore_eos=False, stop_words_list=[], return_logprobs=False, top_logprobs=0, logit_bias={}, timeout_ms=0,
+                no_repeat_ngram_size=0, max_thinking_tokens=0, in_think_mode=False, end_think_token_ids=[],
+                response_format=None, json_schema=None, regex=None, ebnf=None, structural_tag=None)
 OPENAI = {"max_new_tokens": "max_tokens", "random_seed": "seed", "num_return_sequences": "n"}
-NOT_IN_OPENAI = {"min_new_tokens", "timeout_ms", "stop_words_list", "return_logprobs"}
+NOT_IN_OPENAI = {"min_new_tokens", "timeout_ms", "stop_words_list", "return_logprobs", "top_logprobs", "in_think_mode",
+                 "end_think_token_ids"}
 
 
 def beyond(name, bound, up):
@@ -70,14 +73,17 @@ class GenerateConfigTest(unittest.TestCase):
         with self.assertRaises(GenerateConfigError) as cm:
             GenerateConfig.from_dict({"max_new_tokens": 2, "top_q": 1})
         self.assertEqual(cm.exception.field, "top_q")
-        self.assertIn("unknown field (known: ebnf, frequency_penalty, ignore_eos,", cm.exception.reason)
+        self.assertIn("unknown field (known: ebnf, end_think_token_ids, frequency_penalty, ignore_eos,", cm.exception.reason)
 
     def test_type_errors(self):
         cases = [("max_new_tokens", 1.5), ("max_new_tokens", "8"), ("max_new_tokens", True), ("top_k", None),
                  ("temperature", "x"), ("temperature", math.nan), ("temperature", math.inf), ("temperature", True),
                  ("temperature", 10 ** 400), ("top_p", None), ("ignore_eos", 1), ("return_logprobs", "yes"),
                  ("random_seed", 1.0), ("random_seed", True), ("stop_words_list", 5), ("stop_words_list", [[]]),
-                 ("stop_words_list", [[1.5]]), ("stop_words_list", [[True]]), ("stop_words_list", [3])]
+                 ("stop_words_list", [[1.5]]), ("stop_words_list", [[True]]), ("stop_words_list", [3]),
+                 ("logit_bias", [1]), ("logit_bias", {"x": 1}), ("logit_bias", {"-1": 1}), ("logit_bias", {"1": "a"}),
+                 ("logit_bias", {"1": math.nan}), ("logit_bias", {True: 1}), ("logit_bias", {"1": 100.5}),
+                 ("logit_bias", {str(i): 1 for i in range(1025)})]
         for name, value in cases:
             with self.subTest(f"{name}={value!r}"):
                 self.assert_refused({name: value}, name)
@@ -87,6 +93,10 @@ class GenerateConfigTest(unittest.TestCase):
         self.assert_refused({"stop_words_list": [[1], [I32 + 1]]}, "stop_words_list")
         self.assert_refused({"stop_words_list": [[-I32 - 1]]}, "stop_words_list")
 
+    def test_logit_bias_takes_json_keys_and_its_bounds(self):
+        c = GenerateConfig.from_dict({"logit_bias": {"5": -100, 7: 100, "0": 0.5}})
+        self.assertEqual(dict(c.to_proto().logit_bias), {5: -100.0, 7: 100.0, 0: 0.5})
+
     def test_types_are_checked_before_ranges(self):
         self.assert_refused({"max_new_tokens": 0, "timeout_ms": "soon"}, "timeout_ms")
 
@@ -94,9 +104,10 @@ class GenerateConfigTest(unittest.TestCase):
         c = GenerateConfig(max_new_tokens=7, min_new_tokens=2, num_return_sequences=3, temperature=0.5, top_k=40,
                            top_p=0.9, min_p=0.05, repetition_penalty=1.1, presence_penalty=0.25,
                            frequency_penalty=-0.5, random_seed=11, ignore_eos=True, stop_words_list=[[5, 6], [7]],
-                           return_logprobs=True, timeout_ms=900)
+                           return_logprobs=True, top_logprobs=3, logit_bias={9: 1.5}, timeout_ms=900)
         p = c.to_proto(2)
-        for name in ("max_new_tokens", "min_new_tokens", "top_k", "ignore_eos", "timeout_ms"):
+        self.assertEqual(dict(p.logit_bias), {9: 1.5})
+        for name in ("max_new_tokens", "min_new_tokens", "top_k", "ignore_eos", "timeout_ms", "top_logprobs"):
             self.assertEqual(getattr(p, name), getattr(c, name), name)
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
             self.assertAlmostEqual(getattr(p, name), getattr(c, name), places=6, msg=name)

@@ -188,6 +188,67 @@ TEST(EngineCore, PenalizedRowsCarryTheirWholeHistoryInTheStep) {
   }
 }
 
+TEST(EngineCore, SampledRowsCarryTheirLogitBiasEvenAhead) {
+  EngineCore engine(SmallConfig());
+  GenerateConfig biased = MaxNew(4);
+  biased.logit_bias = {{7, 1.5f}, {9, -100.0f}};
+  int64_t plain, with_bias;
+  ASSERT_TRUE(engine.enqueue({1, 2, 3}, MaxNew(4), &plain).ok());
+  ASSERT_TRUE(engine.enqueue({4, 5, 6}, biased, &with_bias).ok());
+  const StepBatch& first = engine.schedule();
+  const StepBatch& ahead = engine.schedule_ahead();  // a bias needs no history: it runs ahead
+  for (const StepBatch* b : {&first, &ahead}) {
+    ASSERT_EQ(b->num_streams, 2);
+    EXPECT_EQ(b->bias_lens[0], 0);
+    ASSERT_EQ(b->bias_lens[1], 2);
+    EXPECT_EQ(b->num_bias_entries, 2);
+    const int j = b->bias_starts[1];
+    EXPECT_EQ(std::vector<int32_t>(b->bias_tokens.begin() + j, b->bias_tokens.begin() + j + 2),
+              (std::vector<int32_t>{7, 9}));
+    EXPECT_EQ(b->bias_values[j + 1], -100.0f);
+    EXPECT_EQ(b->forced_tokens[0], -1);
+  }
+}
+
+TEST(EngineCore, AThinkingBudgetForcesTheEndTagAndHoldsItsStreamBack) {
+  EngineCore engine(SmallConfig());
+  FakeModel model(24, 4);
+  GenerateConfig g = MaxNew(6);
+  g.in_think_mode = true;
+  g.max_thinking_tokens = 2;
+  g.end_think_token_ids = {20, 21};
+  int64_t id;
+  ASSERT_TRUE(engine.enqueue({1, 2, 3}, g, &id).ok());
+  // Overlapped driving; the model obeys forced_tokens as the sampler does.
+  std::vector<int32_t> in_flight;
+  std::vector<int> forced_rows;  // the generated index each forced row samples
+  bool have = false;
+  for (int i = 0; i < 100; ++i) {
+    const StepBatch& next = engine.schedule_ahead();
+    const bool ran = next.num_streams > 0;
+    std::vector<int32_t> out;
+    if (ran) {
+      out = model.run(next, have ? &in_flight : nullptr);
+      if (next.forced_tokens[0] >= 0) {
+        EXPECT_GE(next.token_ids[0], 0);  // never on a placeholder: its state was exact
+        out[0] = next.forced_tokens[0];
+        forced_rows.push_back(next.num_generated[0]);
+      }
+    }
+    if (have) {
+      ASSERT_TRUE(engine.commit(in_flight.data(), nullptr, static_cast<int>(in_flight.size())).ok());
+    }
+    if (!ran && !have) break;
+    in_flight = std::move(out);
+    have = ran;
+  }
+  const auto tokens = Generated(engine, id);
+  ASSERT_EQ(tokens.size(), 6u);
+  EXPECT_EQ(tokens[2], 20);
+  EXPECT_EQ(tokens[3], 21);
+  EXPECT_EQ(forced_rows, (std::vector<int>{2, 3}));
+}
+
 TEST(EngineCore, OverlappedStepsStillEndATimedOutStream) {
   EngineCore engine(SmallConfig());
   FakeModel model(24, 4);

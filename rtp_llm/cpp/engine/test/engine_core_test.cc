@@ -280,6 +280,29 @@ TEST(EngineCore, StopTokensAndLogprobsFlowThrough) {
   EXPECT_EQ(u.finish_reason, "stop");
 }
 
+TEST(EngineCore, AlternativesFlowFromCommitToPoll) {
+  EngineCore engine(SmallConfig());
+  FakeModel model(24, 4);
+  GenerateConfig g = MaxNew(3);
+  g.top_logprobs = 1;
+  int64_t id;
+  ASSERT_TRUE(engine.enqueue({4, 5, 6}, g, &id).ok());
+  for (int step = 0;; ++step) {
+    const StepBatch& b = engine.schedule();
+    if (b.num_streams == 0) break;
+    auto tokens = model.run(b);
+    // Two alternatives per row (the batch's k); this stream keeps its first.
+    std::vector<int32_t> ids(tokens.size() * 2, 100 + step);
+    std::vector<float> lps(tokens.size() * 2, -0.25f * step);
+    ASSERT_TRUE(engine.commit({tokens.data(), nullptr, ids.data(), lps.data(), 2}, static_cast<int>(tokens.size())).ok());
+  }
+  StreamUpdate u;
+  engine.poll(id, 1, &u);
+  EXPECT_EQ(u.top_logprobs, 1);
+  EXPECT_EQ(u.new_top_ids, (std::vector<int32_t>{101, 102}));
+  EXPECT_EQ(u.new_top_logprobs, (std::vector<float>{-0.25f, -0.5f}));
+  EXPECT_FALSE(engine.commit({nullptr, nullptr, nullptr, nullptr, RTP_LLM_MAX_TOP_LOGPROBS + 1}, 0).ok());
+}
 
 TEST(EngineCore, ListenersHearEveryUpdateAndWaitForWorkWakesUp) {
   EngineCore engine(SmallConfig());

@@ -97,5 +97,74 @@ TEST(GenerateStream, LogprobsKeptOnlyWhenAsked) {
   EXPECT_FLOAT_EQ(t.logprobs()[0], -0.5f);
 }
 
+TEST(GenerateStream, KeepsItsOwnNumberOfAlternatives) {
+  GenerateConfig c;
+  c.top_logprobs = 2;
+  auto s = Make(c);
+  const int32_t ids[] = {10, 11, 12};  // the step's k (3) is the batch's largest
+  const float lps[] = {-0.1f, -2.0f, -3.0f};
+  s.append(SampledToken{10, -0.1f, ids, lps, 3}, kEos, 1);
+  EXPECT_EQ(s.top_ids(), (std::vector<int32_t>{10, 11}));
+  EXPECT_EQ(s.top_logprobs(), (std::vector<float>{-0.1f, -2.0f}));
+}
+
+TEST(GenerateConfig, LogitBiasAndThinkingBudgetAreChecked) {
+  GenerateConfig c;
+  c.logit_bias = {{5, 100.0f}, {6, -100.0f}};
+  EXPECT_TRUE(c.validate().ok());
+  c.logit_bias = {{5, 100.5f}};
+  EXPECT_EQ(c.validate().field, "logit_bias");
+  c.logit_bias = {{-1, 1.0f}};
+  EXPECT_EQ(c.validate().field, "logit_bias");
+  c.logit_bias.assign(RTP_LLM_MAX_LOGIT_BIAS + 1, {1, 1.0f});
+  EXPECT_EQ(c.validate().field, "logit_bias");
+  c = {};
+  c.top_logprobs = RTP_LLM_MAX_TOP_LOGPROBS + 1;
+  EXPECT_EQ(c.validate().field, "top_logprobs");
+  c = {};
+  c.in_think_mode = true;
+  c.max_thinking_tokens = 3;
+  EXPECT_EQ(c.validate().field, "end_think_token_ids");
+  c.max_thinking_tokens = -1;
+  EXPECT_EQ(c.validate().field, "max_thinking_tokens");
+}
+
+GenerateConfig ThinkingBudget(int budget) {
+  GenerateConfig c;
+  c.in_think_mode = true;
+  c.max_thinking_tokens = budget;
+  c.end_think_token_ids = {90, 91};
+  return c;
+}
+
+TEST(ThinkingBudget, ForcesTheEndTagOnceSpentThenNothing) {
+  auto s = Make(ThinkingBudget(2));
+  EXPECT_EQ(s.forced_token(), -1);
+  EXPECT_TRUE(s.may_force_after_next() == false);
+  s.append(10, 0, kEos, 1);
+  EXPECT_TRUE(s.may_force_after_next());  // the sample after the next is past the budget
+  s.append(11, 0, kEos, 2);
+  EXPECT_EQ(s.forced_token(), 90);
+  s.append(90, 0, kEos, 3);
+  EXPECT_EQ(s.forced_token(), 91);
+  s.append(91, 0, kEos, 4);
+  EXPECT_EQ(s.forced_token(), -1);  // thinking closed: the answer is free
+  EXPECT_FALSE(s.may_force_after_next());
+}
+
+TEST(ThinkingBudget, ThinkingClosedByTheModelIsNotForced) {
+  auto s = Make(ThinkingBudget(3));
+  for (int32_t t : {90, 91, 12, 13}) s.append(t, 0, kEos, 1);
+  EXPECT_EQ(s.forced_token(), -1);
+  auto t = Make(ThinkingBudget(3));
+  for (int32_t tok : {90, 12, 90}) t.append(tok, 0, kEos, 1);  // a broken tag restarts the match
+  EXPECT_EQ(t.forced_token(), 91);
+  GenerateConfig off = ThinkingBudget(1);
+  off.in_think_mode = false;
+  auto u = Make(off);
+  u.append(10, 0, kEos, 1);
+  EXPECT_EQ(u.forced_token(), -1);
+}
+
 }  // namespace
 }  // namespace rtp_llm

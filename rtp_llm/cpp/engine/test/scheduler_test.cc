@@ -20,7 +20,7 @@ class SchedulerTest : public ::testing::Test {
     kv_ = std::make_unique<KVCacheManager>(num_blocks, block_size, prefix_cache);
     sched_ = std::make_unique<Scheduler>(config, *kv_, 1 << 20);
     model_ = std::make_unique<FakeModel>(num_blocks, block_size);
-    batch_.reserve({config.max_batch_size, config.max_num_batched_tokens, num_blocks, 4096});
+    batch_.reserve({config.max_batch_size, config.max_num_batched_tokens, num_blocks, 4096, 4096});
   }
 
   GenerateStream* Add(std::vector<int32_t> prompt, int max_new_tokens) {

@@ -61,8 +61,8 @@ class RpcServerTest : public ::testing::Test {
         std::vector<float> logprobs(tokens.size());
         for (size_t i = 0; i < tokens.size(); ++i) logprobs[i] = LogprobOf(tokens[i]);
         if (step_delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_delay_us_.load()));
-        if (rtp_llm_engine_commit(engine_, tokens.data(), logprobs.data(), static_cast<int32_t>(tokens.size()), nullptr,
-                                  error, sizeof(error)) != 0) {
+        if (rtp_llm_engine_commit(engine_, tokens.data(), logprobs.data(), static_cast<int32_t>(tokens.size()),
+                                  nullptr, nullptr, 0, nullptr, error, sizeof(error)) != 0) {
           ADD_FAILURE() << error;
         }
       }

@@ -18,6 +18,7 @@
 #include "rtp_llm/cpp/api/engine_api.h"
 #include "rtp_llm/cpp/engine/test/fake_model.h"
 #include "rtp_llm/cpp/model_rpc/proto/model_rpc_service.grpc.pb.h"
+#include "rtp_llm/cpp/model_rpc/proto_convert.h"
 #include "rtp_llm/cpp/model_rpc/proto_convert.h"  // kMaxWaitingKey
 #include "rtp_llm/cpp/model_rpc/test/rpc_server_fixture.h"
 
@@ -279,6 +280,45 @@ TEST_F(RpcServerTest, PollThroughTheCApi) {
             605);
   EXPECT_STREQ(field, "token_ids");
   ExpectDrained();
+}
+
+TEST(ProtoConvert, LogitBiasThinkingAndNgramFieldsArrive) {
+  GenerateConfigPB pb;
+  (*pb.mutable_logit_bias())[9] = -100.0f;
+  (*pb.mutable_logit_bias())[3] = 2.5f;
+  pb.set_top_logprobs(4);
+  pb.set_in_think_mode(true);
+  pb.set_max_thinking_tokens(7);
+  pb.add_end_think_token_ids(90);
+  pb.mutable_no_repeat_ngram_size()->set_value(3);
+  const GenerateConfig c = from_proto(pb, 64);
+  EXPECT_EQ(c.logit_bias, (std::vector<std::pair<int32_t, float>>{{3, 2.5f}, {9, -100.0f}}));  // sorted by id
+  EXPECT_EQ(c.top_logprobs, 4);
+  EXPECT_TRUE(c.in_think_mode);
+  EXPECT_EQ(c.max_thinking_tokens, 7);
+  EXPECT_EQ(c.end_think_token_ids, std::vector<int32_t>{90});
+  EXPECT_EQ(c.no_repeat_ngram_size, 3);
+  EXPECT_EQ(from_proto(GenerateConfigPB(), 64).no_repeat_ngram_size, 0);
+}
+
+TEST(ProtoConvert, AlternativesAreAnIdsAndALogprobsMatrix) {
+  StreamUpdate u;
+  u.new_tokens = {5, 6};
+  u.top_logprobs = 2;
+  u.new_top_ids = {5, 1, 6, 2};
+  u.new_top_logprobs = {-0.1f, -2.0f, -0.2f, -3.0f};
+  GenerateOutputsPB out;
+  to_proto(1, u, 0, &out);
+  const AuxInfoPB& aux = out.flatten_output().aux_info(0);
+  EXPECT_EQ(std::vector<int64_t>(aux.top_token_ids().shape().begin(), aux.top_token_ids().shape().end()),
+            (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(aux.top_logprobs().fp32_data().size(), 4 * sizeof(float));
+  float lp[4];
+  std::memcpy(lp, aux.top_logprobs().fp32_data().data(), sizeof(lp));
+  EXPECT_EQ(lp[3], -3.0f);
+  u.top_logprobs = 0;
+  to_proto(1, u, 0, &out);
+  EXPECT_FALSE(out.flatten_output().aux_info(0).has_top_token_ids());  // not asked: nothing sent
 }
 
 }  // namespace
