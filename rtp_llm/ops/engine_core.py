@@ -7,6 +7,7 @@ it; copy what must outlive that.
 
 import ctypes
 import functools
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -171,13 +172,15 @@ def decode_output(out: pb.GenerateOutputsPB) -> DecodedOutput:
 
 
 def _alternatives(a: pb.AuxInfoPB) -> Optional[List[List[Tuple[int, float]]]]:
-    """AuxInfoPB.top_token_ids / top_logprobs ([n, k]) as n lists of k (id, log-prob)."""
+    """AuxInfoPB.top_token_ids / top_logprobs ([n, k]) as n lists of up to k (id, log-prob).
+    Alternatives the distribution ruled out (-inf: a grammar's mask, a forced token) are left
+    out: they could not have been sampled, and JSON cannot carry -inf."""
     if not a.top_token_ids.int32_data:
         return None
     k = a.top_token_ids.shape[1]
     ids = memoryview(a.top_token_ids.int32_data).cast("i")
     lps = memoryview(a.top_logprobs.fp32_data).cast("f")
-    return [list(zip(ids[r:r + k], lps[r:r + k])) for r in range(0, len(ids), k)]
+    return [[(t, lp) for t, lp in zip(ids[r:r + k], lps[r:r + k]) if lp > -math.inf] for r in range(0, len(ids), k)]
 
 
 def _bind(lib, structs):

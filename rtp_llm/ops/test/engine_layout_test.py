@@ -84,5 +84,19 @@ class StepBatchViewTest(unittest.TestCase):
             core.close()
 
 
+class DecodeOutputTest(unittest.TestCase):
+    def test_alternatives_the_distribution_ruled_out_are_left_out(self):
+        # Two tokens, k = 3; the second was forced (or a grammar allowed only it): its other
+        # alternatives read -inf, which JSON cannot carry and which could not be sampled.
+        a = pb.AuxInfoPB()
+        a.top_token_ids.shape.extend([2, 3])
+        a.top_token_ids.int32_data = np.array([5, 6, 7, 9, 1, 2], np.int32).tobytes()
+        a.top_logprobs.shape.extend([2, 3])
+        a.top_logprobs.fp32_data = np.array([-0.1, -2.5, -3.0, 0.0, -np.inf, -np.inf], np.float32).tobytes()
+        top = engine_core._alternatives(a)
+        self.assertEqual([[t for t, _ in row] for row in top], [[5, 6, 7], [9]])
+        self.assertAlmostEqual(top[0][1][1], -2.5)
+
+
 if __name__ == "__main__":
     unittest.main()
