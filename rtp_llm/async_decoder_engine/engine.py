@@ -114,7 +114,7 @@ class EngineLoop:
                  "max_num_batched_tokens %d", self.num_blocks, block, self.num_blocks * block_bytes >> 20,
                  self.max_seq_len, args.max_batch_size, step_tokens)
         self.core = EngineCore(self.num_blocks, block, args.max_batch_size, step_tokens,
-                               self.max_seq_len, args.reuse_cache, c.eos_token_ids) if tp.rank == 0 else None
+                               self.max_seq_len, args.reuse_cache, c.eos_token_ids, c.vocab_size) if tp.rank == 0 else None
         kv = self.backend.allocate_kv_cache(c.num_layers, self.num_blocks, block, model.num_kv_heads, c.head_dim,
                                             loaded.dtype)
         self.runner = ModelRunner(model, self.backend, kv, block, args.max_batch_size, self.max_seq_len,

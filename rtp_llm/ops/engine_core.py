@@ -219,7 +219,8 @@ def _bind(lib, structs):
 
 class EngineCore:
     def __init__(self, num_blocks: int, block_size: int, max_batch_size: int, max_num_batched_tokens: int,
-                 max_seq_len: int, reuse_cache: bool = True, eos_token_ids: Sequence[int] = ()):
+                 max_seq_len: int, reuse_cache: bool = True, eos_token_ids: Sequence[int] = (), vocab_size: int = 0):
+        """vocab_size: the model's; prompt token ids at or past it are refused at enqueue (0: unchecked)."""
         self._lib, structs = _abi()
         config_struct, _ = structs["RtpEngineConfig"]
         self._batch_fields = structs["RtpStepBatch"][1]
@@ -227,7 +228,7 @@ class EngineCore:
         self._eos = (ctypes.c_int32 * max(len(eos_token_ids), 1))(*eos_token_ids)
         config = config_struct(num_blocks=num_blocks, block_size=block_size, max_batch_size=max_batch_size,
                                max_num_batched_tokens=max_num_batched_tokens, max_seq_len=max_seq_len,
-                               reuse_cache=int(reuse_cache), eos_token_ids=self._eos,
+                               reuse_cache=int(reuse_cache), vocab_size=vocab_size, eos_token_ids=self._eos,
                                num_eos_token_ids=len(eos_token_ids))
         err = ctypes.create_string_buffer(512)
         self._handle = self._lib.rtp_llm_engine_create(ctypes.byref(config), err, len(err))

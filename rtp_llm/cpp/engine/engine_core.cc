@@ -58,6 +58,13 @@ int64_t EngineCore::now_us() {
 ErrorInfo EngineCore::enqueue(std::vector<int32_t> prompt, GenerateConfig config, int64_t* id, int max_waiting) {
   const int len = static_cast<int>(prompt.size());
   if (len == 0) return invalid("token_ids", "token_ids must not be empty");
+  // An id past the embedding would fail the whole step it runs in (on a GPU, the process).
+  for (const int32_t t : prompt) {
+    if (t < 0 || (config_.vocab_size > 0 && t >= config_.vocab_size)) {
+      return invalid("token_ids", "token id " + std::to_string(t) + " is outside the model's vocabulary [0, " +
+                                      std::to_string(config_.vocab_size) + ")");
+    }
+  }
   ErrorInfo bad = config.validate();
   if (!bad.ok()) return bad;
   if (len >= config_.max_seq_len) {

@@ -97,7 +97,8 @@
   X(i32, max_batch_size, 256, 1)  /* streams per step */ \
   X(i32, max_num_batched_tokens, 4096, 1) /* token budget per step (longer prompts are chunked) */ \
   X(i32, max_seq_len, 4096, 2)    /* prompt + generated tokens per stream */ \
-  X(i32, reuse_cache, 1, 0)       /* 1: prefix cache on */
+  X(i32, reuse_cache, 1, 0)       /* 1: prefix cache on */ \
+  X(i32, vocab_size, 0, 0)        /* prompt token ids must be below it (0: unchecked) */
 
 /* RtpEngineStats: X(type, name, source in rtp_llm::EngineStats). */
 #define RTP_LLM_ENGINE_STATS(X)                 \

@@ -75,11 +75,17 @@ class StepBatchViewTest(unittest.TestCase):
             core.close()
 
     def test_enqueue_errors_name_their_field(self):
-        core = EngineCore(64, 4, 4, 64, 32)
+        core = EngineCore(64, 4, 4, 64, 32, vocab_size=100)
         try:
             with self.assertRaises(EngineError) as e:
                 core.enqueue([1] * 40, pb.GenerateConfigPB(max_new_tokens=4))
             self.assertEqual((e.exception.code, e.exception.field), (511, "token_ids"))
+            for bad in (100, -1):  # outside the model's vocabulary: refused, never run
+                with self.assertRaises(EngineError) as e:
+                    core.enqueue([1, bad], pb.GenerateConfigPB(max_new_tokens=4))
+                self.assertEqual((e.exception.code, e.exception.field), (605, "token_ids"))
+                self.assertIn("vocabulary [0, 100)", e.exception.message)
+            core.enqueue([0, 99], pb.GenerateConfigPB(max_new_tokens=4))
         finally:
             core.close()
 
