@@ -104,7 +104,7 @@ class Reader : public grpc::ClientReadReactor<GenerateOutputsPB> {
 
 void BenchGrpcDelivery(int streams, int tokens_per_stream, int pace_us) {
   const int max_seq_len = 16 + tokens_per_stream + 16;
-  RtpEngineConfig config{streams * ((max_seq_len + 15) / 16) + 16, 16, streams, 8192, max_seq_len, 1, nullptr, 0};
+  RtpEngineConfig config{streams * ((max_seq_len + 15) / 16) + 16, 16, streams, 8192, max_seq_len, 1, 0, nullptr, 0};
   char err[256];
   RtpEngine* engine = rtp_llm_engine_create(&config, err, sizeof(err));
   const int port = rtp_llm_engine_start_rpc_server(engine, "127.0.0.1:0", err, sizeof(err));

@@ -38,7 +38,7 @@ inline std::vector<int32_t> Ids(const GenerateOutputsPB& msg) {
 class RpcServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    RtpEngineConfig config{kBlocks, kBlockSize, 256, 2048, 512, 1, nullptr, 0};
+    RtpEngineConfig config{kBlocks, kBlockSize, 256, 2048, 512, 1, 0, nullptr, 0};
     char err[256];
     engine_ = rtp_llm_engine_create(&config, err, sizeof(err));
     ASSERT_NE(engine_, nullptr) << err;
