@@ -5,19 +5,23 @@
 # PYTHONPATH is a complete install for the CUDA path; the CPU compute-ops extension (built
 # against this machine's torch) is simply never loaded there.
 #
-#   scripts/install_unpacked.sh dist/rtp_llm-*.whl /opt/rtp_llm && export PYTHONPATH=/opt/rtp_llm
+#   scripts/install_unpacked.sh dist/rtp_llm-*.whl /opt/rtp_llm [EXTRA.whl ...] && export PYTHONPATH=/opt/rtp_llm
+# EXTRA wheels (e.g. xgrammar and its dependencies, fetched here for that Python with `pip
+# download --python-version 3.12 --only-binary=:all:`) are unpacked beside it, as they are.
 set -euo pipefail
-if [ $# -ne 2 ]; then
-  echo "usage: $0 WHEEL DEST_DIR" >&2
+if [ $# -lt 2 ]; then
+  echo "usage: $0 WHEEL DEST_DIR [EXTRA_WHEEL ...]" >&2
   exit 2
 fi
 whl=$1
 dest=$2
+shift 2
 py=${PYTHON:-python3}
 whl=$(realpath "$whl")
 rm -rf "$dest"
 mkdir -p "$dest"
 "$py" -m zipfile -e "$whl" "$dest"
+for extra in "$@"; do "$py" -m zipfile -e "$extra" "$dest"; done
 dest=$(realpath "$dest")
 cd "$dest"  # not where a source tree's rtp_llm/ would shadow the installed one
 PYTHONPATH="$dest" "$py" - <<'PY'

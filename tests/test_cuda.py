@@ -1,11 +1,13 @@
 """The engine on a CUDA GPU against HF transformers on the tiny fixture checkpoints (GQA, MQA,
 tied and untied; Qwen3, Qwen2, Llama): greedy tokens equal for mixed-length batches, with
 chunked prefill, the prefix cache and preemption, with CUDA graphs and overlapped scheduling
-on and off; logits within a tolerance. Marked `gpu`: skipped where torch sees no GPU."""
+on and off; logits within a tolerance; the sampler's request-driven paths (top-k alternatives,
+logit_bias, a thinking budget's forced tokens, no_repeat_ngram_size) through the graphs and
+eagerly. Marked `gpu`: skipped where torch sees no GPU."""
 
 import pytest
 import torch
-from testlib import TINY, hf_greedy, hf_model, make_tiny, overlap_sampling_configs, random_prompts
+from testlib import TINY, hf_greedy, hf_logprobs, hf_model, make_tiny, overlap_sampling_configs, random_prompts
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -129,5 +131,40 @@ def test_seeded_sampling_is_reproducible_across_batch_composition(tiny):
         crowd = llm.generate(random_prompts(9, [4, 30]) + random_prompts(8, [10]),
                              [{"max_new_tokens": 24, "temperature": 1.0}] * 2 + [cfg])
         assert crowd[2].outputs[0].token_ids == alone
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+def test_sampler_request_paths_on_cuda(tiny, graphs):
+    paths, hf = tiny
+    name, k = "qwen3_gqa_untied", 4
+    prompts = random_prompts(10, [9, 23])
+    llm = _llm(paths[name], cuda_graph=graphs)
+    try:
+        outs = llm.generate(prompts, {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True, "top_logprobs": k,
+                                      "return_logprobs": True})
+        for prompt, out in zip(prompts, outs):  # alternatives: HF's fp32 log-softmax, best first
+            seq = out.outputs[0]
+            ids = prompt + seq.token_ids
+            top = hf_logprobs(hf[name], ids)[len(prompt) - 1:len(ids) - 1].topk(k, dim=-1)
+            assert len(seq.top_logprobs) == len(seq.token_ids)
+            for tok, lp, alts, want_ids, want_lps in zip(seq.token_ids, seq.logprobs, seq.top_logprobs,
+                                                         top.indices.tolist(), top.values.tolist()):
+                assert [i for i, _ in alts] == want_ids and tok == want_ids[0]
+                assert max(abs(v - w) for (_, v), w in zip(alts, want_lps)) < 1e-4 and abs(lp - want_lps[0]) < 1e-4
+        forced = 7
+        out = llm.generate(prompts[0], {"max_new_tokens": 6, "temperature": 1.0, "ignore_eos": True,
+                                        "logit_bias": {forced: 100}})[0]
+        assert out.outputs[0].token_ids == [forced] * 6
+        out = llm.generate(prompts[1], {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True,
+                                        "max_thinking_tokens": 2, "in_think_mode": True,
+                                        "end_think_token_ids": [11, 12]})[0]
+        assert out.outputs[0].token_ids[2:4] == [11, 12]
+        out = llm.generate(prompts[0], {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True,
+                                        "no_repeat_ngram_size": 2})[0]
+        seq = prompts[0] + out.outputs[0].token_ids
+        for i in range(len(prompts[0]) - 1, len(seq) - 1):  # each bigram that ends in the output is new
+            assert (seq[i], seq[i + 1]) not in set(zip(seq[:i], seq[1:i + 1])), i
     finally:
         llm.close()
