@@ -395,3 +395,35 @@ def test_cuda_backend_greedy_equals_hf_with_chunked_prefill(tmp_path, monkeypatc
     # Eager mixed steps split; a captured extend graph keeps its few decode rows in its tiles.
     assert any(split_steps) == (not graphs)
     llm.close()
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="on a GPU, tests/test_cuda.py runs the real backend")
+def test_cuda_backend_prompt_logprobs_equal_hf_in_chunks(tmp_path, monkeypatch):
+    # Prompt log-probs (echo with logprobs) through the CUDA step path: their steps run eagerly
+    # though graphs are on (no graph computes the prompt rows), in chunks of 16.
+    from testlib import hf_logprobs, hf_model, make_tiny, random_prompts
+
+    import rtp_llm.async_decoder_engine.engine as engine_mod
+    from rtp_llm.config.generate_config import GenerateConfig
+    from rtp_llm.llm import LLM
+    from rtp_llm.ops.engine_core import decode_output
+
+    path = make_tiny("qwen3_gqa_untied", str(tmp_path))
+    hf = hf_model(path)
+    monkeypatch.setattr(engine_mod, "get_backend", lambda _: _InterpretedCudaBackend.make(True))
+    llm = LLM(path, act_type="fp32", progress=False, max_seq_len=128, max_num_batched_tokens=16, num_kv_blocks=64,
+              max_batch_size=4, warm_up=False)
+    try:
+        prompts = random_prompts(3, (40, 9))
+        config = GenerateConfig(max_new_tokens=2, temperature=0, ignore_eos=True, prompt_logprobs=2).to_proto()
+        ids = [llm.engine.core.enqueue(p, config) for p in prompts]
+        while llm.engine.step():
+            pass
+        for prompt, sid in zip(prompts, ids):
+            out = decode_output(llm.engine.core.poll(sid)[0])
+            ref = hf_logprobs(hf, prompt)[:-1]
+            want = ref.gather(1, torch.tensor(prompt[1:])[:, None]).squeeze(1)
+            torch.testing.assert_close(torch.tensor(out.prompt_logprobs), want, atol=1e-4, rtol=1e-4)
+            assert [[t for t, _ in row] for row in out.prompt_top_logprobs] == ref.topk(2, dim=-1).indices.tolist()
+    finally:
+        llm.close()

@@ -8,7 +8,12 @@ host-device sync of a step.
 Grammars (grammar.py): a step with grammar rows samples after its forward is queued and, when
 it was scheduled ahead of the step in flight, after that step committed (its tokens advance
 the matchers the mask is filled from); the device runs the forward meanwhile. Steps without
-grammar rows are launched as before."""
+grammar rows are launched as before.
+
+Prompt log-probs (a step with prompt rows: num_prompt_logprobs > 0): the forward runs eagerly (no
+captured graph computes those rows) and yields logits for the sampled rows, then the prompt rows;
+models_py/prompt_logprobs.py turns the latter into log-probs on the device, and they reach the
+host with the sampled tokens. Steps without prompt rows are untouched (graphs, no extra copy)."""
 
 import os
 import threading
@@ -21,8 +26,9 @@ import torch
 from rtp_llm.device.base import DeviceBackend
 from rtp_llm.distributed.tensor_parallel import CollectiveError
 from rtp_llm.models_py.decoder import DecoderModel
+from rtp_llm.models_py.prompt_logprobs import PromptLogprobs, prompt_logprobs
 from rtp_llm.models_py.sampler import Sampled, Sampler
-from rtp_llm.ops.engine_core import EngineCore, StepBatch, max_top_logprobs
+from rtp_llm.ops.engine_core import EngineCore, PromptRows, StepBatch, max_top_logprobs
 
 
 def _inject(kind: str, token: int):
@@ -51,7 +57,8 @@ class HostSlot:
 class PendingStep:
     """A launched step's sampled tokens: on the device now, on the host once result() returns."""
 
-    def __init__(self, sampled: Sampled, slot: HostSlot, timeout_s: float = 0.0):
+    def __init__(self, sampled: Sampled, slot: HostSlot, timeout_s: float = 0.0,
+                 prompt: Optional[PromptLogprobs] = None):
         self.tokens = sampled.tokens  # [N] int32 on the device
         n = len(sampled.tokens)
         slot.tokens[:n].copy_(sampled.tokens, non_blocking=True)
@@ -67,6 +74,11 @@ class PendingStep:
                       slot.top_logprobs[:n, :k].numpy())
         self._ready = slot.ready
         self._timeout_s = timeout_s
+        # The prompt rows' host copies (their size varies by step: fresh buffers, pinned where the
+        # device copies asynchronously), before the event that result() waits for.
+        self._prompt = None if prompt is None else PromptRows(*(
+            None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=slot.ready is not None)
+            .copy_(t, non_blocking=True) for t in prompt))
         if self._ready is not None:
             self._ready.record()
         self.committed = False
@@ -87,6 +99,12 @@ class PendingStep:
                     time.sleep(0)
             self._ready.synchronize()
         return self._host
+
+    def prompt_rows(self) -> Optional[PromptRows]:
+        """The step's prompt rows as numpy (after result()), or None when it has none."""
+        if self._prompt is None:
+            return None
+        return PromptRows(*(None if t is None else t.numpy() for t in self._prompt))
 
 
 class ModelRunner:
@@ -132,14 +150,29 @@ class ModelRunner:
         else:
             prev_tokens = None
         self._prev_sampled = b.num_sampled
-        if self.graphs is not None:
+        if self.graphs is not None and not b.num_prompt_logprobs:
             logits = self.graphs.run(b, prev_tokens)
             if logits is not None:
                 return logits
         x = self.backend.prepare_inputs(b, self.block_size)
         if prev_tokens is not None:
             self.backend.resolve_placeholders(x.token_ids, prev_tokens)
-        return self.model.forward(x.token_ids, x.positions, x.meta, self.kv_cache, x.sample_rows)
+        rows = self._with_prompt_rows(b) if b.num_prompt_logprobs else x.sample_rows
+        return self.model.forward(x.token_ids, x.positions, x.meta, self.kv_cache, rows)
+
+    def _with_prompt_rows(self, b) -> torch.Tensor:
+        """[N + P] int64 on the device: the sampled rows (each do_sample stream's last token, as
+        prepare_inputs picks them), then the prompt rows (prompt_targets >= 0, token order)."""
+        sampled = (b.query_starts[1:] - 1)[b.do_sample == 1]
+        rows = np.concatenate([sampled, np.nonzero(b.prompt_targets >= 0)[0]]).astype(np.int64)
+        return torch.from_numpy(rows).to(self.backend.device)
+
+    def _prompt_logprobs(self, logits: torch.Tensor, b: StepBatch) -> PromptLogprobs:
+        """The prompt rows' log-probs from their logits [P, V], with k = the step's largest
+        prompt_logprobs (each stream keeps its own k of them)."""
+        targets = b.prompt_targets[b.prompt_targets >= 0].astype(np.int64)
+        k = max(0, int(b.prompt_logprobs.max()))
+        return prompt_logprobs(logits, torch.from_numpy(targets).to(logits.device), k)
 
     def launch(self, b: StepBatch, prev: Optional[PendingStep] = None,
                core: Optional[EngineCore] = None) -> PendingStep:
@@ -147,6 +180,10 @@ class ModelRunner:
         scheduled ahead of; when `b` has grammar rows, prev is committed to `core` here, between
         b's forward and its sampling."""
         logits = self.logits(b, prev.tokens if prev is not None else None)
+        prompt = None
+        if b.num_prompt_logprobs:
+            prompt = self._prompt_logprobs(logits[b.num_sampled:], b)
+            logits = logits[:b.num_sampled]
         sampled = b.do_sample == 1
         rows = b.rows(sampled)
         mask, grammar = None, None
@@ -159,7 +196,7 @@ class ModelRunner:
         samples = self.sampler.sample_on_device(logits, rows, mask)
         slot = self._slots[self._slot]
         self._slot ^= 1
-        step = PendingStep(samples, slot, self.model.tp.timeout_s if self.model.tp.size > 1 else 0.0)
+        step = PendingStep(samples, slot, self.model.tp.timeout_s if self.model.tp.size > 1 else 0.0, prompt)
         step.grammar = grammar
         return step
 
@@ -169,7 +206,7 @@ class ModelRunner:
         if step.committed:
             return
         tokens, logprobs, top_ids, top_logprobs = step.result()
-        appended = core.commit(tokens, logprobs, top_ids, top_logprobs)
+        appended = core.commit(tokens, logprobs, top_ids, top_logprobs, step.prompt_rows())
         step.committed = True
         if step.grammar is not None:
             ids, g = step.grammar

@@ -42,6 +42,7 @@ TOKEN_LISTS = "rows"   # an IntMatrix of token id lists
 GRAMMAR = "grammar"    # the grammar (at most one of these fields): its kind's StringValue (config/grammar.py)
 TOKEN_MAP = "map"      # a map<int32, float> from token ids (ints or their decimal strings, as JSON keys)
 INT32_WRAPPER = "i32"  # an Int32Value, set when not the default
+OPTIONAL_INT32 = "i32?"  # an Int32Value, set when not None (0 is a value)
 
 # Bounds the engine declares (rtp_llm/cpp/engine/step_batch_fields.h): alternatives per token,
 # logit_bias entries per request.
@@ -103,6 +104,11 @@ class GenerateConfig:
         0, "also return this many most likely alternatives (token, log-prob) of each generated token, from the "
         "distribution it was sampled from (after penalties, logit_bias and temperature; before top-k/top-p/min-p)",
         Range(0, MAX_TOP_LOGPROBS), openai=None)
+    prompt_logprobs: Optional[int] = _field(
+        None, "vLLM's: also return each prompt token's log-prob (the first token's is null) and this many most "
+        "likely alternatives, from the model's raw distribution (no penalties, logit_bias or temperature), in "
+        "aux_info.prompt_logprobs / prompt_top_logprobs; null = off. The prompt then runs whole (no prefix-cache "
+        "reuse)", Range(0, MAX_TOP_LOGPROBS), openai=None, proto=OPTIONAL_INT32)
     logit_bias: Dict[int, float] = _field(
         None, f"token id -> bias added to its logit before sampling (at most {MAX_LOGIT_BIAS} entries; -100 bans "
         "a token, 100 all but forces it)", Range(-100, 100), proto=TOKEN_MAP, default_factory=dict)
@@ -189,6 +195,9 @@ class GenerateConfig:
                     getattr(c, check.name)[int(token)] = bias
             elif proto == INT32_WRAPPER:
                 if v:
+                    getattr(c, check.name).value = v
+            elif proto == OPTIONAL_INT32:
+                if v is not None:
                     getattr(c, check.name).value = v
         g = self.grammar()
         if g is not None:
@@ -320,7 +329,8 @@ _CHECKS = tuple(_FieldCheck(f.name, _grammar_check(f.name) if f.metadata["proto"
                 for f in fields(GenerateConfig))
 _FIELD_NAMES = frozenset(c.name for c in _CHECKS)
 # (field, proto field) of the fields that cross as a plain value (one constructor call per request).
-_SPECIAL_PROTO = tuple(c for c in _CHECKS if c.proto in (SEED, ONE_PER_STREAM, TOKEN_LISTS, TOKEN_MAP, INT32_WRAPPER))
+_SPECIAL_PROTO = tuple(c for c in _CHECKS if c.proto in (SEED, ONE_PER_STREAM, TOKEN_LISTS, TOKEN_MAP, INT32_WRAPPER,
+                                                              OPTIONAL_INT32))
 _GRAMMAR_CHECKS = tuple(c for c in _CHECKS if c.proto == GRAMMAR)
 _GRAMMAR_NAMES = tuple(c.name for c in _GRAMMAR_CHECKS)
 _PLAIN_PROTO = tuple((c.name, c.name if c.proto == SAME else c.proto) for c in _CHECKS

@@ -22,6 +22,10 @@ class Chunk:
     logprobs: Optional[List[float]] = None  # of new_ids, when the request asked for them
     finish_reason: Optional[str] = None     # "stop" | "length" once finished, as the core decided
     top_logprobs: Optional[list] = None     # per new id, its best alternatives [(id, log-prob)] (top_logprobs)
+    # prompt_logprobs (in the chunk with the first tokens): prompt tokens 1..'s log-probs and,
+    # with k > 0, their alternatives as top_logprobs'.
+    prompt_logprobs: Optional[List[float]] = None
+    prompt_top_logprobs: Optional[list] = None
 
 
 class BackendError(Exception):
@@ -68,12 +72,15 @@ def _chunk(updates: List[pb.MultiplexUpdatePB]) -> Chunk:
             raise _rpc_error(code, u.error, code.name)
     outs = [decode_output(u.output) for u in updates]
     last = outs[-1]
+    prompt = next((o for o in outs if o.prompt_logprobs is not None), last)  # (at most one carries them)
     if len(outs) == 1:
-        return Chunk(last.token_ids, last.finished, last.aux, last.logprobs, last.finish_reason, last.top_logprobs)
+        return Chunk(last.token_ids, last.finished, last.aux, last.logprobs, last.finish_reason, last.top_logprobs,
+                     last.prompt_logprobs, last.prompt_top_logprobs)
     ids = [t for o in outs for t in o.token_ids]
     logprobs = None if last.logprobs is None else [p for o in outs for p in o.logprobs or ()]
     top = None if last.top_logprobs is None else [a for o in outs for a in o.top_logprobs or ()]
-    return Chunk(ids, last.finished, last.aux, logprobs, last.finish_reason, top)
+    return Chunk(ids, last.finished, last.aux, logprobs, last.finish_reason, top, prompt.prompt_logprobs,
+                 prompt.prompt_top_logprobs)
 
 
 class _Sink:

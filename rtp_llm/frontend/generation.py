@@ -23,6 +23,9 @@ class SequenceEvent:
     # covers, when the request asked for log-probs.
     logprobs: List[tuple] = field(default_factory=list)
     token_ids: List[int] = field(default_factory=list)  # the tokens this event covers
+    # The sequence's first event, when the request asked prompt_logprobs: the prompt's
+    # (token id, log-prob, alternatives or None), the first token's log-prob None.
+    prompt_logprobs: Optional[List[tuple]] = None
 
 
 @dataclass(frozen=True)
@@ -44,21 +47,35 @@ def generate_sequences(client: BackendClient, tokenizer, prompt_ids: List[int], 
         detok = IncrementalDetokenizer(tokenizer, stop, print_stop_words, skip_special_tokens=skip_special_tokens)
         request = config.to_proto(index)
         request.is_streaming = pacing.stream or bool(detok.stop)
-        return _sequence(client.generate(prompt_ids, request, request_id), detok, index, pacing)
+        prompt = prompt_ids if config.prompt_logprobs is not None else None
+        return _sequence(client.generate(prompt_ids, request, request_id), detok, index, pacing, prompt)
 
     if config.num_return_sequences == 1:
         return one(0)
     return _interleaved([one(i) for i in range(config.num_return_sequences)])
 
 
-async def _sequence(chunks, detok: IncrementalDetokenizer, index: int, pacing: Streaming
-                    ) -> AsyncIterator[SequenceEvent]:
-    """The events of one sequence. Everything that arrived together goes in one event."""
+def _prompt_pairs(prompt_ids: List[int], chunk) -> List[tuple]:
+    """The prompt's (token id, log-prob, alternatives) from the chunk carrying them (a one-token
+    prompt has none but its first token's, None)."""
+    lps = chunk.prompt_logprobs or []
+    tops = chunk.prompt_top_logprobs or [None] * len(lps)
+    return [(prompt_ids[0], None, None)] + list(zip(prompt_ids[1:], lps, tops))
+
+
+async def _sequence(chunks, detok: IncrementalDetokenizer, index: int, pacing: Streaming,
+                    prompt_ids: Optional[List[int]] = None) -> AsyncIterator[SequenceEvent]:
+    """The events of one sequence. Everything that arrived together goes in one event.
+    prompt_ids: given when the request asked prompt_logprobs (they come with the first tokens)."""
     text, pairs, held, sent = "", [], [], False  # not yet in an event: text, log-probs, token ids
     reason, aux = "stop", {}  # a stop string, unless the core says otherwise
+    prompt = None  # the prompt's pairs, until an event carries them
     try:
         async for chunk in chunks:
             aux = chunk.aux
+            if prompt_ids is not None and prompt is None and not sent and (
+                    chunk.new_ids or chunk.finished or chunk.prompt_logprobs is not None):
+                prompt = _prompt_pairs(prompt_ids, chunk)
             if chunk.logprobs is not None:
                 pairs += zip(chunk.new_ids, chunk.logprobs, chunk.top_logprobs or [None] * len(chunk.new_ids))
             text += detok.add(chunk.new_ids)
@@ -71,9 +88,11 @@ async def _sequence(chunks, detok: IncrementalDetokenizer, index: int, pacing: S
                 break
             if text and pacing.stream and (not sent or len(held) >= pacing.interval):
                 yield SequenceEvent(index, text, False, aux=aux, num_tokens=len(detok.ids), logprobs=pairs,
-                                    token_ids=held)
-                text, pairs, held, sent = "", [], [], True
-        yield SequenceEvent(index, text, True, reason, aux, len(detok.ids), pairs, held)
+                                    token_ids=held, prompt_logprobs=prompt)
+                text, pairs, held, sent, prompt = "", [], [], True, None
+        if prompt_ids is not None and prompt is None and not sent:  # ended before any output
+            prompt = [(prompt_ids[0], None, None)]
+        yield SequenceEvent(index, text, True, reason, aux, len(detok.ids), pairs, held, prompt_logprobs=prompt)
     finally:
         await chunks.aclose()
 

@@ -15,18 +15,28 @@ from rtp_llm.frontend.streaming import clamp_header, open_stream, sse, sse_done,
 
 class Upstream:
     """One sequence's extras that upstream's options ask for: output_ids and input_ids in the
-    response, aux_info.cum_log_probs ([their sum]) and softmax_probs (each token's probability)."""
+    response, aux_info.cum_log_probs ([their sum]) and softmax_probs (each token's probability);
+    and generate_config.prompt_logprobs' aux_info.prompt_logprobs (per prompt token, the first's
+    null) and, with k > 0, prompt_top_logprobs (per prompt token [[id, log-prob]] best first)."""
 
     def __init__(self, options: Dict[str, Any]):
         self.options = options
         self.ids: List[int] = []
         self.logprobs: List[float] = []
+        self.prompt: Optional[List[tuple]] = None
 
     def add(self, ev) -> None:
         self.ids += ev.token_ids
         self.logprobs += [lp for _, lp, _ in ev.logprobs]
+        if ev.prompt_logprobs is not None:
+            self.prompt = ev.prompt_logprobs
 
     def aux(self, aux: dict) -> dict:
+        if self.prompt is not None:
+            aux = dict(aux, prompt_logprobs=[lp for _, lp, _ in self.prompt])
+            if any(top is not None for _, _, top in self.prompt):
+                aux["prompt_top_logprobs"] = [None if top is None else [[t, lp] for t, lp in top]
+                                              for _, _, top in self.prompt]
         if self.options.get("return_cum_log_probs"):
             aux = dict(aux, cum_log_probs=[math.fsum(self.logprobs)])
         if self.options.get("return_softmax_probs"):

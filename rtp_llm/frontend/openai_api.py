@@ -45,13 +45,17 @@ def _stop(body: Dict[str, Any]) -> List[str]:
 
 def _echo(body: Dict[str, Any], prompt_text: Callable[[], str]) -> str:
     """Completions' echo: the prompt's text, put before each choice's text ("" when not asked).
-    Prompt log-probs are not computed, so echo with logprobs is refused."""
+    With logprobs the choice's log-probs start with the prompt's (_with_prompt_logprobs)."""
     if not flag(body, "echo", "echo"):
         return ""
-    if body.get("logprobs") is not None:
-        raise RequestError("echo", "with logprobs needs the prompt's log-probs, which are not supported yet: "
-                                   "refused rather than ignored")
     return prompt_text()
+
+
+def _with_prompt_logprobs(config, echo: str) -> None:
+    """Echo with logprobs N: the engine computes the prompt tokens' log-probs and N alternatives
+    (GenerateConfig.prompt_logprobs; the raw model distribution, as vLLM's)."""
+    if echo and config.return_logprobs:
+        config.prompt_logprobs = config.top_logprobs
 
 
 def _refuse_unsupported(body: Dict[str, Any], chat: bool) -> None:
@@ -134,6 +138,7 @@ class OpenAIApi:
         config = openai_config(body, default_max)
         name = _with_grammar(config, body, calls if isinstance(calls, ForcedCalls) else None)
         config.return_logprobs, config.top_logprobs = _logprobs_wanted(body, chat)
+        _with_prompt_logprobs(config, echo)
         check_logit_bias(config, self.fe.prompts.vocab_size, openai_name)
         config = self.fe.thinking_budget(config, not chat or template_kwargs(body).get("enable_thinking") is not False)
         stop = _stop(body)
@@ -161,7 +166,7 @@ class OpenAIApi:
         pairs: List[list] = [[] for _ in range(n)]
         async for ev in events:
             texts[ev.index] += ev.delta
-            pairs[ev.index] += ev.logprobs
+            pairs[ev.index] += (ev.prompt_logprobs or []) + ev.logprobs
             if ev.finished:
                 reasons[ev.index], tokens[ev.index] = ev.finish_reason, ev.num_tokens
         choices = []
@@ -189,13 +194,15 @@ class OpenAIApi:
             if reply.chat:
                 for i in range(n):
                     await send([reply.opening_delta(i)])
-            elif reply.echo:
+            elif reply.echo and reply.tokenizer is None:  # (with log-probs: with the prompt's, below)
                 for i in range(n):
                     await send([reply.delta(i, reply.echo, None, [])])
             completion_tokens = 0
             splitters = [AnswerSplitter(*parsers) for _ in range(n)]
             pairs: List[list] = [[] for _ in range(n)]  # log-probs of text not sent yet (a tag held back)
             async for ev in events:
+                if ev.prompt_logprobs is not None and reply.echo:  # a sequence's first event
+                    await send([reply.delta(ev.index, reply.echo, None, ev.prompt_logprobs)])
                 if ev.finished:
                     completion_tokens += ev.num_tokens
                 split = splitters[ev.index]

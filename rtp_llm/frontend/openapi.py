@@ -139,8 +139,9 @@ _COMPLETION = {
         "prompt": {"oneOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS]},
         "logprobs": _int(0, MAX_TOP_LOGPROBS, description="the chosen token's log-prob and this many alternatives "
                                                           "(OpenAI allows up to 5, this server and vLLM 20)"),
-        "echo": dict(_BOOL, description="each choice starts with the prompt's text (not with logprobs: the "
-                                         "prompt's log-probs are not computed)"),
+        "echo": dict(_BOOL, description="each choice starts with the prompt's text; with logprobs its log-probs "
+                                         "start with the prompt tokens' (the first one's null), from the model's raw "
+                                         "distribution"),
         **_OPENAI_COMMON,
     },
 }

@@ -3,7 +3,7 @@ streamed chunks, choices, log-probs and usage, as the official client parses the
 
 import time
 import uuid
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -21,6 +21,7 @@ class Reply:
         self.model, self.chat, self.tokenizer, self.echo = model, chat, tokenizer, echo
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        self._offsets: Dict[int, int] = {}  # per choice: characters of its tokens rendered so far (text_offset)
 
     def completion(self, choices: List[dict], counts: dict) -> dict:
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
@@ -47,7 +48,7 @@ class Reply:
                 message["tool_calls"] = calls
             return {"index": index, "message": message, "finish_reason": finish_reason,
                     "logprobs": self._logprobs(pairs)}
-        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(pairs)}
+        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(pairs, index)}
 
     @staticmethod
     def opening_delta(index: int) -> dict:
@@ -63,7 +64,7 @@ class Reply:
             if text:
                 delta["content"] = text
             return {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": self._logprobs(pairs)}
-        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(pairs)}
+        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": self._logprobs(pairs, index)}
 
     @staticmethod
     def tool_call_deltas(index: int, k: int, call: dict) -> List[dict]:
@@ -76,10 +77,12 @@ class Reply:
                 {"index": index, "delta": {"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]},
                  "finish_reason": None, "logprobs": None}]
 
-    def _logprobs(self, pairs: List[tuple]) -> Optional[dict]:
+    def _logprobs(self, pairs: List[tuple], index: int = 0) -> Optional[dict]:
         """OpenAI's logprobs object: chat's content list (each token with its top_logprobs
         alternatives), completions' parallel lists (top_logprobs: a {token: log-prob} per token,
-        null when none were asked for)."""
+        null when none were asked for; the first prompt token's (echo) log-prob and alternatives
+        null; text_offset: each token's character offset in the choice's text, echo included,
+        counted across a stream's chunks)."""
         if self.tokenizer is None:
             return None
         spell = self._spell
@@ -87,9 +90,16 @@ class Reply:
             return {"content": [dict(self._entry(t, lp), top_logprobs=[self._entry(a, alp) for a, alp in top or ()])
                                 for t, lp, top in pairs]}
         asked = any(top is not None for _, _, top in pairs)
-        return {"tokens": [spell(t) for t, _, _ in pairs], "token_logprobs": [lp for _, lp, _ in pairs],
-                "top_logprobs": [{spell(a): alp for a, alp in top or ()} for _, _, top in pairs] if asked else None,
-                "text_offset": None}
+        tokens = [spell(t) for t, _, _ in pairs]
+        offsets, at = [], self._offsets.get(index, 0)
+        for text in tokens:
+            offsets.append(at)
+            at += len(text)
+        self._offsets[index] = at
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in pairs],
+                "top_logprobs": [None if lp is None else {spell(a): alp for a, alp in top or ()}
+                                 for _, lp, top in pairs] if asked else None,
+                "text_offset": offsets}
 
     def _spell(self, token: int) -> str:
         return self.tokenizer.decode([token])

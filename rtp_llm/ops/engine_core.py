@@ -10,7 +10,7 @@ import functools
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -155,6 +155,10 @@ class DecodedOutput:
     error_field: str = ""                # the field error_info is about, when there is an error
     # With top_logprobs k: per token id, its k best alternatives [(id, log-prob)], best first.
     top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
+    # With prompt_logprobs, in the output carrying the first tokens: prompt tokens 1..'s
+    # log-probs, and with k > 0 their alternatives as top_logprobs' (else None).
+    prompt_logprobs: Optional[List[float]] = None
+    prompt_top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
 
 
 def decode_output(out: pb.GenerateOutputsPB) -> DecodedOutput:
@@ -167,20 +171,44 @@ def decode_output(out: pb.GenerateOutputsPB) -> DecodedOutput:
         "wait_time": a.wait_time_us / 1000.0, "iter_count": a.iter_count, "input_len": a.input_len,
         "prefix_len": a.prefix_len, "reuse_len": a.total_reuse_len, "output_len": a.output_len,
     }
+    prompt = list(memoryview(a.prompt_logprobs.fp32_data).cast("f")) if a.prompt_logprobs.fp32_data else None
     return DecodedOutput(ids, bool(flat.finished and flat.finished[0]), logprobs, aux, a.finish_reason or None,
-                         out.error_info.field, _alternatives(a))
+                         out.error_info.field, _alternatives(a.top_token_ids, a.top_logprobs), prompt,
+                         _alternatives(a.prompt_top_token_ids, a.prompt_top_logprobs))
 
 
-def _alternatives(a: pb.AuxInfoPB) -> Optional[List[List[Tuple[int, float]]]]:
-    """AuxInfoPB.top_token_ids / top_logprobs ([n, k]) as n lists of up to k (id, log-prob).
-    Alternatives the distribution ruled out (-inf: a grammar's mask, a forced token) are left
-    out: they could not have been sampled, and JSON cannot carry -inf."""
-    if not a.top_token_ids.int32_data:
+def _alternatives(top_ids: pb.TensorPB, top_logprobs: pb.TensorPB) -> Optional[List[List[Tuple[int, float]]]]:
+    """AuxInfoPB.top_token_ids / top_logprobs ([n, k]; or the prompt's) as n lists of up to k
+    (id, log-prob). Alternatives the distribution ruled out (-inf: a grammar's mask, a forced
+    token) are left out: they could not have been sampled, and JSON cannot carry -inf."""
+    if not top_ids.int32_data:
         return None
-    k = a.top_token_ids.shape[1]
-    ids = memoryview(a.top_token_ids.int32_data).cast("i")
-    lps = memoryview(a.top_logprobs.fp32_data).cast("f")
+    k = top_ids.shape[1]
+    ids = memoryview(top_ids.int32_data).cast("i")
+    lps = memoryview(top_logprobs.fp32_data).cast("f")
     return [[(t, lp) for t, lp in zip(ids[r:r + k], lps[r:r + k]) if lp > -math.inf] for r in range(0, len(ids), k)]
+
+
+def _f32(a: np.ndarray, keep: list):
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    keep.append(a)
+    return a.ctypes.data_as(_f32p)
+
+
+def _i32(a: np.ndarray, keep: list):
+    a = np.ascontiguousarray(a, dtype=np.int32)
+    keep.append(a)
+    return a.ctypes.data_as(_i32p)
+
+
+class PromptRows(NamedTuple):
+    """A step's prompt rows (its tokens with prompt_targets >= 0, in token order) as commit()
+    takes them: the target's log-prob [P] fp32 and its best alternatives [P, k] (ids int32,
+    log-probs fp32; None when k is 0), from the model's raw distribution."""
+
+    logprobs: np.ndarray
+    top_ids: Optional[np.ndarray] = None
+    top_logprobs: Optional[np.ndarray] = None
 
 
 def _bind(lib, structs):
@@ -194,7 +222,8 @@ def _bind(lib, structs):
         getattr(lib, name).restype = batch
         getattr(lib, name).argtypes = [ctypes.c_void_p]
     lib.rtp_llm_engine_commit.argtypes = [ctypes.c_void_p, _i32p, _f32p, ctypes.c_int32, _i32p, _f32p,
-                                          ctypes.c_int32, _i32p, ctypes.c_char_p, ctypes.c_int32]
+                                          ctypes.c_int32, _f32p, ctypes.c_int32, _i32p, _f32p, ctypes.c_int32,
+                                          _i32p, ctypes.c_char_p, ctypes.c_int32]
     lib.rtp_llm_engine_array_capacity.restype = ctypes.c_int64
     lib.rtp_llm_engine_array_capacity.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     lib.rtp_llm_engine_next_grammar.argtypes = [ctypes.c_void_p, _i64p, ctypes.c_char_p, ctypes.c_int32,
@@ -300,24 +329,29 @@ class EngineCore:
         return StepBatch(self._rows_spec, counts, arrays)
 
     def commit(self, tokens: np.ndarray, logprobs: Optional[np.ndarray] = None, top_ids: Optional[np.ndarray] = None,
-               top_logprobs: Optional[np.ndarray] = None) -> np.ndarray:
+               top_logprobs: Optional[np.ndarray] = None, prompt: Optional["PromptRows"] = None) -> np.ndarray:
         """The sampled tokens of the oldest uncommitted batch (its do_sample streams, in order),
         their log-probs [N] and their best alternatives ([N, k] ids and log-probs, best first;
-        k at least every row's top_logprobs). Returns which of them were appended ([N] int32,
-        1 = kept; 0 = dropped: the stream had ended or was cancelled), a view valid until the
-        next commit."""
+        k at least every row's top_logprobs); `prompt`: the batch's prompt rows (needed when its
+        num_prompt_logprobs > 0). Returns which of the tokens were appended ([N] int32, 1 = kept;
+        0 = dropped: the stream had ended or was cancelled), a view valid until the next commit."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        keep = []  # the contiguous copies, alive through the call
         lp = None
         if logprobs is not None:
-            lp = np.ascontiguousarray(logprobs, dtype=np.float32).ctypes.data_as(_f32p)
+            lp = _f32(logprobs, keep)
         k, ids, tlp = 0, None, None
         if top_ids is not None and top_ids.size:
-            top_ids = np.ascontiguousarray(top_ids, dtype=np.int32)
-            top_logprobs = np.ascontiguousarray(top_logprobs, dtype=np.float32)
-            k, ids, tlp = top_ids.shape[1], top_ids.ctypes.data_as(_i32p), top_logprobs.ctypes.data_as(_f32p)
+            k, ids, tlp = top_ids.shape[1], _i32(top_ids, keep), _f32(top_logprobs, keep)
+        np_, plp, pk, pids, ptlp = 0, None, 0, None, None
+        if prompt is not None:
+            np_, plp = len(prompt.logprobs), _f32(prompt.logprobs, keep)
+            if prompt.top_ids is not None and prompt.top_ids.size:
+                pk, pids, ptlp = prompt.top_ids.shape[1], _i32(prompt.top_ids, keep), _f32(prompt.top_logprobs, keep)
         appended = self._appended[:len(tokens)]
         code = self._lib.rtp_llm_engine_commit(self._handle, tokens.ctypes.data_as(_i32p), lp, len(tokens), ids, tlp,
-                                               k, appended.ctypes.data_as(_i32p), self._err, len(self._err))
+                                               k, plp, np_, pids, ptlp, pk, appended.ctypes.data_as(_i32p),
+                                               self._err, len(self._err))
         if code != 0:
             raise EngineError(code, self._err.value.decode())
         return appended

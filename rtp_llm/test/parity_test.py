@@ -1,6 +1,7 @@
 """Parity with HF transformers on tiny random checkpoints: 64 greedy tokens equal HF's for a
 batch of mixed-length prompts, also with chunked prefill, a shared prefix served by the
-prefix cache, and preemption; prefill logits agree within 1e-4 (fp32)."""
+prefix cache, and preemption; prefill logits agree within 1e-4 (fp32), and so do prompt
+log-probs and their alternatives (HF's log-softmax) through chunks, overlap and preemption."""
 
 import tempfile
 import unittest
@@ -8,7 +9,7 @@ import unittest
 import torch
 
 from rtp_llm.llm import LLM
-from rtp_llm.test.testlib import TINY, hf_greedy, hf_model, make_tiny, overlap_sampling_configs
+from rtp_llm.test.testlib import TINY, hf_greedy, hf_logprobs, hf_model, make_tiny, overlap_sampling_configs
 from rtp_llm.test.testlib import random_prompts as prompts
 
 NEW_TOKENS = 64
@@ -127,6 +128,50 @@ class ParityTest(unittest.TestCase):
                     with torch.no_grad():
                         ref = self.hf[name](torch.tensor([prompt])).logits[0, -1]
                     torch.testing.assert_close(ours, ref, atol=LOGIT_TOL, rtol=LOGIT_TOL)
+                finally:
+                    llm.close()
+
+
+    def test_prompt_logprobs_match_hf(self):
+        from rtp_llm.config.generate_config import GenerateConfig
+        from rtp_llm.ops.engine_core import decode_output
+
+        name = next(iter(TINY))
+        batch = prompts(8, [40, 23, 5, 1])
+        new = 20  # the streams grow past the 5-block cache of the last case together: preemption
+        plp = GenerateConfig(max_new_tokens=new, temperature=0, ignore_eos=True, prompt_logprobs=3).to_proto()
+        plain = GenerateConfig(max_new_tokens=new, temperature=0, ignore_eos=True).to_proto()
+        for args in ({}, {"max_num_batched_tokens": 16}, {"max_num_batched_tokens": 16, "overlap_schedule": True},
+                     {"num_kv_blocks": 5, "max_seq_len": 64, "warm_up": False, "max_num_batched_tokens": 16}):
+            with self.subTest(**args):
+                llm = LLM(self.paths[name], act_type="fp32", progress=False, **{"max_seq_len": 256, **args})
+                core = llm.engine.core
+                try:
+                    first = core.enqueue(batch[0], plain)  # its blocks cached: never hit by what follows
+                    while llm.engine.step():
+                        pass
+                    core.release(first)
+                    ids = [core.enqueue(p, plp) for p in batch]
+                    while llm.engine.step():
+                        pass
+                    for prompt, sid in zip(batch, ids):
+                        out = decode_output(core.poll(sid)[0])
+                        core.release(sid)
+                        self.assertEqual(len(out.token_ids), new)
+                        if len(prompt) == 1:  # nothing precedes its one token
+                            self.assertIsNone(out.prompt_logprobs)
+                            continue
+                        ref = hf_logprobs(self.hf[name], prompt)[:-1]  # row q - 1: token q's distribution
+                        want = ref.gather(1, torch.tensor(prompt[1:])[:, None]).squeeze(1)
+                        torch.testing.assert_close(torch.tensor(out.prompt_logprobs), want, atol=LOGIT_TOL,
+                                                   rtol=LOGIT_TOL)
+                        top = ref.topk(3, dim=-1)
+                        self.assertEqual([[t for t, _ in row] for row in out.prompt_top_logprobs],
+                                         top.indices.tolist())
+                        torch.testing.assert_close(torch.tensor([[v for _, v in row] for row in out.prompt_top_logprobs]),
+                                                   top.values, atol=LOGIT_TOL, rtol=LOGIT_TOL)
+                    if "num_kv_blocks" in args:
+                        self.assertGreater(core.stats()["preemptions"], 0)
                 finally:
                     llm.close()
 

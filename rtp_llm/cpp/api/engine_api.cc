@@ -176,9 +176,14 @@ const RtpStepBatch* rtp_llm_engine_schedule_ahead(RtpEngine* engine) {
 }
 
 int32_t rtp_llm_engine_commit(RtpEngine* engine, const int32_t* tokens, const float* logprobs, int32_t n,
-                              const int32_t* top_ids, const float* top_logprobs, int32_t top_k, int32_t* appended,
-                              char* err, int32_t err_len) {
-  return report(engine->engine->commit({tokens, logprobs, top_ids, top_logprobs, top_k}, n, appended), err, err_len);
+                              const int32_t* top_ids, const float* top_logprobs, int32_t top_k,
+                              const float* prompt_logprobs, int32_t num_prompt, const int32_t* prompt_top_ids,
+                              const float* prompt_top_logprobs, int32_t prompt_top_k, int32_t* appended, char* err,
+                              int32_t err_len) {
+  const rtp_llm::StepSamples samples{tokens,          logprobs,       top_ids,     top_logprobs,
+                                     top_k,           prompt_logprobs, prompt_top_ids, prompt_top_logprobs,
+                                     prompt_top_k,    num_prompt};
+  return report(engine->engine->commit(samples, n, appended), err, err_len);
 }
 
 int32_t rtp_llm_engine_next_grammar(RtpEngine* engine, int64_t* stream_id, char* field, int32_t field_len, char* spec,

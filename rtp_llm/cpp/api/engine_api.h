@@ -101,12 +101,18 @@ const RtpStepBatch* rtp_llm_engine_schedule_ahead(RtpEngine* engine);
 // The sampled tokens of the oldest uncommitted batch's do_sample streams in batch order
 // (n == num_sampled); logprobs may be NULL. top_ids / top_logprobs: [n, top_k] row-major, the
 // best top_k alternatives of each row, best first (top_k >= every row's top_logprobs; NULL
-// when top_k is 0). appended (NULL, or n entries written): 1 where the token was appended to
+// when top_k is 0). The batch's prompt rows (tokens with prompt_targets >= 0, in token order;
+// num_prompt == num_prompt_logprobs): prompt_logprobs [num_prompt], the target's log-prob under
+// the raw model distribution, and prompt_top_ids / prompt_top_logprobs [num_prompt,
+// prompt_top_k], its best alternatives (prompt_top_k >= every such stream's prompt_logprobs;
+// NULL when 0). appended (NULL, or n entries written): 1 where the token was appended to
 // its stream, 0 where dropped (the stream had ended or was cancelled: an ahead step's wasted
 // row). Returns 0, or 605 (INVALID_PARAMS) with the reason in `err`.
 int32_t rtp_llm_engine_commit(RtpEngine* engine, const int32_t* tokens, const float* logprobs, int32_t n,
-                              const int32_t* top_ids, const float* top_logprobs, int32_t top_k, int32_t* appended,
-                              char* err, int32_t err_len);
+                              const int32_t* top_ids, const float* top_logprobs, int32_t top_k,
+                              const float* prompt_logprobs, int32_t num_prompt, const int32_t* prompt_top_ids,
+                              const float* prompt_top_logprobs, int32_t prompt_top_k, int32_t* appended, char* err,
+                              int32_t err_len);
 
 // Grammars (the GenerateConfigPB fields json_schema, regex, ebnf, structural_tag): the host
 // compiles them, off its stepping thread; a stream is not scheduled until its grammar is done.

@@ -120,7 +120,8 @@ void BenchGrpcDelivery(int streams, int tokens_per_stream, int pace_us) {
       const RtpStepBatch* b = rtp_llm_engine_schedule(engine);
       if (b->num_streams == 0) continue;
       if (pace_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(pace_us));
-      rtp_llm_engine_commit(engine, tokens.data(), nullptr, b->num_sampled, nullptr, nullptr, 0, nullptr, err, sizeof(err));
+      rtp_llm_engine_commit(engine, tokens.data(), nullptr, b->num_sampled, nullptr, nullptr, 0, nullptr, 0, nullptr,
+                            nullptr, 0, nullptr, err, sizeof(err));
     }
   });
   auto stub = RpcService::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),

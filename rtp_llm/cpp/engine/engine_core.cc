@@ -136,9 +136,15 @@ ErrorInfo EngineCore::commit(const StepSamples& samples, int n, int32_t* appende
   }
   updated_.clear();
   ended_.clear();
-  if (samples.top_k < 0 || samples.top_k > RTP_LLM_MAX_TOP_LOGPROBS) {
-    return invalid("", "commit() got " + std::to_string(samples.top_k) + " alternatives per token; at most " +
-                           std::to_string(RTP_LLM_MAX_TOP_LOGPROBS));
+  for (int k : {samples.top_k, samples.prompt_top_k}) {
+    if (k < 0 || k > RTP_LLM_MAX_TOP_LOGPROBS) {
+      return invalid("", "commit() got " + std::to_string(k) + " alternatives per token; at most " +
+                             std::to_string(RTP_LLM_MAX_TOP_LOGPROBS));
+    }
+  }
+  if (samples.num_prompt != b.num_prompt_logprobs || (b.num_prompt_logprobs > 0 && !samples.prompt_logprobs)) {
+    return invalid("", "commit() got " + std::to_string(samples.num_prompt) + " prompt log-prob rows; the batch has " +
+                           std::to_string(b.num_prompt_logprobs));
   }
   scheduler_.commit(b, samples, config_.eos_token_ids, now_us(), updated_, ended_, appended);
   oldest_ = (oldest_ + 1) % Scheduler::kMaxStepsInFlight;
@@ -265,6 +271,16 @@ bool EngineCore::poll(int64_t id, int from, StreamUpdate* out) {
   out->top_logprobs = k;
   out->new_top_ids.assign(s.top_ids().begin() + static_cast<size_t>(from) * k, s.top_ids().end());
   out->new_top_logprobs.assign(s.top_logprobs().begin() + static_cast<size_t>(from) * k, s.top_logprobs().end());
+  const bool with_prompt = s.wants_prompt_logprobs() && from == 0 && generated > 0;
+  out->prompt_top_logprobs = with_prompt ? s.config().prompt_logprobs : 0;
+  out->prompt_logprobs.clear();
+  out->prompt_top_ids.clear();
+  out->prompt_top_lps.clear();
+  if (with_prompt) {
+    out->prompt_logprobs = s.prompt_logprobs();
+    out->prompt_top_ids = s.prompt_top_ids();
+    out->prompt_top_lps = s.prompt_top_logprobs();
+  }
   out->num_generated = generated;
   out->prompt_len = s.prompt_len();
   out->status = s.status();

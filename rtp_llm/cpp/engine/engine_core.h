@@ -40,6 +40,13 @@ struct StreamUpdate {
   int top_logprobs = 0;             // alternatives per new token (the request's top_logprobs)
   std::vector<int32_t> new_top_ids;  // [new_tokens, top_logprobs], best first
   std::vector<float> new_top_logprobs;
+  // Prompt log-probs (the request's prompt_logprobs k >= 0), in the update that carries the
+  // first generated tokens (cursor 0): tokens 1.. of the prompt [prompt_len - 1], their k best
+  // alternatives [prompt_len - 1, k]; empty in every other update.
+  int prompt_top_logprobs = 0;
+  std::vector<float> prompt_logprobs;
+  std::vector<int32_t> prompt_top_ids;
+  std::vector<float> prompt_top_lps;
   int num_generated = 0;
   int prompt_len = 0;
   StreamStatus status = StreamStatus::WAITING;

@@ -51,6 +51,19 @@ void GenerateStream::track_thinking(int32_t token) {
   if (think_matched_ == static_cast<int>(end.size())) thinking_ = false;
 }
 
+void GenerateStream::record_prompt_logprob(int q, float logprob, const int32_t* top_ids, const float* top_logprobs,
+                                           int num_top) {
+  if (!wants_prompt_logprobs() || q != prompt_lp_next_ || q >= prompt_len_) return;
+  ++prompt_lp_next_;
+  prompt_logprobs_.push_back(logprob);
+  const int k = config_.prompt_logprobs;  // the sampler returns at least k when asked; zeros otherwise
+  const bool have = num_top >= k && top_ids != nullptr && top_logprobs != nullptr;
+  for (int j = 0; j < k; ++j) {
+    prompt_top_ids_.push_back(have ? top_ids[j] : 0);
+    prompt_top_logprobs_.push_back(have ? top_logprobs[j] : 0.0f);
+  }
+}
+
 bool GenerateStream::append(const SampledToken& sampled, const std::vector<int32_t>& eos_ids, int64_t now_us) {
   const int32_t token = sampled.token;
   tokens_.push_back(token);

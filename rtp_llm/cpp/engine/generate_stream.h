@@ -58,6 +58,22 @@ class GenerateStream {
   const std::vector<float>& top_logprobs() const { return top_logprobs_; }
   int max_seq_len() const { return max_seq_len_; }
 
+  // Prompt log-probs (config().prompt_logprobs >= 0): token q's (1 <= q < prompt_len) at q - 1,
+  // [prompt_len - 1]; its config().prompt_logprobs alternatives [prompt_len - 1, k] row-major.
+  // Recorded at commit of the step that ran position q - 1, each once, in position order.
+  bool wants_prompt_logprobs() const { return config_.prompt_logprobs >= 0; }
+  // The first prompt position whose token's log-prob is not recorded yet (prompt_len: all are).
+  int prompt_logprobs_next() const { return prompt_lp_next_; }
+  // Some prompt log-prob is still to compute: the stream's prompt must run whole (no prefix cache).
+  bool needs_prompt_rows() const { return wants_prompt_logprobs() && prompt_lp_next_ < prompt_len_; }
+  // Token q's log-prob and `num_top` alternatives (ids, log-probs, best first); ignored unless
+  // q == prompt_logprobs_next() (a recomputed row after preemption is never scheduled, see
+  // Scheduler; this keeps the record exact regardless).
+  void record_prompt_logprob(int q, float logprob, const int32_t* top_ids, const float* top_logprobs, int num_top);
+  const std::vector<float>& prompt_logprobs() const { return prompt_logprobs_; }
+  const std::vector<int32_t>& prompt_top_ids() const { return prompt_top_ids_; }
+  const std::vector<float>& prompt_top_logprobs() const { return prompt_top_logprobs_; }
+
   StreamStatus status() const { return status_; }
   bool done() const { return status_ >= StreamStatus::FINISHED; }
   const ErrorInfo& error() const { return error_; }
@@ -115,6 +131,10 @@ class GenerateStream {
   std::vector<int32_t> top_ids_;
   std::vector<float> top_logprobs_;
   int prompt_len_;
+  int prompt_lp_next_ = 1;  // token 0 has no log-prob (nothing precedes it)
+  std::vector<float> prompt_logprobs_;
+  std::vector<int32_t> prompt_top_ids_;
+  std::vector<float> prompt_top_logprobs_;
   GenerateConfig config_;
   int max_seq_len_;  // total tokens this stream may reach (model limit and KV capacity)
   StreamStatus status_ = StreamStatus::WAITING;

@@ -76,6 +76,32 @@ void Scheduler::add_bias(StepBatch& b, int i, const GenerateStream* s) {
   b.num_bias_entries += n;
 }
 
+void Scheduler::add_prompt_targets(StepBatch& b, int t0, const GenerateStream* s, int start, int n) {
+  int32_t* targets = b.prompt_targets.data() + t0;
+  std::fill(targets, targets + n, -1);
+  if (!s->wants_prompt_logprobs()) return;
+  // Token q's log-prob comes from position q - 1's logits; q = 0 has none, and the last prompt
+  // position's next token is sampled (do_sample), not a prompt token.
+  const int from = std::max(start, s->prompt_logprobs_next() - 1);
+  const int to = std::min(start + n, s->prompt_len() - 1);
+  for (int pos = from; pos < to; ++pos) targets[pos - start] = s->tokens()[pos + 1];
+  b.num_prompt_logprobs += std::max(0, to - from);
+}
+
+void Scheduler::record_prompt_rows(const StepBatch& b, int i, const StepSamples& samples, GenerateStream* s,
+                                   bool keep, int* p) {
+  for (int t = b.query_starts[i]; t < b.query_starts[i + 1]; ++t) {
+    if (b.prompt_targets[t] < 0) continue;
+    const int r = (*p)++;
+    if (!keep || samples.prompt_logprobs == nullptr) continue;
+    const size_t off = static_cast<size_t>(r) * samples.prompt_top_k;
+    s->record_prompt_logprob(b.positions[t] + 1, samples.prompt_logprobs[r],
+                             samples.prompt_top_ids ? samples.prompt_top_ids + off : nullptr,
+                             samples.prompt_top_logprobs ? samples.prompt_top_logprobs + off : nullptr,
+                             samples.prompt_top_k);
+  }
+}
+
 void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now_us) {
   const int i = b.num_streams++;
   const int start = s->scheduled_computed();
@@ -100,6 +126,7 @@ void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now
     b.positions[t] = pos;
     b.slot_mapping[t] = int64_t{blocks[pos / bs]} * bs + pos % bs;
   }
+  add_prompt_targets(b, b.num_tokens, s, start, n);
   b.num_tokens += n;
   b.block_table_stride = std::max(b.block_table_stride, kv_.blocks_for(start + n));
 
@@ -214,12 +241,14 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
       ++it;
       continue;
     }
-    PrefixMatch match = kv_.match_prefix(s->tokens().data(), s->num_tokens());
+    // A stream that still needs prompt log-probs runs its whole prompt (no cache hit).
+    const bool lookup = !s->needs_prompt_rows();
+    PrefixMatch match = lookup ? kv_.match_prefix(s->tokens().data(), s->num_tokens()) : PrefixMatch{};
     const int cached = match.num_tokens(kv_.block_size());
     const int n = std::min(s->num_tokens() - cached, budget);
     if (!kv_.can_allocate(s->block_table, match, cached + n)) break;
     kv_.allocate(s->block_table, match, cached + n);
-    if (s->timing().first_scheduled_us == 0) {
+    if (s->timing().first_scheduled_us == 0 && lookup) {
       s->set_reuse_len(cached);
       kv_.record_lookup(s->prompt_len(), cached);
     }
@@ -254,11 +283,12 @@ void Scheduler::commit(const StepBatch& b, const StepSamples& samples, const std
                        int32_t* appended) {
   assert(num_steps_ > 0);
   const std::vector<GenerateStream*>& scheduled = step(0);
-  int k = 0;
+  int k = 0, p = 0;
   bool any_ended = false;
   for (int i = 0; i < b.num_streams; ++i) {
     GenerateStream* s = scheduled[i];
     const bool was_done = s->done();  // ended at an earlier commit; this was its ahead step
+    record_prompt_rows(b, i, samples, s, !was_done && !s->cancel_requested, &p);
     --s->in_flight;
     s->num_computed += b.query_lens[i];
     s->pending_computed -= b.query_lens[i];

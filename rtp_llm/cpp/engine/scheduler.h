@@ -17,6 +17,12 @@
 // stream that stops on its token (EOS, stop words) wastes one row: its ahead sample is
 // dropped at commit.
 //
+// Prompt log-probs (GenerateConfig::prompt_logprobs): such a stream's prompt positions whose
+// next token is a prompt token get it in prompt_targets until its log-prob is recorded (at
+// commit), so chunked prefill yields each chunk's rows and a recompute after preemption none
+// twice. While some are missing the stream is admitted without the prefix cache (every prompt
+// position must run); its full blocks are still published for others.
+//
 // Grammars: a waiting stream whose grammar is still compiling (grammar_pending) is passed
 // over by admission (streams behind it are admitted meanwhile); once admitted, its sampled
 // rows are marked (`grammar`, `num_grammar`) for the sampler's token mask.
@@ -34,13 +40,20 @@ namespace rtp_llm {
 
 // What the sampler returns for one step's do_sample streams, in batch order: tokens [N], their
 // log-probs [N] (null: none asked for) and the best top_k alternatives of each row
-// ([N, top_k] ids and log-probs, row-major; null when top_k is 0).
+// ([N, top_k] ids and log-probs, row-major; null when top_k is 0); and the prompt rows' (the
+// step's tokens with prompt_targets >= 0, in token order): the target's log-prob [P] and the
+// best prompt_top_k alternatives [P, prompt_top_k] under the raw model distribution.
 struct StepSamples {
   const int32_t* tokens = nullptr;
   const float* logprobs = nullptr;
   const int32_t* top_ids = nullptr;
   const float* top_logprobs = nullptr;
   int top_k = 0;
+  const float* prompt_logprobs = nullptr;
+  const int32_t* prompt_top_ids = nullptr;
+  const float* prompt_top_logprobs = nullptr;
+  int prompt_top_k = 0;
+  int num_prompt = 0;  // P: must equal the batch's num_prompt_logprobs
 };
 
 struct SchedulerConfig {
@@ -100,6 +113,11 @@ class Scheduler {
   void add_history(StepBatch& batch, int i, const GenerateStream* stream);
   // Row i's logit_bias entries: `stream`'s, or none (null).
   void add_bias(StepBatch& batch, int i, const GenerateStream* stream);
+  // prompt_targets of `stream`'s n tokens from position `start`, at batch token index t0.
+  static void add_prompt_targets(StepBatch& batch, int t0, const GenerateStream* stream, int start, int n);
+  // Records row i's prompt log-probs from `samples`, its rows from *p on (advanced past them).
+  static void record_prompt_rows(const StepBatch& batch, int i, const StepSamples& samples, GenerateStream* stream,
+                                 bool keep, int* p);
   std::vector<GenerateStream*>& step(int age) { return steps_[(oldest_ + age) % kMaxStepsInFlight]; }
   void pop_oldest_step();
 

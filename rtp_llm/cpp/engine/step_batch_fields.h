@@ -42,11 +42,14 @@
 
 /* Sampling parameters converted by hand in proto_convert.cc: random_seed is an Int64Value
    (-1: none), return_logprobs is return_softmax_probs || return_cum_log_probs,
-   no_repeat_ngram_size an Int32Value (0: off; it reads the history, as the penalties do). */
+   no_repeat_ngram_size an Int32Value (0: off; it reads the history, as the penalties do),
+   prompt_logprobs an Int32Value (vLLM's: -1 off; k >= 0: each prompt token's log-prob under the
+   raw model distribution and its k best alternatives; the prompt_targets rows compute them). */
 #define RTP_LLM_SAMPLING_SPECIAL(X)                     \
   X(i64, random_seed, -1, -HUGE_VAL, 0, HUGE_VAL)       \
   X(i32, return_logprobs, 0, 0.0, 0, 1.0)               \
-  X(i32, no_repeat_ngram_size, 0, 0.0, 0, HUGE_VAL)
+  X(i32, no_repeat_ngram_size, 0, 0.0, 0, HUGE_VAL)     \
+  X(i32, prompt_logprobs, -1, -1.0, 0, RTP_LLM_MAX_TOP_LOGPROBS)
 
 #define RTP_LLM_ALL_SAMPLING(X) RTP_LLM_SAMPLING_PARAMS(X) RTP_LLM_SAMPLING_SPECIAL(X)
 
@@ -59,7 +62,8 @@
   X(num_prefill)        /* streams that run prompt tokens (not a single decode token) */ \
   X(num_history_tokens) /* H: tokens in history_tokens */                               \
   X(num_bias_entries)   /* L: entries in bias_tokens / bias_values */                   \
-  X(num_grammar)        /* sampled streams with a grammar: the sampler masks their logits */
+  X(num_grammar)        /* sampled streams with a grammar: the sampler masks their logits */ \
+  X(num_prompt_logprobs) /* P: tokens with prompt_targets[t] >= 0; commit() takes that many rows */
 
 /* The step batch's arrays other than the sampling parameters: X(type, name, length, group). */
 #define RTP_LLM_STEP_ARRAYS(X)                                                                  \
@@ -73,6 +77,10 @@
   X(i32, token_ids, T, MODEL)       /* -1 - r: row r of the step in flight's samples */         \
   X(i32, positions, T, MODEL)                                                                   \
   X(i64, slot_mapping, T, MODEL)    /* block_id * block_size + offset of each token's KV */     \
+  /* The prompt token after token t when its stream asks prompt_logprobs, that next token is a  \
+     prompt token and its log-prob is not recorded yet (preemption recomputes without repeats); \
+     else -1. The model computes logits for these rows too (after the sampled rows). */         \
+  X(i32, prompt_targets, T, MODEL)                                                              \
   X(i32, num_generated, S, SAMPLE)  /* tokens generated so far: a seeded sample's position */   \
   X(i32, grammar, S, SAMPLE)        /* 1: the stream's samples follow its grammar (compiled) */  \
   /* Penalized (or no_repeat_ngram_size) sampled rows' token history (prompt, then generated; complete: nothing is      \

@@ -43,6 +43,7 @@ GenerateConfig from_proto(const GenerateConfigPB& pb, int max_seq_len) {
   RTP_LLM_GRAMMAR_FIELDS(RTP_LLM_FROM_PROTO_GRAMMAR)
 #undef RTP_LLM_FROM_PROTO_GRAMMAR
   c.no_repeat_ngram_size = pb.has_no_repeat_ngram_size() ? pb.no_repeat_ngram_size().value() : 0;
+  c.prompt_logprobs = pb.has_prompt_logprobs() ? pb.prompt_logprobs().value() : -1;
   c.logit_bias.assign(pb.logit_bias().begin(), pb.logit_bias().end());
   std::sort(c.logit_bias.begin(), c.logit_bias.end());  // a map's order is unspecified: make rows reproducible
   c.in_think_mode = pb.in_think_mode();
@@ -97,6 +98,12 @@ void to_proto(int64_t request_id, const StreamUpdate& u, int64_t now_us, Generat
   if (u.top_logprobs > 0 && n > 0) {
     set_int32(aux->mutable_top_token_ids(), u.new_top_ids, {n, u.top_logprobs});
     set_fp32(aux->mutable_top_logprobs(), u.new_top_logprobs, {n, u.top_logprobs});
+  }
+  const auto np = static_cast<int64_t>(u.prompt_logprobs.size());
+  if (np > 0) set_fp32(aux->mutable_prompt_logprobs(), u.prompt_logprobs);
+  if (u.prompt_top_logprobs > 0 && np > 0) {
+    set_int32(aux->mutable_prompt_top_token_ids(), u.prompt_top_ids, {np, u.prompt_top_logprobs});
+    set_fp32(aux->mutable_prompt_top_logprobs(), u.prompt_top_lps, {np, u.prompt_top_logprobs});
   }
 }
 

@@ -40,7 +40,9 @@ class Worker:
 
 
 class ScriptedBackend:
-    """Streams `text` a byte a chunk and finishes with `reason`; a prompt with a "!" is refused
+    """Streams `text` a byte a chunk and finishes with `reason` (with prompt_logprobs k the first
+    chunk carries -1.0 for each prompt token after the first, its alternatives itself then "z"
+    (-3), as the core sends them); a prompt with a "!" is refused
     as the core refuses an empty prompt (field token_ids), one with a "?" as a bad
     max_new_tokens, one with a "#" and a grammar as a grammar that does not compile."""
 
@@ -66,12 +68,15 @@ class ScriptedBackend:
         if ord("#") in token_ids and kind:
             raise BackendError(400, ErrorCode.INVALID_PARAMS, f"{kind} does not compile", kind)
         data = self.text.encode()
+        k = config.prompt_logprobs.value if config.HasField("prompt_logprobs") else None
         for i, b in enumerate(data):
             last = i == len(data) - 1
             # Log-probs when asked: -0.5 for each token, its alternatives itself then "z" (-2).
             lp = [-0.5] if config.return_softmax_probs else None
             top = [[(b, -0.5), (ord("z"), -2.0)][:config.top_logprobs]] if config.top_logprobs else None
-            yield Chunk([b], last, {"output_len": i + 1}, lp, self.reason if last else None, top)
+            prompt = [-1.0] * (len(token_ids) - 1) if k is not None and i == 0 else None
+            prompt_top = [[(t, -1.0), (ord("z"), -3.0)][:k] for t in token_ids[1:]] if prompt and k else None
+            yield Chunk([b], last, {"output_len": i + 1}, lp, self.reason if last else None, top, prompt, prompt_top)
             await asyncio.sleep(0)
 
 
@@ -198,8 +203,29 @@ class AppTest(unittest.IsolatedAsyncioTestCase):
         _, _, text = await self.request("/v1/completions", dict(body, prompt=[104, 105], stream=True))
         chunks = [json.loads(e[len("data: "):])["choices"][0] for e in text.split("\n\n")[:-2]]
         self.assertEqual("".join(c["text"] for c in chunks), "hiabc")
-        status, _, text = await self.request("/v1/completions", dict(body, logprobs=1))
-        self.assertEqual((status, json.loads(text)["error"]["param"]), (400, "echo"))  # prompt log-probs: not yet
+
+    async def test_completions_echo_with_logprobs_starts_with_the_prompts(self):
+        backend = ScriptedBackend()
+        body = {"prompt": "hi", "max_tokens": 4, "echo": True, "logprobs": 1}
+        status, _, text = await self.request("/v1/completions", body, backend)
+        choice = json.loads(text)["choices"][0]
+        self.assertEqual((status, choice["text"]), (200, "hiabc"))
+        self.assertEqual(backend.configs[0].prompt_logprobs.value, 1)
+        lp = choice["logprobs"]
+        self.assertEqual(lp["tokens"], ["h", "i", "a", "b", "c"])
+        self.assertEqual(lp["token_logprobs"], [None, -1.0, -0.5, -0.5, -0.5])  # nothing precedes the first
+        self.assertEqual(lp["top_logprobs"], [None, {"i": -1.0}, {"a": -0.5}, {"b": -0.5}, {"c": -0.5}])
+        self.assertEqual(lp["text_offset"], [0, 1, 2, 3, 4])
+        _, _, text = await self.request("/v1/completions", dict(body, stream=True))
+        chunks = [json.loads(e[len("data: "):])["choices"][0] for e in text.split("\n\n")[:-2]]
+        self.assertEqual("".join(c["text"] for c in chunks), "hiabc")
+        self.assertEqual((chunks[0]["text"], chunks[0]["logprobs"]["token_logprobs"]), ("hi", [None, -1.0]))
+        streamed = {key: [v for c in chunks for v in c["logprobs"][key]] for key in lp}
+        self.assertEqual(streamed, lp)
+        plain = ScriptedBackend()
+        body.pop("logprobs")
+        status, _, text = await self.request("/v1/completions", body, plain)  # no logprobs: none computed
+        self.assertEqual((status, plain.configs[0].HasField("prompt_logprobs")), (200, False), text)
 
     async def test_logit_bias_reaches_the_engine(self):
         backend = ScriptedBackend()

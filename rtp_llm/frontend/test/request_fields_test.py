@@ -19,16 +19,18 @@ RANGES = {  # field: (lo, hi, lo_open)
     "temperature": (0, 1e4, False), "top_k": (0, I32, False), "top_p": (0, 1, True), "min_p": (0, 1, False),
     "repetition_penalty": (0.01, 100, False), "presence_penalty": (-2, 2, False), "frequency_penalty": (-2, 2, False),
     "random_seed": (0, 2 ** 63 - 65, False), "timeout_ms": (0, I32, False), "top_logprobs": (0, 20, False),
-    "no_repeat_ngram_size": (0, I32, False), "max_thinking_tokens": (0, I32, False),
+    "no_repeat_ngram_size": (0, I32, False), "max_thinking_tokens": (0, I32, False), "prompt_logprobs": (0, 20, False),
 }
 FLOATS = {"temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}
 DEFAULTS = dict(max_new_tokens=256, min_new_tokens=0, num_return_sequences=1, temperature=1.0, top_k=0, top_p=1.0,
                 min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, random_seed=None,
-                ignore_eos=False, stop_words_list=[], return_logprobs=False, top_logprobs=0, logit_bias={}, timeout_ms=0,
+                ignore_eos=False, stop_words_list=[], return_logprobs=False, top_logprobs=0, prompt_logprobs=None,
+                logit_bias={}, timeout_ms=0,
                 no_repeat_ngram_size=0, max_thinking_tokens=0, in_think_mode=False, end_think_token_ids=[],
                 response_format=None, json_schema=None, regex=None, ebnf=None, structural_tag=None)
 OPENAI = {"max_new_tokens": "max_tokens", "random_seed": "seed", "num_return_sequences": "n"}
-NOT_IN_OPENAI = {"min_new_tokens", "timeout_ms", "stop_words_list", "return_logprobs", "top_logprobs", "in_think_mode",
+NOT_IN_OPENAI = {"min_new_tokens", "timeout_ms", "stop_words_list", "return_logprobs", "top_logprobs",
+                 "prompt_logprobs", "in_think_mode",
                  "end_think_token_ids"}
 
 

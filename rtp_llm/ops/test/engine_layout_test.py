@@ -74,6 +74,33 @@ class StepBatchViewTest(unittest.TestCase):
         finally:
             core.close()
 
+    def test_prompt_rows_cross_the_abi_and_come_back_once(self):
+        core = EngineCore(64, 4, 4, 64, 32, eos_token_ids=[])
+        try:
+            config = pb.GenerateConfigPB(max_new_tokens=2)
+            config.prompt_logprobs.value = 2
+            sid = core.enqueue([4, 5, 6, 7], config)
+            b = core.schedule()
+            self.assertEqual(b.prompt_targets.tolist(), [5, 6, 7, -1])  # the last one's next is sampled
+            self.assertEqual(b.num_prompt_logprobs, 3)
+            with self.assertRaises(EngineError):  # its prompt rows are missing
+                core.commit(np.array([9], np.int32))
+            lps = np.array([-1.5, -0.25, -3.0], np.float32)
+            top_ids = np.array([[5, 1], [2, 6], [7, 3]], np.int32)
+            top_lps = np.array([[-1.5, -2.0], [-0.1, -0.25], [-3.0, -4.0]], np.float32)
+            core.commit(np.array([9], np.int32), prompt=engine_core.PromptRows(lps, top_ids, top_lps))
+            b = core.schedule()
+            self.assertEqual((b.num_prompt_logprobs, b.prompt_targets.tolist()), (0, [-1]))
+            core.commit(np.array([8], np.int32))
+            first = engine_core.decode_output(core.poll(sid, 0)[0])
+            self.assertEqual(first.prompt_logprobs, lps.tolist())
+            self.assertEqual(first.prompt_top_logprobs, [[(5, -1.5), (1, -2.0)], [(2, -0.10000000149011612), (6, -0.25)],
+                                                         [(7, -3.0), (3, -4.0)]])
+            later = engine_core.decode_output(core.poll(sid, 1)[0])
+            self.assertIsNone(later.prompt_logprobs)
+        finally:
+            core.close()
+
     def test_enqueue_errors_name_their_field(self):
         core = EngineCore(64, 4, 4, 64, 32, vocab_size=100)
         try:
@@ -99,7 +126,7 @@ class DecodeOutputTest(unittest.TestCase):
         a.top_token_ids.int32_data = np.array([5, 6, 7, 9, 1, 2], np.int32).tobytes()
         a.top_logprobs.shape.extend([2, 3])
         a.top_logprobs.fp32_data = np.array([-0.1, -2.5, -3.0, 0.0, -np.inf, -np.inf], np.float32).tobytes()
-        top = engine_core._alternatives(a)
+        top = engine_core._alternatives(a.top_token_ids, a.top_logprobs)
         self.assertEqual([[t for t, _ in row] for row in top], [[5, 6, 7], [9]])
         self.assertAlmostEqual(top[0][1][1], -2.5)
 

@@ -55,6 +55,40 @@ class FakeModel {
     return sampled;
   }
 
+  // A prompt row's "log-prob" of its target after the context `seq` [n] (deterministic, <= 0).
+  static float prompt_logprob(const int32_t* seq, int n, int32_t target, int vocab) {
+    return -static_cast<float>((next_token(seq, n, vocab) + target) % 997) / 100.0f;
+  }
+
+  // What a correct engine records for `prompt`: token q's prompt log-prob at q - 1.
+  std::vector<float> reference_prompt(const std::vector<int32_t>& prompt) const {
+    std::vector<float> out;
+    for (size_t q = 1; q < prompt.size(); ++q) {
+      out.push_back(prompt_logprob(prompt.data(), static_cast<int>(q), prompt[q], vocab_));
+    }
+    return out;
+  }
+
+  // The prompt rows of the batch last run (prompt_targets >= 0, token order), each from its
+  // context read back through the block table, so a wrong target or KV read shows.
+  template <class Batch>
+  std::vector<float> prompt_rows(const Batch& b) {
+    std::vector<float> out;
+    for (int i = 0; i < b.num_streams; ++i) {
+      const int32_t* row = &b.block_tables[0] + static_cast<size_t>(i) * b.block_table_stride;
+      for (int t = b.query_starts[i]; t < b.query_starts[i + 1]; ++t) {
+        if (b.prompt_targets[t] < 0) continue;
+        const int n = b.positions[t] + 1;
+        context_.resize(n);
+        for (int p = 0; p < n; ++p) {
+          context_[p] = kv_[static_cast<size_t>(row[p / block_size_]) * block_size_ + p % block_size_];
+        }
+        out.push_back(prompt_logprob(context_.data(), n, b.prompt_targets[t], vocab_));
+      }
+    }
+    return out;
+  }
+
   int vocab() const { return vocab_; }
 
  private:

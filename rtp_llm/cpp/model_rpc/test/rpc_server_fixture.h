@@ -60,9 +60,14 @@ class RpcServerTest : public ::testing::Test {
         auto tokens = model.run(*b);
         std::vector<float> logprobs(tokens.size());
         for (size_t i = 0; i < tokens.size(); ++i) logprobs[i] = LogprobOf(tokens[i]);
+        std::vector<float> prompt;  // the prompt rows' log-probs: LogprobOf(target), no alternatives
+        for (int t = 0; t < b->num_tokens; ++t) {
+          if (b->prompt_targets[t] >= 0) prompt.push_back(LogprobOf(b->prompt_targets[t]));
+        }
         if (step_delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_delay_us_.load()));
         if (rtp_llm_engine_commit(engine_, tokens.data(), logprobs.data(), static_cast<int32_t>(tokens.size()),
-                                  nullptr, nullptr, 0, nullptr, error, sizeof(error)) != 0) {
+                                  nullptr, nullptr, 0, prompt.data(), static_cast<int32_t>(prompt.size()), nullptr,
+                                  nullptr, 0, nullptr, error, sizeof(error)) != 0) {
           ADD_FAILURE() << error;
         }
       }
