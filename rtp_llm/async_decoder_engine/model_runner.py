@@ -157,15 +157,17 @@ class ModelRunner:
         x = self.backend.prepare_inputs(b, self.block_size)
         if prev_tokens is not None:
             self.backend.resolve_placeholders(x.token_ids, prev_tokens)
-        rows = self._with_prompt_rows(b) if b.num_prompt_logprobs else x.sample_rows
+        rows = self._with_prompt_rows(b, x.sample_rows) if b.num_prompt_logprobs else x.sample_rows
         return self.model.forward(x.token_ids, x.positions, x.meta, self.kv_cache, rows)
 
-    def _with_prompt_rows(self, b) -> torch.Tensor:
-        """[N + P] int64 on the device: the sampled rows (each do_sample stream's last token, as
-        prepare_inputs picks them), then the prompt rows (prompt_targets >= 0, token order)."""
-        sampled = (b.query_starts[1:] - 1)[b.do_sample == 1]
-        rows = np.concatenate([sampled, np.nonzero(b.prompt_targets >= 0)[0]]).astype(np.int64)
-        return torch.from_numpy(rows).to(self.backend.device)
+    def _with_prompt_rows(self, b, sample_rows: Optional[torch.Tensor]) -> torch.Tensor:
+        """[N + P] on the device: the sampled rows (prepare_inputs'; None: all T), then the prompt
+        rows (prompt_targets >= 0, token order)."""
+        dev = self.backend.device
+        if sample_rows is None:
+            sample_rows = torch.arange(b.num_tokens, device=dev)
+        prompt = torch.from_numpy(np.nonzero(b.prompt_targets >= 0)[0]).to(dev)
+        return torch.cat([sample_rows.long(), prompt.long()])
 
     def _prompt_logprobs(self, logits: torch.Tensor, b: StepBatch) -> PromptLogprobs:
         """The prompt rows' log-probs from their logits [P, V], with k = the step's largest

@@ -199,11 +199,17 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
     }
   }
   int budget = config_.max_num_batched_tokens;
+  int prompt_rows = config_.max_prompt_rows;  // what is left of it: see SchedulerConfig
   bool preempted = false;
 
   for (size_t i = 0; i < running_.size() && budget > 0 && b.num_streams < config_.max_batch_size;) {
     GenerateStream* s = running_[i];
-    const int n = std::min(s->scheduled_tokens() - s->scheduled_computed(), budget);
+    const int n = std::min({s->scheduled_tokens() - s->scheduled_computed(), budget,
+                            s->needs_prompt_rows() ? prompt_rows : budget});
+    if (n == 0 && s->needs_prompt_rows()) {
+      ++i;  // the prompt rows' budget is spent: it goes on next step
+      continue;
+    }
     if (ahead && (n == 0 || !can_run_ahead(s, now_us))) {
       ++i;  // it runs again once the step in flight has committed
       continue;
@@ -228,6 +234,7 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
     kv_.grow(s->block_table, s->scheduled_computed() + n);
     add_to_batch(b, s, n, now_us);
     budget -= n;
+    if (s->needs_prompt_rows()) prompt_rows -= n;
     ++i;
   }
 
@@ -237,15 +244,16 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
   for (auto it = waiting_.begin();
        !preempted && it != waiting_.end() && budget > 0 && b.num_streams < config_.max_batch_size;) {
     GenerateStream* s = *it;
-    if (s->grammar_pending) {
+    // A stream that still needs prompt log-probs runs its whole prompt (no cache hit), within
+    // what is left of the prompt rows' budget.
+    const bool lookup = !s->needs_prompt_rows();
+    if (s->grammar_pending || (!lookup && prompt_rows == 0)) {
       ++it;
       continue;
     }
-    // A stream that still needs prompt log-probs runs its whole prompt (no cache hit).
-    const bool lookup = !s->needs_prompt_rows();
     PrefixMatch match = lookup ? kv_.match_prefix(s->tokens().data(), s->num_tokens()) : PrefixMatch{};
     const int cached = match.num_tokens(kv_.block_size());
-    const int n = std::min(s->num_tokens() - cached, budget);
+    const int n = std::min({s->num_tokens() - cached, budget, lookup ? budget : prompt_rows});
     if (!kv_.can_allocate(s->block_table, match, cached + n)) break;
     kv_.allocate(s->block_table, match, cached + n);
     if (s->timing().first_scheduled_us == 0 && lookup) {
@@ -258,6 +266,7 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
     running_.push_back(s);
     add_to_batch(b, s, n, now_us);
     budget -= n;
+    if (!lookup) prompt_rows -= n;
   }
 
   // Block tables last: the row stride is the longest table in the batch.

@@ -21,7 +21,8 @@
 // next token is a prompt token get it in prompt_targets until its log-prob is recorded (at
 // commit), so chunked prefill yields each chunk's rows and a recompute after preemption none
 // twice. While some are missing the stream is admitted without the prefix cache (every prompt
-// position must run); its full blocks are still published for others.
+// position must run); its full blocks are still published for others. Such streams together run
+// at most max_prompt_rows tokens a step (a second budget, beside the step's).
 //
 // Grammars: a waiting stream whose grammar is still compiling (grammar_pending) is passed
 // over by admission (streams behind it are admitted meanwhile); once admitted, its sampled
@@ -59,6 +60,10 @@ struct StepSamples {
 struct SchedulerConfig {
   int max_batch_size = 256;            // streams per step
   int max_num_batched_tokens = 4096;   // token budget per step (chunked prefill above it)
+  // Tokens per step of the streams that still need prompt log-probs, all together: each is a
+  // logits row ([vocab] fp32, 0.6 MB for a 152k vocabulary) the model runner materialises, so a
+  // budget-sized chunk of them (8192 on CUDA: 5 GB) could run the device out of memory.
+  int max_prompt_rows = 512;
 };
 
 class Scheduler {

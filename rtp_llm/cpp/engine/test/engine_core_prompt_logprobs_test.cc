@@ -101,6 +101,45 @@ TEST(PromptLogprobs, ChunkedPrefillYieldsEachChunksRowsAcrossTheBoundary) {
   ExpectAllBlocksBack(engine);
 }
 
+TEST(PromptLogprobs, TheirRowsKeepToTheirOwnBudgetBesideTheSteps) {
+  EngineCoreConfig c = SmallConfig();
+  c.num_blocks = 256;
+  c.block_size = 16;
+  c.max_num_batched_tokens = 2048;
+  c.max_seq_len = 2048;
+  EngineCore engine(c);
+  FakeModel model(c.num_blocks, c.block_size);
+  const int cap = SchedulerConfig{}.max_prompt_rows;
+  std::vector<int32_t> scored, plain;
+  for (int i = 0; i < 1300; ++i) scored.push_back(1 + i % 400);
+  for (int i = 0; i < 700; ++i) plain.push_back(2 + i % 300);
+  int64_t a, b, d;
+  ASSERT_TRUE(engine.enqueue(scored, WithPromptLogprobs(2, 1), &a).ok());
+  ASSERT_TRUE(engine.enqueue(scored, WithPromptLogprobs(2, 1), &b).ok());
+  ASSERT_TRUE(engine.enqueue(plain, MaxNew(2), &d).ok());
+
+  const StepBatch& first = engine.schedule();  // a takes the rows' budget; b waits; the plain prompt runs
+  ASSERT_EQ(first.num_streams, 2);
+  EXPECT_EQ(first.query_lens[0], cap);
+  EXPECT_EQ(first.num_prompt_logprobs, cap);
+  EXPECT_EQ(first.query_lens[1], 700);
+  RunAndCommit(engine, model, first);
+  int steps = 1;
+  for (;;) {
+    const StepBatch& s = engine.schedule();
+    if (s.num_streams == 0) break;
+    EXPECT_LE(s.num_prompt_logprobs, cap);
+    RunAndCommit(engine, model, s);
+    ++steps;
+  }
+  EXPECT_GE(steps, 2 * 1300 / cap);
+  ExpectPromptLogprobs(engine, a, model, scored, 1);
+  ExpectPromptLogprobs(engine, b, model, scored, 1);
+  EXPECT_EQ(Generated(engine, a), model.reference(scored, 2));
+  EXPECT_EQ(Generated(engine, d), model.reference(plain, 2));
+  ExpectAllBlocksBack(engine);
+}
+
 TEST(PromptLogprobs, CommitMustCarryEveryPromptRow) {
   EngineCore engine(SmallConfig());
   FakeModel model(24, 4);
