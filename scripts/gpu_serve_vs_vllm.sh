@@ -68,7 +68,7 @@ if [ "$PHASE" = ours ]; then
   [ -f $CKPT/config.json ] || $OURS -c "from rtp_llm.tools.random_checkpoint import write; print(write('$ARCH', '$CKPT', '$TOK'))" | tail -1
   t checkpoint $CKPT
   CONC=$(echo $POINTS | tr ' ' '\n' | cut -d: -f3 | sort -un | paste -sd,)
-  [ "${OFFLINE:-1}" = 1 ] && t offline && timeout 300 $OURS -m rtp_llm.tools.bench_gpu --checkpoint $CKPT --skip server,hf --shapes 128x1024,1024x128 \
+  [ "${OFFLINE:-1}" = 1 ] && t offline && timeout 300 $OURS -m rtp_llm.tools.bench_gpu --arch $ARCH --checkpoint $CKPT --skip server,hf --shapes 128x1024,1024x128 \
     --concurrency $CONC --max_batch_size $MAXC --out $OUT/ours_offline.jsonl 2>&1 | grep -E '"case"|Error' | cut -c1-300
   BUDGETS=${BUDGETS:-8192}; LAST=${BUDGETS##* }
   for B in $BUDGETS; do

@@ -193,7 +193,8 @@ def plot(results: str, out: str):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", default="qwen3-0.6b")
+    p.add_argument("--arch", default="qwen3-0.6b", help="the random checkpoint's architecture; the rows' label (say "
+                   "which --checkpoint is)")
     p.add_argument("--checkpoint", help="default: a random one written to /tmp/rtp_llm_bench_<arch>")
     p.add_argument("--tokenizer", help="tokenizer files for the random checkpoint (the server detokenizes)")
     p.add_argument("--hf_baseline", help="path of hf_baseline.py (the HF transformers peer)")
