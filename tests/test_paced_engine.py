@@ -1,7 +1,7 @@
 """The benchmark-only paced engine (--paced_engine_step_ms): no model runs, yet the whole
 serving path is real. Served: a streaming /v1/completions request gets exactly its max_tokens
-of real text (the paced paragraph, detokenized by the frontend), the native API answers, and
-/worker_status counts steps. In process: it says what it is, never emits a special token, and
+of real text (the paced paragraph, detokenized by the frontend), prompt log-probs (all 0) do not
+fail their step, the native API answers, and /worker_status counts steps. In process: it says what it is, never emits a special token, and
 holds KV blocks for max_batch_size streams of max_seq_len at once."""
 
 import json
@@ -33,6 +33,16 @@ def test_a_streamed_completion_is_max_tokens_of_the_paced_text(server):
     text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
     assert chunks[-1]["usage"]["completion_tokens"] == 50
     assert text.strip() and PARAGRAPH.startswith(text), text  # 50 tokens: within the paragraph
+
+
+def test_prompt_logprobs_are_served_as_zeros_not_a_failed_step(server):
+    r = requests.post(server + "/v1/completions", json={
+        "model": "m", "prompt": "Tell me about the town.", "max_tokens": 4, "echo": True, "logprobs": 2,
+        "ignore_eos": True}, timeout=120)
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    assert lp["token_logprobs"][0] is None and len(lp["tokens"]) > 5
+    assert all(v == 0 for v in lp["token_logprobs"][1:])  # no model: every log-prob is 0
 
 
 def test_the_native_api_and_worker_status_steps(server):

@@ -22,7 +22,7 @@ from rtp_llm.device.base import DeviceBackend
 from rtp_llm.distributed.tensor_parallel import TPShard
 from rtp_llm.model_loader import find_gguf, load_tokenizer
 from rtp_llm.model_loader.weights import CheckpointError
-from rtp_llm.ops.engine_core import EngineCore, StepBatch
+from rtp_llm.ops.engine_core import EngineCore, PromptRows, StepBatch
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ def paragraph_ids(tokenizer, text: str = PARAGRAPH) -> np.ndarray:
 class PacedRunner:
     """EngineLoop's runner without a model: sleeps step_ms, then commits each sampled row's next
     paragraph token (by its count of generated tokens, so a stream reads the paragraph from
-    its start, wrapping around, whatever else shares the step)."""
+    its start, wrapping around, whatever else shares the step). No model: every log-prob it
+    reports (sampled tokens', prompt rows') is 0, with no alternatives."""
 
     def __init__(self, step_ms: float, token_ids: np.ndarray):
         self.step_s = step_ms / 1000.0
@@ -71,7 +72,8 @@ class PacedRunner:
     def step(self, core: EngineCore, b: StepBatch):
         time.sleep(self.step_s)
         generated = b.num_generated[b.do_sample == 1]
-        core.commit(self.token_ids[generated % len(self.token_ids)])
+        prompt = PromptRows(np.zeros(b.num_prompt_logprobs, np.float32)) if b.num_prompt_logprobs else None
+        core.commit(self.token_ids[generated % len(self.token_ids)], prompt=prompt)
 
 
 class PacedEngineLoop(EngineLoop):
