@@ -82,7 +82,8 @@ def load_moe_mlp(c: MoeConfig, prefix: str, w: Callable[..., torch.Tensor], weig
         s0, ns = tp.split(c.shared_expert_intermediate_size, "shared_expert_intermediate_size")
         p = prefix + "mlp.shared_expert."
         shared = SharedExpert(
-            gate_up=be.pack_gate_up(torch.cat([w(p + "gate_proj.weight", (s0, ns)), w(p + "up_proj.weight", (s0, ns))])),
+            gate_up=be.pack_gate_up(torch.cat([w(p + "gate_proj.weight", (s0, ns)),
+                                               w(p + "up_proj.weight", (s0, ns))])),
             down=be.pack_linear(w(p + "down_proj.weight", cols=(s0, ns))),
             gate=be.pack_linear(w(prefix + "mlp.shared_expert_gate.weight")))
     return MoeMLP(c, be.pack_linear(w(prefix + "mlp.gate.weight")), gate_up, down, shared)

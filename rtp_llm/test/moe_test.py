@@ -1,7 +1,8 @@
 """Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE) on tiny random checkpoints (TINY_MOE: odd
 expert counts, top-k 2 and 3, a dense first layer, dense layers between sparse ones,
 norm_topk_prob on and off, a shared expert): greedy tokens equal HF transformers' exactly in
-fp32 for a mixed-length batch, also with chunked prefill; prefill logits within 1e-4; TP=2
+fp32 for a mixed-length batch, also with chunked prefill, a prefix-cache hit, preemption and
+overlapped steps; prefill logits within 1e-4; TP=2
 gives TP=1's tokens; a sharded checkpoint's experts load packed into HF's own stacks; the
 architectures not built yet (DeepSeek-V2/V3, MoE GGUF files) are refused by name."""
 
@@ -47,6 +48,32 @@ class MoeParityTest(unittest.TestCase):
             for args in ({}, {"max_num_batched_tokens": 16}):  # whole prompts, then chunks of 16
                 with self.subTest(name, **args):
                     self.assertEqual(generate(self.paths[name], BATCH, **args), self.ref[name])
+
+    def test_prefix_cache_preemption_and_overlap(self):
+        name = "qwen2_moe_shared"
+        hf = self.hf[name]
+        # A shared prefix served by the prefix cache.
+        batch = prompts(4, [5, 11, 20], prefix=prompts(3, [48])[0])
+        llm = LLM(self.paths[name], act_type="fp32", progress=False, max_seq_len=256)
+        try:
+            outs = llm.generate(batch[:1], CONFIG) + llm.generate(batch[1:], CONFIG)
+            self.assertEqual([o.outputs[0].token_ids for o in outs], [hf_greedy(hf, p, NEW_TOKENS) for p in batch])
+            self.assertTrue(all(o.aux_info["reuse_len"] >= 48 for o in outs[1:]), [o.aux_info for o in outs])
+        finally:
+            llm.close()
+        # Preemption (5 streams growing to ~80 tokens, 27 blocks of 16, in 20: overlapped steps wait
+        # rather than preempt, so a short cache makes them preempt too), in turn and overlapped.
+        batch = prompts(5, [30, 36, 25, 40, 31])
+        ref = [hf_greedy(hf, p, NEW_TOKENS) for p in batch]
+        for overlap in (False, True):
+            with self.subTest(overlap=overlap):
+                llm = LLM(self.paths[name], act_type="fp32", progress=False, max_seq_len=256, num_kv_blocks=20,
+                          warm_up=False, overlap_schedule=overlap)
+                try:
+                    self.assertEqual([o.outputs[0].token_ids for o in llm.generate(batch, CONFIG)], ref)
+                    self.assertGreater(llm.engine.core.stats()["preemptions"], 0)
+                finally:
+                    llm.close()
 
     def test_prefill_logits_match(self):
         from rtp_llm.config.generate_config import GenerateConfig

@@ -52,17 +52,18 @@ TINY_VOCAB = 512
 
 
 def make_tiny(name: str, root: str) -> str:
-    """Writes the tiny HF checkpoint `name` (TINY: Qwen3, Qwen2, Llama; GQA, MQA, tied and untied;
-    TINY_MOE: Qwen3-MoE, Qwen2-MoE) under root and returns its directory. The weights are scaled up so that greedy choices are
-    decisive rather than near-ties; the seed is the name's, so a name always gives the same
-    weights. (rtp_llm.tools.random_checkpoint writes benchmark-sized Qwen3 checkpoints whose
+    """Writes the tiny HF checkpoint `name` (TINY: Qwen3, Qwen2, Llama; GQA, MQA, tied and
+    untied; TINY_MOE: Qwen3-MoE, Qwen2-MoE) under root and returns its directory. The weights
+    are scaled up so that greedy choices are decisive rather than near-ties; the seed is the
+    name's, so a name always gives the same weights. (rtp_llm.tools.random_checkpoint writes benchmark-sized Qwen3 checkpoints whose
     values do not matter; these are for parity.)"""
     import transformers
 
     cls_name, kwargs = TINY[name] if name in TINY else TINY_MOE[name]
     config = getattr(transformers, cls_name)(**{
         "vocab_size": TINY_VOCAB, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-        "max_position_embeddings": 512, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, **kwargs})
+        "max_position_embeddings": 512, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+        **kwargs})
     torch.manual_seed(sum(map(ord, name)))
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
