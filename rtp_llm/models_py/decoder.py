@@ -1,9 +1,9 @@
 """One decoder-only transformer covering Qwen3 (q/k norm), Qwen2 (q/k/v bias) and Llama
 (SmolLM2), and their mixture-of-experts kin Qwen3-MoE and Qwen2-MoE (the MLP of the sparse
 layers is models_py/moe.py's MoeMLP): GQA/MQA, tied or untied embeddings, rotary with theta
-and scaling. It runs on
-the paged KV cache through a DeviceBackend; shapes: T tokens in the step, H heads, Hkv KV
-heads, D head_dim, all of them this rank's shard under tensor parallelism (TPShard)."""
+and scaling. It runs on the paged KV cache through a DeviceBackend; shapes: T tokens in the
+step, H heads, Hkv KV heads, D head_dim, all of them this rank's shard under tensor
+parallelism (TPShard)."""
 
 from dataclasses import dataclass
 from typing import Dict, List, Optional
@@ -88,7 +88,7 @@ class DecoderModel:
             ))
         # The reference MoE path sizes its per-expert slices on the host (DeviceBackend.moe):
         # such steps run eagerly, not from captured graphs.
-        self.graph_capturable = not any(layer.moe for layer in self.layers)
+        self.graph_capturable = all(layer.moe is None for layer in self.layers)
         cos, sin = cos_sin_table(c, max_positions)
         self.cos, self.sin = cos.to(dev), sin.to(dev)
         self.q_size = self.num_heads * D
