@@ -398,6 +398,30 @@ def test_cuda_backend_greedy_equals_hf_with_chunked_prefill(tmp_path, monkeypatc
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="on a GPU, tests/test_cuda.py runs the real backend")
+def test_cuda_backend_runs_moe_eagerly_and_equals_hf(tmp_path, monkeypatch):
+    # A MoE model (Qwen2-MoE: routed experts on the torch reference, shared expert) through the
+    # CUDA step path: graphs asked for, none captured (DecoderModel.graph_capturable), in chunks.
+    from testlib import hf_greedy, hf_model, make_tiny, random_prompts
+
+    import rtp_llm.async_decoder_engine.engine as engine_mod
+    from rtp_llm.llm import LLM
+
+    path = make_tiny("qwen2_moe_shared", str(tmp_path))
+    hf = hf_model(path)
+    monkeypatch.setattr(engine_mod, "get_backend", lambda _: _InterpretedCudaBackend.make(True))
+    llm = LLM(path, act_type="fp32", progress=False, max_seq_len=128, max_num_batched_tokens=16, num_kv_blocks=64,
+              max_batch_size=4, warm_up=False)
+    try:
+        assert llm.engine.runner.graphs is None
+        prompts = random_prompts(5, (30, 7))
+        outs = llm.generate(prompts, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+        for prompt, out in zip(prompts, outs):
+            assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 8), len(prompt)
+    finally:
+        llm.close()
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="on a GPU, tests/test_cuda.py runs the real backend")
 def test_cuda_backend_prompt_logprobs_equal_hf_in_chunks(tmp_path, monkeypatch):
     # Prompt log-probs (echo with logprobs) through the CUDA step path: their steps run eagerly
     # though graphs are on (no graph computes the prompt rows), in chunks of 16.

@@ -128,9 +128,10 @@ class ModelRunner:
                                apply_token_bitmask=backend.apply_token_bitmask)
         self.grammar = None  # rank 0's GrammarBook (EngineLoop sets it)
         backend.bind_model(model.num_heads, model.num_kv_heads, model.config.head_dim, max_batch_size, max_seq_len)
-        # Steps replay captured graphs where the device has them (CUDA).
+        # Steps replay captured graphs where the device has them (CUDA) and the model allows
+        # (DecoderModel.graph_capturable: not yet its MoE layers).
         self.graphs = backend.make_graph_runner(model, kv_cache, block_size, max_batch_size, max_seq_len,
-                                                max_num_batched_tokens) if use_graphs else None
+                                                max_num_batched_tokens) if use_graphs and model.graph_capturable else None
         self._slots = [HostSlot(max_batch_size, max_top_logprobs(), pin, e) for e in events]
         self._slot = 0
         self._prev_sampled = 0  # rows sampled by the last step run: a rank > 0 receives that many

@@ -12,6 +12,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 
 def accelerator_kv_cache_bytes(free_bytes: int) -> int:
@@ -172,6 +173,16 @@ class DeviceBackend(ABC):
         from pack_gate_up()."""
         return self.silu_and_mul(self.linear(x, gate_up))
 
+    def moe(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
+            topk_ids: torch.Tensor) -> torch.Tensor:
+        """A MoE MLP's routed experts: out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]),
+        expert e(x) = silu(x g_e^T) * (x u_e^T) @ d_e^T. x: [T, hidden]; gate_up: [E, 2 I, hidden]
+        (expert e's gate rows, then its up rows); down: [E, hidden, I]; topk_weights: [T, K] in
+        x's dtype; topk_ids: [T, K] int64. Returns [T, hidden] in x's dtype. Default: moe_reference
+        (torch ops; its per-expert slice bounds reach the host, so a step with it is not
+        capturable in a graph: DecoderModel.graph_capturable)."""
+        return moe_reference(x, gate_up, down, topk_weights, topk_ids, self.silu_and_mul)
+
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """logits: [N, V] fp32 -> [N] int64, each row's first largest (greedy sampling)."""
         return logits.argmax(dim=-1)
@@ -227,6 +238,30 @@ class DeviceBackend(ABC):
         Returns the rotated q, k (HF's rotate_half layout); may rotate in place."""
         c, s = cos[positions], sin[positions]
         return _rotate(q, c, s), _rotate(k, c, s)
+
+
+def moe_reference(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor, silu_and_mul) -> torch.Tensor:
+    """DeviceBackend.moe in torch ops, tokens grouped by expert: the T K (token, expert) pairs
+    sorted by expert, one pair of GEMMs per expert over its contiguous slice of rows, each row
+    scaled by its routing weight, then back in (token, k) order and summed over k (HF's own
+    reduction, transformers' grouped_mm experts: deterministic, unlike index_add_ on GPUs;
+    summed with fp32 accumulation, rounded once to x's dtype)."""
+    t, k = topk_ids.shape
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)                                # [T K] pairs by expert
+    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()     # the slices' lengths
+    rows = x[order // k]                                                     # [T K, hidden]
+    out = torch.empty_like(rows)
+    start = 0
+    for e, n in enumerate(counts):
+        if n:
+            out[start:start + n] = F.linear(silu_and_mul(F.linear(rows[start:start + n], gate_up[e])), down[e])
+            start += n
+    out *= topk_weights.reshape(-1)[order].unsqueeze(1)
+    pairs = torch.empty_like(out)
+    pairs[order] = out                                                       # (token, k) order again
+    return pairs.view(t, k, -1).sum(dim=1)
 
 
 def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bits: torch.Tensor) -> None:

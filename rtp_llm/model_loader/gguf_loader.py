@@ -51,6 +51,9 @@ def read_gguf_config(path: str, model_type: Optional[str] = None, reader=None) -
     reader = reader or _reader(path)
     arch = _field(reader, "general.architecture")
     name = resolve_model_type(model_type, arch, path)
+    if MODEL_TYPES[name]["moe"]:  # the reader maps no expert tensors (ffn_*_exps) yet
+        raise CheckpointError(f"{path}: GGUF checkpoints of {name} (mixture of experts) are not supported yet; "
+                              f"use its HF safetensors checkpoint")
     a = arch
     heads = int(_field(reader, f"{a}.attention.head_count"))
     hidden = int(_field(reader, f"{a}.embedding_length"))

@@ -8,9 +8,9 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from rtp_llm.config.model_config import ModelConfig, RopeScaling
+from rtp_llm.config.model_config import ModelConfig, MoeConfig, RopeScaling
 from rtp_llm.model_loader.registry import MODEL_TYPES, resolve_model_type
-from rtp_llm.model_loader.weights import CheckpointError, check_weights, expected_weights
+from rtp_llm.model_loader.weights import CheckpointError, check_weights, expected_weights, pack_experts
 
 
 def _read_json(path: str) -> dict:
@@ -44,6 +44,27 @@ def _rope(cfg: dict) -> tuple:
     return theta, rs
 
 
+def _moe(cfg: dict, traits: dict, path: str) -> Optional[MoeConfig]:
+    """Qwen3-MoE / Qwen2-MoE fields of config.json (None for a dense family)."""
+    if not traits["moe"]:
+        return None
+    experts = cfg.get("num_experts", cfg.get("num_local_experts"))  # transformers 5 writes num_local_experts
+    for key, value in (("num_experts", experts), ("num_experts_per_tok", cfg.get("num_experts_per_tok")),
+                       ("moe_intermediate_size", cfg.get("moe_intermediate_size"))):
+        if value is None:
+            raise CheckpointError(f"{path}: {key} is missing (a mixture-of-experts config needs it)")
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0) if traits["shared_expert"] else 0
+    if traits["shared_expert"] and not shared:
+        raise CheckpointError(f"{path}: shared_expert_intermediate_size is missing or 0 (Qwen2-MoE has a shared "
+                              f"expert)")
+    return MoeConfig(num_experts=int(experts), top_k=int(cfg["num_experts_per_tok"]),
+                     intermediate_size=int(cfg["moe_intermediate_size"]),
+                     norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                     shared_expert_intermediate_size=shared,
+                     decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
+                     mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()))
+
+
 def read_hf_config(checkpoint_path: str, model_type: Optional[str] = None) -> ModelConfig:
     path = os.path.join(checkpoint_path, "config.json")
     if not os.path.exists(path):
@@ -72,10 +93,12 @@ def read_hf_config(checkpoint_path: str, model_type: Optional[str] = None) -> Mo
         rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=traits["qkv_bias"] or bool(cfg.get("attention_bias", False)),
+        # Qwen2-MoE's config says qkv_bias (transformers 5; True when absent, as published)
+        qkv_bias=bool(cfg.get("qkv_bias", traits["qkv_bias"])) or bool(cfg.get("attention_bias", False)),
         qk_norm=traits["qk_norm"],
         eos_token_ids=eos,
         bos_token_id=gen.get("bos_token_id", cfg.get("bos_token_id")),
+        moe=_moe(cfg, traits, path),
     )
     config.validate()
     return config
@@ -119,4 +142,5 @@ def load_hf_weights(checkpoint_path: str, config: ModelConfig, dtype: torch.dtyp
     if config.tie_word_embeddings and "lm_head.weight" in weights:
         del weights["lm_head.weight"]
     check_weights(config, weights, checkpoint_path)
+    pack_experts(config, weights)
     return weights

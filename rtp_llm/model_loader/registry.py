@@ -2,11 +2,15 @@
 
 from typing import Dict, Optional
 
-# model_type -> architecture traits that differ between families.
+# model_type -> architecture traits that differ between families ("moe": the MLP of some layers
+# is a mixture of experts, config.json's num_experts / moe_intermediate_size ...; "shared_expert":
+# those layers also run Qwen2-MoE's gated shared expert).
 MODEL_TYPES: Dict[str, dict] = {
-    "qwen_3": {"qkv_bias": False, "qk_norm": True},
-    "qwen_2": {"qkv_bias": True, "qk_norm": False},
-    "llama": {"qkv_bias": False, "qk_norm": False},
+    "qwen_3": {"qkv_bias": False, "qk_norm": True, "moe": False, "shared_expert": False},
+    "qwen_2": {"qkv_bias": True, "qk_norm": False, "moe": False, "shared_expert": False},
+    "llama": {"qkv_bias": False, "qk_norm": False, "moe": False, "shared_expert": False},
+    "qwen_3_moe": {"qkv_bias": False, "qk_norm": True, "moe": True, "shared_expert": False},
+    "qwen_2_moe": {"qkv_bias": True, "qk_norm": False, "moe": True, "shared_expert": True},
 }
 
 # config.json "architectures" / GGUF general.architecture -> model_type
@@ -14,14 +18,34 @@ _ALIASES = {
     "Qwen3ForCausalLM": "qwen_3",
     "Qwen2ForCausalLM": "qwen_2",
     "LlamaForCausalLM": "llama",
+    "Qwen3MoeForCausalLM": "qwen_3_moe",
+    "Qwen2MoeForCausalLM": "qwen_2_moe",
     "qwen3": "qwen_3",
     "qwen2": "qwen_2",
     "llama": "llama",
+    "qwen3moe": "qwen_3_moe",  # GGUF names: refused by the GGUF reader (gguf_loader.py), by name
+    "qwen2moe": "qwen_2_moe",
     "qwen_3": "qwen_3",
     "qwen_2": "qwen_2",
     "qwen2_5": "qwen_2",
     "qwen_2_5": "qwen_2",
+    "qwen_3_moe": "qwen_3_moe",
+    "qwen3_coder_moe": "qwen_3_moe",  # upstream's name for Qwen3-Coder (Qwen3MoeForCausalLM)
+    "qwen_2_moe": "qwen_2_moe",
 }
+
+# Architectures known and not built yet: refused with what they are (issue 22 builds them).
+_NOT_YET = {
+    "deepseek2": "DeepSeek-V2 (multi-head latent attention, grouped top-k MoE)",
+    "deepseek3": "DeepSeek-V3 (multi-head latent attention, grouped top-k MoE)",
+    "DeepseekV2ForCausalLM": "DeepSeek-V2 (multi-head latent attention, grouped top-k MoE)",
+    "DeepseekV3ForCausalLM": "DeepSeek-V3 / Kimi-K2 (multi-head latent attention, grouped top-k MoE)",
+    "deepseek_v2": "DeepSeek-V2 (multi-head latent attention, grouped top-k MoE)",
+    "deepseek_v3": "DeepSeek-V3 (multi-head latent attention, grouped top-k MoE)",
+}
+
+_HF_NAMES = ("Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM, Qwen3MoeForCausalLM, "
+             "Qwen2MoeForCausalLM")
 
 
 class UnsupportedModelError(ValueError):
@@ -34,9 +58,11 @@ def resolve_model_type(requested: Optional[str], detected: Optional[str], source
     if name is None:
         raise UnsupportedModelError(f"cannot tell the model type of {source}: pass --model_type "
                                     f"(supported: {', '.join(MODEL_TYPES)})")
+    if name in _NOT_YET:
+        raise UnsupportedModelError(f"model type {name!r} ({source}) is {_NOT_YET[name]}, which is not supported "
+                                    f"yet; supported: {', '.join(MODEL_TYPES)} (HF: {_HF_NAMES})")
     model_type = _ALIASES.get(name)
     if model_type is None:
         raise UnsupportedModelError(f"unsupported model type {name!r} ({source}); supported: "
-                                    f"{', '.join(MODEL_TYPES)} (HF: Qwen3ForCausalLM, Qwen2ForCausalLM, "
-                                    f"LlamaForCausalLM)")
+                                    f"{', '.join(MODEL_TYPES)} (HF: {_HF_NAMES})")
     return model_type

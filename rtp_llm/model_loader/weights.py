@@ -1,4 +1,5 @@
-"""The tensors a decoder needs (HF names), and the check that a checkpoint provides them."""
+"""The tensors a decoder needs (HF names, as published), the check that a checkpoint provides
+them, and the packing of a MoE layer's per-expert tensors into stacks."""
 
 from typing import Dict, Iterable, Tuple
 
@@ -25,16 +26,57 @@ def expected_weights(c: ModelConfig) -> Dict[str, Tuple[int, ...]]:
             p + "self_attn.k_proj.weight": (kv, c.hidden_size),
             p + "self_attn.v_proj.weight": (kv, c.hidden_size),
             p + "self_attn.o_proj.weight": (c.hidden_size, q),
-            p + "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
-            p + "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
-            p + "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
         })
+        mlp = _moe_weights(c, i) if c.is_sparse(i) else _mlp_weights(p + "mlp.", c.intermediate_size, c.hidden_size)
+        shapes.update(mlp)
         if c.qkv_bias:
             shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                            p + "self_attn.v_proj.bias": (kv,)})
         if c.qk_norm:
             shapes.update({p + "self_attn.q_norm.weight": (c.head_dim,), p + "self_attn.k_norm.weight": (c.head_dim,)})
     return shapes
+
+
+def _mlp_weights(p: str, inter: int, hidden: int) -> Dict[str, Tuple[int, ...]]:
+    return {p + "gate_proj.weight": (inter, hidden), p + "up_proj.weight": (inter, hidden),
+            p + "down_proj.weight": (hidden, inter)}
+
+
+def expert_name(layer: int, expert: int, proj: str) -> str:
+    """A routed expert's published tensor name (proj: gate_proj, up_proj, down_proj)."""
+    return f"model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"
+
+
+# The stacks pack_experts() makes of a sparse layer's experts (transformers 5's in-memory names):
+# GATE_UP [E, 2 I, hidden] (each expert's gate rows, then its up rows), DOWN [E, hidden, I].
+GATE_UP, DOWN = "mlp.experts.gate_up_proj", "mlp.experts.down_proj"
+
+
+def _moe_weights(c: ModelConfig, layer: int) -> Dict[str, Tuple[int, ...]]:
+    m, h, p = c.moe, c.hidden_size, f"model.layers.{layer}."
+    shapes = {p + "mlp.gate.weight": (m.num_experts, h)}  # the router
+    for e in range(m.num_experts):
+        shapes.update({expert_name(layer, e, "gate_proj"): (m.intermediate_size, h),
+                       expert_name(layer, e, "up_proj"): (m.intermediate_size, h),
+                       expert_name(layer, e, "down_proj"): (h, m.intermediate_size)})
+    if m.shared_expert_intermediate_size:
+        shapes.update(_mlp_weights(p + "mlp.shared_expert.", m.shared_expert_intermediate_size, h))
+        shapes[p + "mlp.shared_expert_gate.weight"] = (1, h)
+    return shapes
+
+
+def pack_experts(c: ModelConfig, weights: Dict[str, torch.Tensor]) -> None:
+    """In place, after check_weights: each sparse layer's per-expert tensors become its two
+    stacks (GATE_UP, DOWN); one layer at a time, so the peak is the weights plus one layer's
+    experts."""
+    for i in range(c.num_layers):
+        if not c.is_sparse(i):
+            continue
+        p = f"model.layers.{i}."
+        experts = range(c.moe.num_experts)
+        weights[p + GATE_UP] = torch.stack([torch.cat([weights.pop(expert_name(i, e, "gate_proj")),
+                                                       weights.pop(expert_name(i, e, "up_proj"))]) for e in experts])
+        weights[p + DOWN] = torch.stack([weights.pop(expert_name(i, e, "down_proj")) for e in experts])
 
 
 def check_weights(c: ModelConfig, weights: Dict[str, torch.Tensor], source: str) -> None:

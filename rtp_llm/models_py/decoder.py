@@ -1,7 +1,9 @@
 """One decoder-only transformer covering Qwen3 (q/k norm), Qwen2 (q/k/v bias) and Llama
-(SmolLM2): GQA/MQA, tied or untied embeddings, rotary with theta and scaling. It runs on
-the paged KV cache through a DeviceBackend; shapes: T tokens in the step, H heads, Hkv KV
-heads, D head_dim, all of them this rank's shard under tensor parallelism (TPShard)."""
+(SmolLM2), and their mixture-of-experts kin Qwen3-MoE and Qwen2-MoE (the MLP of the sparse
+layers is models_py/moe.py's MoeMLP): GQA/MQA, tied or untied embeddings, rotary with theta
+and scaling. It runs on the paged KV cache through a DeviceBackend; shapes: T tokens in the
+step, H heads, Hkv KV heads, D head_dim, all of them this rank's shard under tensor
+parallelism (TPShard)."""
 
 from dataclasses import dataclass
 from typing import Dict, List, Optional
@@ -11,6 +13,7 @@ import torch
 from rtp_llm.config.model_config import ModelConfig
 from rtp_llm.device.base import AttentionMetadata, DeviceBackend
 from rtp_llm.distributed.tensor_parallel import TPShard
+from rtp_llm.models_py.moe import MoeMLP, load_moe_mlp
 from rtp_llm.models_py.rotary import cos_sin_table
 
 
@@ -26,8 +29,10 @@ class Layer:
     k_norm: Optional[torch.Tensor]
     o_proj: torch.Tensor         # [hidden, H D]
     post_norm: torch.Tensor
-    gate_up: torch.Tensor        # [2 I, hidden]
-    down: torch.Tensor           # [hidden, I]
+    # The MLP: dense (gate_up [2 I, hidden], down [hidden, I]) or, in a sparse layer, moe.
+    gate_up: Optional[torch.Tensor]
+    down: Optional[torch.Tensor]
+    moe: Optional[MoeMLP] = None
 
 
 class DecoderModel:
@@ -40,7 +45,6 @@ class DecoderModel:
         pack = backend.pack_linear
         D = c.head_dim
         q0, self.num_heads, k0, self.num_kv_heads = tp.heads(c.num_heads, c.num_kv_heads)
-        i0, ni = tp.split(c.intermediate_size, "intermediate_size")
         self.vocab_start, vocab_rows = tp.vocab(c.vocab_size)
 
         def w(name, rows=None, cols=None):
@@ -79,15 +83,24 @@ class DecoderModel:
                 k_norm=w(a + "k_norm.weight") if c.qk_norm else None,
                 o_proj=pack(w(a + "o_proj.weight", cols=q_rows)),
                 post_norm=w(p + "post_attention_layernorm.weight"),
-                gate_up=backend.pack_gate_up(torch.cat([w(p + "mlp.gate_proj.weight", (i0, ni)),
-                                                        w(p + "mlp.up_proj.weight", (i0, ni))])),
-                down=pack(w(p + "mlp.down_proj.weight", cols=(i0, ni))),
+                **(dict(gate_up=None, down=None, moe=load_moe_mlp(c.moe, p, w, weights, backend, tp))
+                   if c.is_sparse(i) else self._dense_mlp(p, w)),
             ))
+        # The reference MoE path sizes its per-expert slices on the host (DeviceBackend.moe):
+        # such steps run eagerly, not from captured graphs.
+        self.graph_capturable = all(layer.moe is None for layer in self.layers)
         cos, sin = cos_sin_table(c, max_positions)
         self.cos, self.sin = cos.to(dev), sin.to(dev)
         self.q_size = self.num_heads * D
         self.kv_size = self.num_kv_heads * D
         self.scale = D ** -0.5
+
+    def _dense_mlp(self, p: str, w) -> dict:
+        """Layer prefix p's dense MLP, this rank's slice of the intermediate dimension."""
+        i0, ni = self.tp.split(self.config.intermediate_size, "intermediate_size")
+        return dict(gate_up=self.backend.pack_gate_up(torch.cat([w(p + "mlp.gate_proj.weight", (i0, ni)),
+                                                                 w(p + "mlp.up_proj.weight", (i0, ni))])),
+                    down=self.backend.pack_linear(w(p + "mlp.down_proj.weight", cols=(i0, ni))))
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
@@ -123,7 +136,10 @@ class DecoderModel:
             o = be.attention(q, k, v, kv_cache[i], meta, self.scale)
             attn = be.linear(o.reshape(T, self.q_size), layer.o_proj, out=send)  # row-parallel
             x = tp.all_reduce_add_rms_norm(attn, residual, layer.post_norm, c.rms_norm_eps, be)
-            mlp = be.linear(be.gate_up_silu(x, layer.gate_up), layer.down, out=send)
+            if layer.moe is not None:
+                mlp = layer.moe.forward(x, be)  # row-parallel too: partial sums
+            else:
+                mlp = be.linear(be.gate_up_silu(x, layer.gate_up), layer.down, out=send)
             next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
             x = tp.all_reduce_add_rms_norm(mlp, residual, next_norm, c.rms_norm_eps, be)
         h = x if sample_rows is None else x[sample_rows]

@@ -32,21 +32,38 @@ TINY = {
     "llama_mha_untied": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=4,
                                              tie_word_embeddings=False)),
 }
+# Mixture-of-experts fixtures (kept apart from TINY: their own tests, moe_parity_test.py): odd
+# expert counts, top-k > 1, a dense first layer (mlp_only_layers) or dense layers between
+# sparse ones (decoder_sparse_step), norm_topk_prob on and off, Qwen2-MoE's shared expert.
+TINY_MOE = {
+    "qwen3_moe_dense_first": ("Qwen3MoeConfig", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                                     tie_word_embeddings=False, num_experts=5, num_experts_per_tok=2,
+                                                     moe_intermediate_size=64, mlp_only_layers=[0],
+                                                     norm_topk_prob=True)),
+    "qwen3_moe_raw_topk": ("Qwen3MoeConfig", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                                  tie_word_embeddings=True, num_experts=7, num_experts_per_tok=3,
+                                                  moe_intermediate_size=64, norm_topk_prob=False)),
+    "qwen2_moe_shared": ("Qwen2MoeConfig", dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4,
+                                                tie_word_embeddings=False, num_experts=5, num_experts_per_tok=2,
+                                                moe_intermediate_size=64, shared_expert_intermediate_size=128,
+                                                decoder_sparse_step=2, norm_topk_prob=False)),
+}
 TINY_VOCAB = 512
 
 
 def make_tiny(name: str, root: str) -> str:
-    """Writes the tiny HF checkpoint `name` (Qwen3, Qwen2, Llama; GQA, MQA, tied and untied)
-    under root and returns its directory. The weights are scaled up so that greedy choices are
-    decisive rather than near-ties; the seed is the name's, so a name always gives the same
-    weights. (rtp_llm.tools.random_checkpoint writes benchmark-sized Qwen3 checkpoints whose
+    """Writes the tiny HF checkpoint `name` (TINY: Qwen3, Qwen2, Llama; GQA, MQA, tied and
+    untied; TINY_MOE: Qwen3-MoE, Qwen2-MoE) under root and returns its directory. The weights
+    are scaled up so that greedy choices are decisive rather than near-ties; the seed is the
+    name's, so a name always gives the same weights. (rtp_llm.tools.random_checkpoint writes benchmark-sized Qwen3 checkpoints whose
     values do not matter; these are for parity.)"""
     import transformers
 
-    cls_name, kwargs = TINY[name]
-    config = getattr(transformers, cls_name)(
-        vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        max_position_embeddings=512, bos_token_id=None, eos_token_id=None, pad_token_id=None, **kwargs)
+    cls_name, kwargs = TINY[name] if name in TINY else TINY_MOE[name]
+    config = getattr(transformers, cls_name)(**{
+        "vocab_size": TINY_VOCAB, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+        "max_position_embeddings": 512, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+        **kwargs})
     torch.manual_seed(sum(map(ord, name)))
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
