@@ -80,7 +80,7 @@ class Q8_0LinearTest(unittest.TestCase):
         self.assertTrue(torch.equal(out, want))
         self.assertEqual(tuple(self.ops.q8_0_linear(xb[:0], packed, 37).shape), (0, 37))
 
-    def test_packed_size_is_the_file_size_plus_one_sixteenth(self):
+    def test_packed_size_is_the_file_size_plus_one_seventeenth(self):
         _, blocks, _, packed = self.case(1, 64, 352)
         self.assertEqual(packed.numel(), blocks.numel() * 576 // 544)  # 36 vs 34 bytes per 32 weights
 
