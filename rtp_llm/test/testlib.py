@@ -153,6 +153,36 @@ def write_gguf(hf_dir: str, path: str, qtype: str = "Q8_0") -> str:
     return path
 
 
+def requantize_gguf(src: str, dst: str, qtype: str = "Q8_0") -> str:
+    """A copy of the GGUF file src (metadata, tokenizer and chat template included) with every
+    quantized matrix dequantized and quantized again as `qtype` (gguf's own quantizer): a real
+    model as, say, a Q8_0 file. Returns dst."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(dst, arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue  # the writer's own
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), field.types[0], sub)
+    kind = gguf.GGMLQuantizationType[qtype]
+    plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
+    for t in reader.tensors:
+        if t.tensor_type in plain:
+            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+            continue
+        a = np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        w.add_tensor(t.name, gguf.quants.quantize(a, kind), raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
 # ------------------------------------------------------------------ HF references
 
 def hf_model(path: str, dtype=torch.float32, device: str = "cpu"):
