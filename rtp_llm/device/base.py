@@ -154,6 +154,12 @@ class DeviceBackend(ABC):
         """q: [T, num_heads, head_dim] -> [T, num_heads, head_dim]; causal over each stream's
         context. k, v: this step's [T, num_kv_heads, head_dim], already written to kv."""
 
+    def keeps_quantized(self, weight: Any) -> bool:
+        """Whether pack_linear / pack_gate_up / pack_lm_head take this quantized checkpoint
+        tensor (model_loader.quantized) as it is; the decoder widens it to the run dtype
+        otherwise. Default: no device computes on quantized weights."""
+        return False
+
     def pack_linear(self, weight: torch.Tensor) -> torch.Tensor:
         """A projection weight, HF's [out, in], in the layout linear() wants. Default: [in, out]
         contiguous, applied as x @ w (on the CPU faster than F.linear for decode-sized batches)."""

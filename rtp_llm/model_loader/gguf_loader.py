@@ -1,15 +1,21 @@
-"""GGUF checkpoints (llama.cpp): architecture from the metadata, tensors dequantized to the
-run dtype with HF names, llama.cpp's rotary permutation of q/k undone for llama-arch files,
-and the tokenizer (with its chat template) built from the same file."""
+"""GGUF checkpoints (llama.cpp): architecture from the metadata, tensors with HF names,
+llama.cpp's rotary permutation of q/k undone for llama-arch files, and the tokenizer (with its
+chat template) built from the same file.
+
+Tensors are dequantized to the run dtype, except Q8_0 projection weights (q/k/v/o,
+gate/up/down, an untied LM head) in a run dtype other than fp32: those stay in the file's
+blocks (quantized.Q8_0Tensor) for the backend to compute on (the CPU's Q8_0 kernels) or widen.
+fp32 runs widen everything: they are the exact reference. Other quantized types are widened."""
 
 import os
-from typing import Dict, Optional
+from typing import Dict, Optional, Union
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from rtp_llm.config.model_config import ModelConfig, RopeScaling
+from rtp_llm.model_loader.quantized import Q8_0Tensor
 from rtp_llm.model_loader.registry import MODEL_TYPES, resolve_model_type
 from rtp_llm.model_loader.weights import CheckpointError, check_weights
 
@@ -95,6 +101,24 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, out // n_heads // 2, 2, hidden).transpose(1, 2).reshape(out, hidden)
 
 
+def _unpermute_rows(w: Q8_0Tensor, n_heads: int) -> Q8_0Tensor:
+    # The same permutation as _unpermute, on whole rows of quantized blocks.
+    index = _unpermute(torch.arange(w.shape[0])[:, None], n_heads)[:, 0]
+    return w.permute_rows(index)
+
+
+# Projection weights that may stay quantized (HF names' endings); norms, biases and the
+# embedding table (looked up by row) are always widened.
+_KEPT_QUANTIZED = ("_proj.weight", "lm_head.weight")
+
+
+def _keeps_quantized(name: str, tensor_type, dtype: torch.dtype) -> bool:
+    import gguf
+
+    return (tensor_type == gguf.GGMLQuantizationType.Q8_0 and dtype != torch.float32
+            and name.endswith(_KEPT_QUANTIZED))
+
+
 def _unpermute_bias(b: torch.Tensor, n_heads: int) -> torch.Tensor:
     return b.reshape(n_heads, b.shape[0] // n_heads // 2, 2).transpose(1, 2).reshape(-1)
 
@@ -106,7 +130,7 @@ def load_gguf(path: str, model_type: Optional[str], dtype: torch.dtype, progress
     reader = _reader(path)
     config = read_gguf_config(path, model_type, reader)
     permuted = _field(reader, "general.architecture") == "llama"
-    weights: Dict[str, torch.Tensor] = {}
+    weights: Dict[str, Union[torch.Tensor, Q8_0Tensor]] = {}
     for t in tqdm(reader.tensors, desc="loading weights", unit="tensor", disable=not progress):
         if t.name.startswith("blk."):
             _, layer, rest = t.name.split(".", 2)
@@ -117,11 +141,20 @@ def load_gguf(path: str, model_type: Optional[str], dtype: torch.dtype, progress
             name = _GLOBAL_NAMES[t.name]
         else:
             continue
+        shape = [int(d) for d in reversed(t.shape)]
+        if _keeps_quantized(name, t.tensor_type, dtype):
+            try:
+                q = Q8_0Tensor.from_gguf(t.data, shape, dtype)
+            except ValueError as e:
+                raise CheckpointError(f"{path}: tensor {t.name}: {e}") from e
+            if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
+                q = _unpermute_rows(q, config.num_heads if "q_proj" in name else config.num_kv_heads)
+            weights[name] = q
+            continue
         try:
             data = gguf.quants.dequantize(t.data, t.tensor_type)
         except Exception as e:
             raise CheckpointError(f"{path}: cannot dequantize tensor {t.name} ({t.tensor_type.name}): {e}") from e
-        shape = [int(d) for d in reversed(t.shape)]
         tensor = torch.from_numpy(np.array(data, dtype=np.float32).reshape(shape))  # a writable copy
         if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
             tensor = _unpermute(tensor, config.num_heads if "q_proj" in name else config.num_kv_heads)

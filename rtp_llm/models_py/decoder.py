@@ -13,6 +13,7 @@ import torch
 from rtp_llm.config.model_config import ModelConfig
 from rtp_llm.device.base import AttentionMetadata, DeviceBackend
 from rtp_llm.distributed.tensor_parallel import TPShard
+from rtp_llm.model_loader.quantized import QuantizedTensor, cat_rows, take
 from rtp_llm.models_py.moe import MoeMLP, load_moe_mlp
 from rtp_llm.models_py.rotary import cos_sin_table
 
@@ -48,18 +49,19 @@ class DecoderModel:
         self.vocab_start, vocab_rows = tp.vocab(c.vocab_size)
 
         def w(name, rows=None, cols=None):
-            """This rank's slice of a checkpoint tensor, on the device."""
-            t = weights[name]
-            if rows is not None:
-                t = t[rows[0]:rows[0] + rows[1]]
-            if cols is not None:
-                t = t[:, cols[0]:cols[0] + cols[1]]
+            """This rank's slice of a checkpoint tensor, on the device; a quantized one (GGUF
+            Q8_0 projections) stays quantized, for pack_linear, where the backend computes on
+            it, and is widened to the run dtype elsewhere."""
+            t = take(weights[name], rows, cols)
+            if isinstance(t, QuantizedTensor):
+                return t if backend.keeps_quantized(t) else t.dequantize().to(dev)
             return t.to(dev)
 
         def vocab_slice(name):
             t = w(name, rows=(self.vocab_start, vocab_rows))
             if t.shape[0] < vocab_rows:  # the last rank's slice of a vocab not divisible by tp
-                t = torch.cat([t, t.new_zeros(vocab_rows - t.shape[0], t.shape[1])])
+                pad = vocab_rows - t.shape[0]
+                t = t.pad_rows(pad) if isinstance(t, QuantizedTensor) else torch.cat([t, t.new_zeros(pad, t.shape[1])])
             return t
 
         q_rows, kv_rows = (q0 * D, self.num_heads * D), (k0 * D, self.num_kv_heads * D)
@@ -76,8 +78,8 @@ class DecoderModel:
                                   w(a + "v_proj.bias", kv_rows)])
             self.layers.append(Layer(
                 input_norm=w(p + "input_layernorm.weight"),
-                qkv=pack(torch.cat([w(a + "q_proj.weight", q_rows), w(a + "k_proj.weight", kv_rows),
-                                    w(a + "v_proj.weight", kv_rows)])),
+                qkv=pack(cat_rows([w(a + "q_proj.weight", q_rows), w(a + "k_proj.weight", kv_rows),
+                                   w(a + "v_proj.weight", kv_rows)])),
                 qkv_bias=bias,
                 q_norm=w(a + "q_norm.weight") if c.qk_norm else None,
                 k_norm=w(a + "k_norm.weight") if c.qk_norm else None,
@@ -98,8 +100,8 @@ class DecoderModel:
     def _dense_mlp(self, p: str, w) -> dict:
         """Layer prefix p's dense MLP, this rank's slice of the intermediate dimension."""
         i0, ni = self.tp.split(self.config.intermediate_size, "intermediate_size")
-        return dict(gate_up=self.backend.pack_gate_up(torch.cat([w(p + "mlp.gate_proj.weight", (i0, ni)),
-                                                                 w(p + "mlp.up_proj.weight", (i0, ni))])),
+        return dict(gate_up=self.backend.pack_gate_up(cat_rows([w(p + "mlp.gate_proj.weight", (i0, ni)),
+                                                                w(p + "mlp.up_proj.weight", (i0, ni))])),
                     down=self.backend.pack_linear(w(p + "mlp.down_proj.weight", cols=(i0, ni))))
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:

@@ -116,6 +116,90 @@ def overlap_sampling_configs(prompt_tail: int):
             {"max_new_tokens": 40, "temperature": 0, "stop_words_list": [[prompt_tail]]}]
 
 
+def write_gguf(hf_dir: str, path: str, qtype: str = "Q8_0") -> str:
+    """Writes the HF checkpoint at hf_dir (a make_tiny one) as a GGUF file as llama.cpp's
+    converter would: its metadata, every matrix in `qtype` (gguf's own quantizer), vectors in
+    F32, llama-arch q/k rows permuted for llama.cpp's rotary layout. Token list placeholders of
+    the vocabulary's size (pass the checkpoint's tokenizer_path). Returns path."""
+    import json
+
+    import gguf
+    import numpy as np
+    from safetensors.torch import load_file
+
+    from rtp_llm.model_loader.gguf_loader import _GLOBAL_NAMES, _LAYER_NAMES
+
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        c = json.load(f)
+    arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[c["architectures"][0]]
+    heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(c.get("head_dim") or c["hidden_size"] // heads)
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_rope_freq_base(c.get("rope_theta") or c.get("rope_parameters", {}).get("rope_theta", 10000.0))
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(c["vocab_size"])])
+    to_gguf = {v: k for k, v in _GLOBAL_NAMES.items()}
+    layer_names = {v: k for k, v in _LAYER_NAMES.items()}
+    for name, t in load_file(os.path.join(hf_dir, "model.safetensors")).items():
+        rest = ""
+        if name.startswith("model.layers."):
+            _, _, layer, rest = name.split(".", 3)
+            gname = f"blk.{layer}.{layer_names[rest]}"
+        else:
+            gname = to_gguf[name]
+        a = t.float().numpy()
+        if arch == "llama" and rest.startswith(("self_attn.q_proj.", "self_attn.k_proj.")):
+            n = heads if "q_proj" in rest else kv_heads
+            a = a.reshape(n, 2, a.shape[0] // n // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+        if a.ndim == 2:
+            kind = gguf.GGMLQuantizationType[qtype]
+            w.add_tensor(gname, gguf.quants.quantize(np.ascontiguousarray(a), kind), raw_dtype=kind)
+        else:
+            w.add_tensor(gname, np.ascontiguousarray(a, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def requantize_gguf(src: str, dst: str, qtype: str = "Q8_0") -> str:
+    """A copy of the GGUF file src (metadata, tokenizer and chat template included) with every
+    quantized matrix dequantized and quantized again as `qtype` (gguf's own quantizer): a real
+    model as, say, a Q8_0 file. Returns dst."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(dst, arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue  # the writer's own
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), field.types[0], sub)
+    kind = gguf.GGMLQuantizationType[qtype]
+    plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
+    for t in reader.tensors:
+        if t.tensor_type in plain:
+            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+            continue
+        a = np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        w.add_tensor(t.name, gguf.quants.quantize(a, kind), raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
 # ------------------------------------------------------------------ HF references
 
 def hf_model(path: str, dtype=torch.float32, device: str = "cpu"):

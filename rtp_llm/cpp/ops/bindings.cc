@@ -39,6 +39,13 @@ PYBIND11_MODULE(librtp_compute_ops, m) {
         "bf16 [2 I, K] (gate rows, then up rows) -> bf16_linear_silu's packed weight", pybind11::arg("weight"));
   m.def("bf16_linear_silu", &rtp_llm::ops::bf16_linear_silu, "x: [M, K] bf16 -> silu(x gate^T) * (x up^T), [M, I]",
         pybind11::arg("x"), pybind11::arg("packed"));
+  m.def("q8_0_linear_vectorized", &rtp_llm::ops::q8_0_linear_vectorized,
+        "whether q8_0_linear runs its AVX-512 VNNI kernel here");
+  m.def("pack_q8_0_linear", &rtp_llm::ops::pack_q8_0_linear,
+        "a GGUF Q8_0 tensor's rows, uint8 [N, K / 32 * 34] -> q8_0_linear's packed weight", pybind11::arg("blocks"));
+  m.def("q8_0_linear", &rtp_llm::ops::q8_0_linear, "x: [M, K] fp32/bf16 @ packed Q8_0 weight of n columns -> [M, n]",
+        pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("n"), pybind11::arg("out") = pybind11::none(),
+        pybind11::arg("portable") = false);
   m.def("store_kv", &rtp_llm::ops::store_kv, "k, v into the paged cache at slot_mapping", pybind11::arg("k"),
         pybind11::arg("v"), pybind11::arg("kv_cache"), pybind11::arg("slot_mapping"));
 }

@@ -69,6 +69,17 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, const std:
 at::Tensor pack_bf16_gate_up(const at::Tensor& weight);
 at::Tensor bf16_linear_silu(const at::Tensor& x, const at::Tensor& packed);
 
+// GGUF Q8_0 projections kept quantized (cpu/q8_0.h documents the format and the packing).
+// pack_q8_0_linear: a Q8_0 tensor's rows as stored, uint8 [N, K / 32 * 34] (per 32 weights an
+// fp16 scale, then 32 int8) -> the kernels' layout, uint8 [ceil(N / 16), K / 32, 576].
+// q8_0_linear: x [M, K] fp32 or bf16 -> x @ W^T, [M, n] in x's dtype (into `out` when given),
+// activations quantized per 32-block to int8 on the fly; on AVX-512 VNNI where the CPU has it
+// (q8_0_linear_vectorized()) unless `portable`, elsewhere portable C++ (the same sums).
+bool q8_0_linear_vectorized();
+at::Tensor pack_q8_0_linear(const at::Tensor& blocks);
+at::Tensor q8_0_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& out,
+                       bool portable);
+
 // Writes k, v: [T, Hkv, D] to kv_cache: [2, blocks, block_size, Hkv, D] at slot_mapping: [T].
 void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& kv_cache, const at::Tensor& slot_mapping);
 

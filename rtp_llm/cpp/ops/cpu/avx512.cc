@@ -1,7 +1,8 @@
 // Whether this CPU runs the AVX-512 kernels (avx512_attention.cc, avx512_gemm.cc,
-// avx512_row_ops.cc): checked once via CPUID, compiled for the baseline ISA (it runs on every
-// CPU).
+// avx512_row_ops.cc, avx512_q8_0.cc): checked once via CPUID, compiled for the baseline ISA
+// (it runs on every CPU).
 #include "rtp_llm/cpp/ops/cpu/avx512.h"
+#include "rtp_llm/cpp/ops/cpu/q8_0.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -31,10 +32,16 @@ bool bf16_gemm_supported() {
   return ok;
 }
 
+bool q8_0_vnni_supported() {
+  static const bool ok = supported() && __builtin_cpu_supports("avx512vnni");
+  return ok;
+}
+
 #else  // not x86_64: the portable kernels run
 
 bool supported() { return false; }
 bool bf16_gemm_supported() { return false; }
+bool q8_0_vnni_supported() { return false; }
 
 #endif
 

@@ -32,6 +32,12 @@
   _Pragma("GCC target(\"avx512f,avx512bw,avx512dq,avx512vl,avx512bf16\")") \
   _Pragma("GCC diagnostic push") \
   _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
+#define RTP_LLM_AVX512_VNNI_BEGIN \
+  _Pragma("GCC push_options") \
+  _Pragma("GCC target(\"avx512f,avx512bw,avx512dq,avx512vl,avx512vnni\")") \
+  _Pragma("GCC diagnostic push") \
+  _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") \
+  _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
 #define RTP_LLM_AVX512_END _Pragma("GCC diagnostic pop") _Pragma("GCC pop_options")
 
 RTP_LLM_AVX512_BEGIN
