@@ -43,15 +43,18 @@ class LLM:
     spawns tp_size - 1 rank processes on this node (one GPU each with device="cuda")."""
 
     def __init__(self, checkpoint_path: str, model_type: Optional[str] = None, tokenizer_path: Optional[str] = None,
-                 act_type: str = "fp32", progress: bool = True, tp_size: int = 1, **engine_args):
+                 act_type: str = "fp32", progress: bool = True, tp_size: int = 1,
+                 dist_timeout_s: Optional[int] = None, **engine_args):
         from rtp_llm.distributed.launch import set_rank_device, spawn_workers
         from rtp_llm.distributed.tensor_parallel import ParallelConfig, free_port, init_tensor_parallel
 
         self._workers = []
         tp = None
         if tp_size > 1:
+            # (dist_timeout_s None: ParallelConfig's default)
+            timeout = {} if dist_timeout_s is None else {"dist_timeout_s": dist_timeout_s}
             parallel = ParallelConfig(tp_size=tp_size, world_size=tp_size, local_world_size=tp_size,
-                                      master_port=free_port())
+                                      master_port=free_port(), **timeout)
             load_args = dict(checkpoint_path=checkpoint_path, model_type=model_type, act_type=act_type,
                              tokenizer_path=tokenizer_path)
             self._workers = spawn_workers(load_args, engine_args, parallel)

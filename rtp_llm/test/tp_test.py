@@ -53,7 +53,9 @@ class TensorParallelTest(unittest.TestCase):
 
     def test_a_dead_rank_fails_the_step_instead_of_hanging(self):
         path = make_tiny("qwen3_gqa_untied", self.tmp.name)
-        llm = LLM(path, act_type="fp32", progress=False, max_seq_len=128, tp_size=2)
+        # A collective to a killed peer usually errors at once; when it waits instead (the kill
+        # not yet seen), --dist_timeout_s bounds it: 20 s, not the 120 s default, fits the bar.
+        llm = LLM(path, act_type="fp32", progress=False, max_seq_len=128, tp_size=2, dist_timeout_s=20)
         try:
             llm._workers[0].kill()
             llm._workers[0].join()
