@@ -14,7 +14,7 @@ import unittest
 import torch
 
 from rtp_llm.llm import LLM
-from rtp_llm.test.testlib import TINY_MOE, hf_greedy, hf_model, make_tiny
+from rtp_llm.test.testlib import TINY_MOE, assert_prefill_logits_match_hf, hf_greedy, hf_model, make_tiny
 from rtp_llm.test.testlib import random_prompts as prompts
 
 NEW_TOKENS = 48
@@ -76,23 +76,9 @@ class MoeParityTest(unittest.TestCase):
                     llm.close()
 
     def test_prefill_logits_match(self):
-        from rtp_llm.config.generate_config import GenerateConfig
-
         for name in TINY_MOE:
             with self.subTest(name):
-                llm = LLM(self.paths[name], act_type="fp32", progress=False, max_seq_len=256)
-                try:
-                    prompt = prompts(6, [37])[0]
-                    sid = llm.engine.core.enqueue(prompt, GenerateConfig(max_new_tokens=1, temperature=0).to_proto())
-                    batch = llm.engine.core.schedule()
-                    ours = llm.engine.runner.logits(batch)[0]
-                    llm.engine.runner.step(llm.engine.core, batch)  # keeps the core consistent
-                    llm.engine.core.release(sid)
-                    with torch.no_grad():
-                        ref = self.hf[name](torch.tensor([prompt])).logits[0, -1]
-                    torch.testing.assert_close(ours, ref, atol=LOGIT_TOL, rtol=LOGIT_TOL)
-                finally:
-                    llm.close()
+                assert_prefill_logits_match_hf(self.paths[name], self.hf[name], prompts(6, [37])[0], LOGIT_TOL)
 
     def test_tp2_equals_tp1(self):
         # Each expert's intermediate dimension (and the shared expert's, and the dense layers')

@@ -9,7 +9,8 @@ import unittest
 import torch
 
 from rtp_llm.llm import LLM
-from rtp_llm.test.testlib import TINY, hf_greedy, hf_logprobs, hf_model, make_tiny, overlap_sampling_configs
+from rtp_llm.test.testlib import (TINY, assert_prefill_logits_match_hf, hf_greedy, hf_logprobs, hf_model, make_tiny,
+                                  overlap_sampling_configs)
 from rtp_llm.test.testlib import random_prompts as prompts
 
 NEW_TOKENS = 64
@@ -117,19 +118,7 @@ class ParityTest(unittest.TestCase):
     def test_prefill_logits_match(self):
         for name in TINY:
             with self.subTest(name):
-                llm = LLM(self.paths[name], act_type="fp32", progress=False, max_seq_len=256)
-                try:
-                    prompt = prompts(6, [37])[0]
-                    sid = llm.engine.core.enqueue(prompt, _greedy_one())
-                    batch = llm.engine.core.schedule()
-                    ours = llm.engine.runner.logits(batch)[0]
-                    llm.engine.runner.step(llm.engine.core, batch)  # keeps the core consistent
-                    llm.engine.core.release(sid)
-                    with torch.no_grad():
-                        ref = self.hf[name](torch.tensor([prompt])).logits[0, -1]
-                    torch.testing.assert_close(ours, ref, atol=LOGIT_TOL, rtol=LOGIT_TOL)
-                finally:
-                    llm.close()
+                assert_prefill_logits_match_hf(self.paths[name], self.hf[name], prompts(6, [37])[0], LOGIT_TOL)
 
 
     def test_prompt_logprobs_match_hf(self):
@@ -174,12 +163,6 @@ class ParityTest(unittest.TestCase):
                         self.assertGreater(core.stats()["preemptions"], 0)
                 finally:
                     llm.close()
-
-
-def _greedy_one():
-    from rtp_llm.config.generate_config import GenerateConfig
-
-    return GenerateConfig(max_new_tokens=1, temperature=0).to_proto()
 
 
 if __name__ == "__main__":

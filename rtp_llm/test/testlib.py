@@ -227,6 +227,26 @@ def hf_logprobs(model, ids) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1).cpu()
 
 
+def assert_prefill_logits_match_hf(path: str, hf, prompt, tol: float) -> None:
+    """Our fp32 logits of `prompt`'s last position (its prefill step, run through the engine's
+    runner) equal HF model `hf`'s within `tol` (absolute and relative)."""
+    from rtp_llm.config.generate_config import GenerateConfig
+    from rtp_llm.llm import LLM
+
+    llm = LLM(path, act_type="fp32", progress=False, max_seq_len=256)
+    try:
+        sid = llm.engine.core.enqueue(prompt, GenerateConfig(max_new_tokens=1, temperature=0).to_proto())
+        batch = llm.engine.core.schedule()
+        ours = llm.engine.runner.logits(batch)[0]
+        llm.engine.runner.step(llm.engine.core, batch)  # keeps the core consistent
+        llm.engine.core.release(sid)
+    finally:
+        llm.close()
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0, -1]
+    torch.testing.assert_close(ours, ref, atol=tol, rtol=tol)
+
+
 def hf_tokenizer(path: str):
     """The tokenizer of an HF checkpoint directory or a .gguf file."""
     from transformers import AutoTokenizer
