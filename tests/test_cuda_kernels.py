@@ -366,14 +366,23 @@ class _InterpretedCudaBackend:
         return Backend()
 
 
+def _interpreted_cuda_llm(path, monkeypatch, backend):
+    """An LLM of `path` on `backend` (an _InterpretedCudaBackend) instead of the real device's:
+    fp32, 16-token steps (prompts run in chunks), 64 KV blocks, 4 streams, no warm-up."""
+    import rtp_llm.async_decoder_engine.engine as engine_mod
+    from rtp_llm.llm import LLM
+
+    monkeypatch.setattr(engine_mod, "get_backend", lambda _: backend)
+    return LLM(path, act_type="fp32", progress=False, max_seq_len=128, max_num_batched_tokens=16, num_kv_blocks=64,
+               max_batch_size=4, warm_up=False)
+
+
 @pytest.mark.skipif(not INTERPRETED, reason="on a GPU, tests/test_cuda.py runs the real backend")
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-inputs"])
 @pytest.mark.parametrize("name", ["llama_mha_untied", "qwen3_gqa_untied"])
 def test_cuda_backend_greedy_equals_hf_with_chunked_prefill(tmp_path, monkeypatch, name, graphs):
     from testlib import hf_greedy, hf_model, make_tiny, random_prompts
 
-    import rtp_llm.async_decoder_engine.engine as engine_mod
-    from rtp_llm.llm import LLM
 
     path = make_tiny(name, str(tmp_path))
     hf = hf_model(path)
@@ -382,9 +391,7 @@ def test_cuda_backend_greedy_equals_hf_with_chunked_prefill(tmp_path, monkeypatc
     attention = backend.attention
     backend.attention = lambda q, k, v, kv, meta, scale: (
         split_steps.append(meta.decode_rows is not None), attention(q, k, v, kv, meta, scale))[1]
-    monkeypatch.setattr(engine_mod, "get_backend", lambda _: backend)
-    llm = LLM(path, act_type="fp32", progress=False, max_seq_len=128, max_num_batched_tokens=16, num_kv_blocks=64,
-              max_batch_size=4, warm_up=False)
+    llm = _interpreted_cuda_llm(path, monkeypatch, backend)
     # (50, 7): chunks of one prompt, then both; (7, 50, 30): the first decodes beside the
     # others' chunks (mixed steps: eager, their one-token streams take the decode kernel).
     for lens in [(50, 7), (7, 50, 30)]:
@@ -403,14 +410,10 @@ def test_cuda_backend_runs_moe_eagerly_and_equals_hf(tmp_path, monkeypatch):
     # CUDA step path: graphs asked for, none captured (DecoderModel.graph_capturable), in chunks.
     from testlib import hf_greedy, hf_model, make_tiny, random_prompts
 
-    import rtp_llm.async_decoder_engine.engine as engine_mod
-    from rtp_llm.llm import LLM
 
     path = make_tiny("qwen2_moe_shared", str(tmp_path))
     hf = hf_model(path)
-    monkeypatch.setattr(engine_mod, "get_backend", lambda _: _InterpretedCudaBackend.make(True))
-    llm = LLM(path, act_type="fp32", progress=False, max_seq_len=128, max_num_batched_tokens=16, num_kv_blocks=64,
-              max_batch_size=4, warm_up=False)
+    llm = _interpreted_cuda_llm(path, monkeypatch, _InterpretedCudaBackend.make(True))
     try:
         assert llm.engine.runner.graphs is None
         prompts = random_prompts(5, (30, 7))
@@ -427,16 +430,12 @@ def test_cuda_backend_prompt_logprobs_equal_hf_in_chunks(tmp_path, monkeypatch):
     # though graphs are on (no graph computes the prompt rows), in chunks of 16.
     from testlib import hf_logprobs, hf_model, make_tiny, random_prompts
 
-    import rtp_llm.async_decoder_engine.engine as engine_mod
     from rtp_llm.config.generate_config import GenerateConfig
-    from rtp_llm.llm import LLM
     from rtp_llm.ops.engine_core import decode_output
 
     path = make_tiny("qwen3_gqa_untied", str(tmp_path))
     hf = hf_model(path)
-    monkeypatch.setattr(engine_mod, "get_backend", lambda _: _InterpretedCudaBackend.make(True))
-    llm = LLM(path, act_type="fp32", progress=False, max_seq_len=128, max_num_batched_tokens=16, num_kv_blocks=64,
-              max_batch_size=4, warm_up=False)
+    llm = _interpreted_cuda_llm(path, monkeypatch, _InterpretedCudaBackend.make(True))
     try:
         prompts = random_prompts(3, (40, 9))
         config = GenerateConfig(max_new_tokens=2, temperature=0, ignore_eos=True, prompt_logprobs=2).to_proto()
