@@ -8,6 +8,14 @@ input preparation and commit hide behind the device's work:
 
     host:   schedule N+1 | launch N+1 | wait N, commit N | schedule N+2 | launch N+2 | wait N+1 ...
     device: ......... step N ..........|............. step N+1 ..............|.... step N+2
+
+A step with grammar rows cannot sample until the step before it committed (its tokens advance
+the matchers its mask is filled from). Its forward is queued ahead as usual; it samples in the
+next turn, after that commit and after the step behind it was staged (model_runner.py), so the
+device goes from its sampling straight to the next forward:
+
+    host:   wait N, commit N | schedule, stage N+2 | mask N+1, sample N+1 | forward N+2 | wait N+1 ...
+    device: ....... forward N+1 ........................................| sample N+1 | forward N+2
 """
 
 import logging
@@ -19,7 +27,7 @@ from typing import Optional
 import torch
 
 from rtp_llm.async_decoder_engine.grammar import GrammarBook, GrammarOptions, make_grammar_book
-from rtp_llm.async_decoder_engine.model_runner import ModelRunner, PendingStep
+from rtp_llm.async_decoder_engine.model_runner import Forwarded, ModelRunner, PendingStep, StagedStep
 from rtp_llm.device import get_backend
 from rtp_llm.distributed.tensor_parallel import CollectiveError, StepBroadcast, TPShard
 from rtp_llm.model_loader import LoadedModel
@@ -136,7 +144,8 @@ class EngineLoop:
         self._thread: Optional[threading.Thread] = None
         self._running = False
         self.overlap = bool(overlap)
-        self._pending: Optional[PendingStep] = None  # launched, not yet committed (overlap)
+        self._pending: Optional[PendingStep] = None  # sampled, not yet committed (overlap)
+        self._unsampled: Optional[Forwarded] = None  # forward queued; samples once _pending commits (grammar rows)
         self.grammar = grammar
         if grammar is None and self.core is not None:
             self.grammar = GrammarBook.refusing(self.core, "this engine does not sample with grammars")
@@ -162,46 +171,85 @@ class EngineLoop:
         return True
 
     def _step_ahead(self) -> bool:
-        """Launches the next step ahead of the pending one's tokens, then commits the pending one.
-        A launch that fails fails only its own step: the pending one ran before it."""
+        """One turn of the overlapped pipeline (module docstring): schedules the next step ahead
+        of the pending one and queues it, then commits the pending one. A step that fails fails
+        itself and the steps after it; the ones before it ran, and commit."""
+        unsampled, self._unsampled = self._unsampled, None
+        if unsampled is not None and not self._commit_pending():  # (its mask needs those tokens)
+            return True
         b = self.core.schedule_ahead()
-        launched, launch_error = None, None
+        staged, error = None, None
         if b.num_streams:
             try:
-                if self.broadcast is not None:
-                    self.broadcast.send(b)
-                launched = self.runner.launch(b, self._pending, self.core)
+                staged = self._stage(b)
             except CollectiveError:
                 raise
             except Exception as e:
-                launch_error = e
-        pending, self._pending = self._pending, launched
-        if pending is not None:
+                error = e
+        if unsampled is not None:  # sampled before b's forward, which reads its tokens
             try:
-                self.runner.commit(self.core, pending)  # (done already when b has grammar rows)
+                self._pending = self.runner.sample(unsampled)
             except CollectiveError:
                 raise
-            except Exception as e:  # the launched step read these tokens: it fails with them
-                self._pending = None
-                self._fail(e, b.num_streams, len(b.token_ids))  # (counts of the newer step; both fail)
+            except Exception as e:
+                self._fail(e, b.num_streams, len(b.token_ids))  # (it and b: every uncommitted step)
                 return True
-        if launch_error is not None:
-            self._fail(launch_error, b.num_streams, len(b.token_ids))  # b is the one uncommitted step now
+        new = None
+        if staged is not None:
+            try:
+                step = self.runner.forward(staged, self._pending)
+                if step.needs_mask:
+                    self._unsampled = step  # the pending step commits first, in the next turn
+                    return True
+                new = self.runner.sample(step)
+            except CollectiveError:
+                raise
+            except Exception as e:
+                error = e
+        pending, self._pending = self._pending, new
+        if pending is not None and not self._commit(pending):
+            return True
+        if error is not None:
+            self._fail(error, b.num_streams, len(b.token_ids))  # b is the one uncommitted step now
         return b.num_streams > 0 or pending is not None or self.grammar.wait_for_compiles()
 
-    def drain(self):
-        """Commits the step still in flight (overlap), if any, launching nothing new."""
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return
+    def _stage(self, b) -> StagedStep:
+        if self.broadcast is not None:
+            self.broadcast.send(b)
+        return self.runner.stage(b)
+
+    def _commit(self, step: PendingStep) -> bool:
+        """Commits a sampled step; False when that failed: the steps after it read its tokens,
+        so every uncommitted step failed with it."""
         try:
-            self.runner.commit(self.core, pending)
+            self.runner.commit(self.core, step)
+        except CollectiveError:
+            raise
         except Exception as e:
             self._fail(e, 0, 0)
+            return False
+        return True
+
+    def _commit_pending(self) -> bool:
+        pending, self._pending = self._pending, None
+        return pending is None or self._commit(pending)
+
+    def drain(self):
+        """Commits what is still in flight (overlap), launching nothing new."""
+        unsampled, self._unsampled = self._unsampled, None
+        if not self._commit_pending() or unsampled is None:
+            return
+        try:
+            self._pending = self.runner.sample(unsampled)
+        except Exception as e:
+            self._fail(e, 0, 0)
+            return
+        self._commit_pending()
 
     def _fail(self, e: Exception, num_streams: int, num_tokens: int):
-        """A failed step fails its requests (and with overlap the step in flight); the engine
+        """A failed step fails its requests (and with overlap every step in flight); the engine
         serves on."""
+        self._pending = self._unsampled = None
         if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
             # Reported, not a crash: the memory the requests held is released with them.
             log.error("out of memory in a model step of %d streams (%d tokens): %s", num_streams, num_tokens, e)
@@ -236,6 +284,9 @@ class EngineLoop:
             pass
         self.core.release(sid)
 
+    def _in_flight(self) -> bool:
+        return self._pending is not None or self._unsampled is not None
+
     def start(self):
         """Steps in a background thread until stop()."""
         self._running = True
@@ -247,7 +298,7 @@ class EngineLoop:
             while self._running:
                 # (A stream whose grammar compiles is no work for the core yet, but its compile
                 # timeout runs in step().)
-                if self._pending is not None or self.core.wait_for_work(100) or self.grammar.compiling():
+                if self._in_flight() or self.core.wait_for_work(100) or self.grammar.compiling():
                     self.step()
             self.drain()
         except BaseException:

@@ -5,10 +5,13 @@ tokens stay on the device for the step scheduled ahead of them (its placeholder 
 them there) and travel to pinned host memory for commit(). Waiting for them is the one
 host-device sync of a step.
 
-Grammars (grammar.py): a step with grammar rows samples after its forward is queued and, when
-it was scheduled ahead of the step in flight, after that step committed (its tokens advance
-the matchers the mask is filled from); the device runs the forward meanwhile. Steps without
-grammar rows are launched as before.
+A step runs in three calls: stage() does its host work and queues its input uploads (nothing
+in it reads the step before's tokens), forward() queues the model on those inputs (resolving
+placeholder ids from the step before's sampled tokens, on the device), sample() queues the
+sampling. launch() is the three in a row. The engine's overlapped loop (engine.py) interleaves
+them across steps; in particular a step with grammar rows (grammar.py) samples only once the
+step before committed (its tokens advance the matchers the mask is filled from), after the step
+behind it was staged, so that step's forward queues right behind the sampling.
 
 Prompt log-probs (a step with prompt rows: num_prompt_logprobs > 0): the forward runs eagerly (no
 captured graph computes those rows) and yields logits for the sampled rows, then the prompt rows;
@@ -18,7 +21,7 @@ host with the sampled tokens. Steps without prompt rows are untouched (graphs, n
 import os
 import threading
 import time
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 import torch
@@ -107,6 +110,29 @@ class PendingStep:
         return PromptRows(*(None if t is None else t.numpy() for t in self._prompt))
 
 
+class StagedStep:
+    """A step whose inputs are on their way to the device (stage()): run(prev_tokens) queues its
+    forward and returns the logits [num_sampled (+ prompt rows), vocab] fp32. placeholders: its
+    token ids name the tokens the step before samples (scheduled ahead of them)."""
+
+    def __init__(self, batch: StepBatch, run: Callable[[Optional[torch.Tensor]], torch.Tensor]):
+        self.batch, self.run = batch, run
+        self.placeholders = bool((batch.token_ids < 0).any())
+
+
+class Forwarded:
+    """A step whose forward is queued: logits [num_sampled, vocab] fp32 on the device, and its
+    prompt rows' log-probs (None when it has none). Sampled by ModelRunner.sample()."""
+
+    def __init__(self, batch: StepBatch, logits: torch.Tensor, prompt: Optional[PromptLogprobs]):
+        self.batch, self.logits, self.prompt = batch, logits, prompt
+
+    @property
+    def needs_mask(self) -> bool:
+        """It has grammar rows: their mask needs the step before committed."""
+        return self.batch.num_grammar > 0
+
+
 class ModelRunner:
     def __init__(self, model: DecoderModel, backend: DeviceBackend, kv_cache: torch.Tensor, block_size: int,
                  max_batch_size: int, max_seq_len: int, max_num_batched_tokens: int, use_graphs: bool = True):
@@ -137,29 +163,43 @@ class ModelRunner:
         self._prev_sampled = 0  # rows sampled by the last step run: a rank > 0 receives that many
 
     def logits(self, b: StepBatch, prev_tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """[num_sampled, vocab] fp32 logits of the streams whose next token this step yields.
-        prev_tokens: the step before's sampled tokens, when `b` was scheduled ahead of them."""
+        """[num_sampled, vocab] fp32 logits of the streams whose next token this step yields (then
+        its prompt rows'). prev_tokens: the step before's sampled tokens, when `b` was scheduled
+        ahead of them. (A rank > 0 steps with this; so do tests.)"""
+        return self._run(self.stage(b), prev_tokens)
+
+    def stage(self, b: StepBatch) -> StagedStep:
+        """b's host work and input uploads, queued behind the device's current work."""
         for token, kind in self.faults.items():
             if (b.token_ids == token).any():
                 _inject(kind, token)
-        if (b.token_ids < 0).any():
+        if self.graphs is not None and not b.num_prompt_logprobs:
+            replay = self.graphs.stage(b)
+            if replay is not None:
+                return StagedStep(b, replay)
+        x = self.backend.prepare_inputs(b, self.block_size)
+        rows = self._with_prompt_rows(b, x.sample_rows) if b.num_prompt_logprobs else x.sample_rows
+
+        def run(prev_tokens: Optional[torch.Tensor]) -> torch.Tensor:
+            if prev_tokens is not None:
+                self.backend.resolve_placeholders(x.token_ids, prev_tokens)
+            return self.model.forward(x.token_ids, x.positions, x.meta, self.kv_cache, rows)
+        return StagedStep(b, run)
+
+    def _run(self, staged: StagedStep, prev_tokens: Optional[torch.Tensor]) -> torch.Tensor:
+        """Queues the staged forward. Under tensor parallelism rank 0's prev_tokens reach every
+        rank first (stream-ordered, no host sync); a rank > 0 receives them (prev_tokens None)."""
+        b = staged.batch
+        if staged.placeholders:
             tp = self.model.tp
-            if tp.size > 1:  # rank 0's sampled tokens, to every rank (stream-ordered, no host sync)
+            if tp.size > 1:
                 if prev_tokens is None:
                     prev_tokens = torch.empty(self._prev_sampled, dtype=torch.int32, device=self.backend.device)
                 tp.broadcast(prev_tokens)
         else:
             prev_tokens = None
         self._prev_sampled = b.num_sampled
-        if self.graphs is not None and not b.num_prompt_logprobs:
-            logits = self.graphs.run(b, prev_tokens)
-            if logits is not None:
-                return logits
-        x = self.backend.prepare_inputs(b, self.block_size)
-        if prev_tokens is not None:
-            self.backend.resolve_placeholders(x.token_ids, prev_tokens)
-        rows = self._with_prompt_rows(b, x.sample_rows) if b.num_prompt_logprobs else x.sample_rows
-        return self.model.forward(x.token_ids, x.positions, x.meta, self.kv_cache, rows)
+        return staged.run(prev_tokens)
 
     def _with_prompt_rows(self, b, sample_rows: Optional[torch.Tensor]) -> torch.Tensor:
         """[N + P] on the device: the sampled rows (prepare_inputs'; None: all T), then the prompt
@@ -177,31 +217,38 @@ class ModelRunner:
         k = max(0, int(b.prompt_logprobs.max()))
         return prompt_logprobs(logits, torch.from_numpy(targets).to(logits.device), k)
 
-    def launch(self, b: StepBatch, prev: Optional[PendingStep] = None,
-               core: Optional[EngineCore] = None) -> PendingStep:
-        """Queues `b` (and its sampling) on the device. prev: the step in flight that `b` was
-        scheduled ahead of; when `b` has grammar rows, prev is committed to `core` here, between
-        b's forward and its sampling."""
-        logits = self.logits(b, prev.tokens if prev is not None else None)
+    def forward(self, staged: StagedStep, prev: Optional[PendingStep] = None) -> Forwarded:
+        """Queues the staged step's forward. prev: the step it was scheduled ahead of (sampled,
+        its tokens still on the device)."""
+        b = staged.batch
+        logits = self._run(staged, prev.tokens if prev is not None else None)
         prompt = None
         if b.num_prompt_logprobs:
             prompt = self._prompt_logprobs(logits[b.num_sampled:], b)
             logits = logits[:b.num_sampled]
+        return Forwarded(b, logits, prompt)
+
+    def sample(self, f: Forwarded) -> PendingStep:
+        """Queues f's sampling. Its grammar rows' mask is filled from their matchers, so the step
+        before f must have committed (f.needs_mask: the caller orders it)."""
+        b = f.batch
         sampled = b.do_sample == 1
         rows = b.rows(sampled)
         mask, grammar = None, None
-        if b.num_grammar:
-            if prev is not None:
-                self.commit(core, prev)
+        if f.needs_mask:
             g = np.nonzero(rows.grammar)[0]
             grammar = (b.stream_ids[sampled][g], g)
             mask = self.grammar.bitmask(*grammar)
-        samples = self.sampler.sample_on_device(logits, rows, mask)
+        samples = self.sampler.sample_on_device(f.logits, rows, mask)
         slot = self._slots[self._slot]
         self._slot ^= 1
-        step = PendingStep(samples, slot, self.model.tp.timeout_s if self.model.tp.size > 1 else 0.0, prompt)
+        step = PendingStep(samples, slot, self.model.tp.timeout_s if self.model.tp.size > 1 else 0.0, f.prompt)
         step.grammar = grammar
         return step
+
+    def launch(self, b: StepBatch) -> PendingStep:
+        """Stages, runs and samples `b` (nothing in flight before it)."""
+        return self.sample(self.forward(self.stage(b)))
 
     def commit(self, core: EngineCore, step: PendingStep):
         """Commits a launched step's tokens (once; waits for them) and advances its grammar rows'

@@ -102,6 +102,29 @@ class GrammarTest(unittest.TestCase):
                 self.assertEqual(accepted[sid], len(tokens) - prompt_len, (overlap, sid))
                 core.release(sid)
 
+    def test_overlap_stages_the_next_step_before_a_grammar_step_samples(self):
+        # The device must go from a grammar step's sampling straight to the next forward: the
+        # next step is scheduled and staged before the mask is filled, and its forward is queued
+        # right after the sampling, with no host work between (engine.py's second diagram).
+        llm = self.llms[True]
+        runner, calls = llm.engine.runner, []
+        for name in ("stage", "forward", "sample"):
+            def logged(*args, _name=name, _call=getattr(runner, name)):
+                calls.append(_name)
+                return _call(*args)
+            setattr(runner, name, logged)
+        try:
+            out = self.generate(True, ["a b"], {"max_new_tokens": 12, "temperature": 1.0, "random_seed": 4,
+                                                "regex": "[a-z]{40}", "ignore_eos": True})
+        finally:
+            for name in ("stage", "forward", "sample"):
+                delattr(runner, name)
+        self.assertEqual(len(out[0].outputs[0].token_ids), 12)
+        turns = "".join(c[1] for c in calls)  # t(s)age, f(o)rward, s(a)mple
+        # Prefill, then 11 steps scheduled ahead: each staged before the step before samples.
+        self.assertEqual(turns.count("tao"), 11, calls)
+        self.assertEqual(turns.count("a"), 12, calls)
+
     def test_regex_and_choice_fullmatch(self):
         for overlap in (False, True):
             outs = self.generate(overlap, ["q"] * 4, [

@@ -170,27 +170,32 @@ class CudaGraphRunner:
     def _extend_streams(self, tokens: int) -> int:
         return min(tokens, self.max_batch_size)
 
-    def run(self, b, prev_tokens: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-        """Logits [num_sampled, vocab] fp32 (a view into the graph's output, valid until the
-        next run), or None when no captured graph fits the step. prev_tokens: the tokens the
-        step before sampled, for a step scheduled ahead of them (placeholder ids)."""
+    def stage(self, b) -> Optional[Callable[[Optional[torch.Tensor]], torch.Tensor]]:
+        """Copies the step's inputs into the persistent buffers (queued behind the device's
+        current work, which is done reading them) and returns replay(prev_tokens): it queues the
+        step and returns its logits [num_sampled, vocab] fp32 (a view into the graphs' output,
+        valid until the next replay). None when no captured graph fits the step. prev_tokens:
+        the tokens the step before sampled, for a step scheduled ahead of them (placeholder ids)."""
         s, t = b.num_streams, b.num_tokens
         if s == 0 or b.block_tables.shape[1] > self.max_blocks:
             return None
         if t == s and b.num_sampled == s and s <= self.decode_sizes[-1]:
-            return self._run_decode(b, prev_tokens)
+            return self._stage_decode(b)
         if t <= self.extend_sizes[-1] and s <= self.max_batch_size and (b.query_lens == 1).sum() < EAGER_DECODE_ROWS:
-            return self._run_extend(b, prev_tokens)
+            return self._stage_extend(b)
         return None
 
-    def _replay(self, kind: str, size: int, x: _Inputs, t: int, prev_tokens: Optional[torch.Tensor]):
-        if prev_tokens is not None:
-            self.backend.resolve_placeholders(x.dev("token_ids")[:t], prev_tokens)
+    def _replayer(self, kind: str, size: int, x: _Inputs, t: int, rows: int):
         replay, logits = self.graphs[(kind, size)]
-        replay()
-        return logits
 
-    def _run_decode(self, b, prev_tokens) -> torch.Tensor:
+        def run(prev_tokens: Optional[torch.Tensor]) -> torch.Tensor:
+            if prev_tokens is not None:
+                self.backend.resolve_placeholders(x.dev("token_ids")[:t], prev_tokens)
+            replay()
+            return logits[:rows]
+        return run
+
+    def _stage_decode(self, b):
         s = b.num_streams
         size = self.decode_sizes[np.searchsorted(self.decode_sizes, s)]
         x = self.dec.writable()
@@ -200,9 +205,9 @@ class CudaGraphRunner:
         x.put("context_lens", b.context_lens, size, 0)
         x.host_view("block_tables").reshape(-1, self.max_blocks)[:s, :b.block_tables.shape[1]] = b.block_tables
         x.upload(size)
-        return self._replay("decode", size, x, s, prev_tokens)[:s]
+        return self._replayer("decode", size, x, s, s)
 
-    def _run_extend(self, b, prev_tokens) -> torch.Tensor:
+    def _stage_extend(self, b):
         s, t = b.num_streams, b.num_tokens
         size = self.extend_sizes[np.searchsorted(self.extend_sizes, t)]
         streams = self._extend_streams(size)
@@ -218,4 +223,4 @@ class CudaGraphRunner:
         K.extend_tiles(b.query_lens, out=x.host_view("tiles").reshape(2, -1)[:, :n_tiles])
         x.host_view("block_tables").reshape(-1, self.max_blocks)[:s, :b.block_tables.shape[1]] = b.block_tables
         x.upload(s)
-        return self._replay("extend", size, x, t, prev_tokens)[:len(rows)]
+        return self._replayer("extend", size, x, t, len(rows))
