@@ -14,7 +14,7 @@ from rtp_llm.frontend.detokenizer import IncrementalDetokenizer
 @dataclass
 class SequenceEvent:
     index: int             # which of the n sequences
-    delta: str             # new text (never a broken character, never part of a stop string)
+    delta: str             # new text (never a broken character, never part of a stop string; may be "")
     finished: bool
     finish_reason: Optional[str] = None  # "stop" | "length" when finished
     aux: dict = field(default_factory=dict)
@@ -65,7 +65,8 @@ def _prompt_pairs(prompt_ids: List[int], chunk) -> List[tuple]:
 
 async def _sequence(chunks, detok: IncrementalDetokenizer, index: int, pacing: Streaming,
                     prompt_ids: Optional[List[int]] = None) -> AsyncIterator[SequenceEvent]:
-    """The events of one sequence. Everything that arrived together goes in one event.
+    """The events of one sequence. Everything that arrived together goes in one event, text or
+    not.
     prompt_ids: given when the request asked prompt_logprobs (they come with the first tokens)."""
     text, pairs, held, sent = "", [], [], False  # not yet in an event: text, log-probs, token ids
     reason, aux = "stop", {}  # a stop string, unless the core says otherwise
@@ -86,7 +87,10 @@ async def _sequence(chunks, detok: IncrementalDetokenizer, index: int, pacing: S
                 text += detok.finish()
                 reason = chunk.finish_reason
                 break
-            if text and pacing.stream and (not sent or len(held) >= pacing.interval):
+            # Tokens whose text is held (a character's first bytes, a stop string's first
+            # characters) still make an event, with empty text, as vLLM's do: a client sees
+            # every token when it comes, with its log-probs.
+            if held and pacing.stream and (not sent or len(held) >= pacing.interval):
                 yield SequenceEvent(index, text, False, aux=aux, num_tokens=len(detok.ids), logprobs=pairs,
                                     token_ids=held, prompt_logprobs=prompt)
                 text, pairs, held, sent, prompt = "", [], [], True, None

@@ -181,7 +181,7 @@ class OpenAIApi:
     @staticmethod
     async def _stream(request, source, reply: Reply, n: int, prompt_ids, clamped, include_usage: bool,
                       parsers: tuple):
-        """A chunk per event that carries text or ends a sequence (chat first opens each
+        """A chunk per event that carries tokens or ends a sequence (chat first opens each
         sequence's assistant turn); with include_usage every chunk has "usage" (null until the
         last, choice-less chunk). parsers: chat's thinking goes out as reasoning_content, its
         tool calls as tool_calls deltas (the name, then the arguments)."""
@@ -212,8 +212,8 @@ class OpenAIApi:
                 for k, call in enumerate(piece.calls, first_call):
                     for part in reply.tool_call_deltas(ev.index, k, call):
                         await send([part])
-                if not piece.content and not piece.reasoning and not ev.finished:
-                    continue
+                if not piece.content and not piece.reasoning and not ev.finished and ev.delta:
+                    continue  # a parser holds this text back (a tag may be starting)
                 reason = ev.finish_reason if ev.finished else None
                 if reason == "stop" and split.num_calls:
                     reason = "tool_calls"

@@ -53,6 +53,14 @@ class GenerationTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual([ev.finished for ev in evs], [False, False, True])
         self.assertEqual(evs[-1].num_tokens, 6)
 
+    async def test_tokens_whose_text_is_held_still_make_an_event(self):
+        # "é" is two bytes: its first arrives alone and has no text yet; so does a stop string's
+        # first character. Each such token is an event of its own, with empty text.
+        evs = await events(ScriptedClient([list(b"a"), [0xC3], [0xA9], list(b"S"), list(b"x"), list(b"b")]),
+                           stop=["ST"])
+        self.assertEqual([ev.delta for ev in evs], ["a", "", "\u00e9", "", "Sx", "b"])
+        self.assertEqual([ev.token_ids for ev in evs], [[97], [0xC3], [0xA9], [83], [120], [98]])
+
     async def test_the_stream_interval_paces_events_but_never_the_first_or_last(self):
         evs = await events(ScriptedClient(byte_pieces("0123456789")), Streaming(True, 4))
         self.assertEqual([ev.delta for ev in evs], ["0", "1234", "5678", "9"])
