@@ -261,6 +261,23 @@ def test_store_kv_writes_slots_and_skips_negative_ones(dtype):
     assert int((flat.abs().sum(dim=(2, 3)) > 0).sum()) == 6
 
 
+@pytest.mark.parametrize("vocab", [37, 4096 + 70])
+def test_token_bitmask_bans_exactly_the_unset_bits_of_its_rows(vocab):
+    from rtp_llm.device.base import apply_token_bitmask as reference
+
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(5, vocab, generator=g)
+    rows = torch.tensor([3, 0, 4], dtype=torch.int64)
+    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (3, -(-vocab // 32)), generator=g, dtype=torch.int64).to(torch.int32)
+    bits[1, 0] = -1  # bit 31 (the sign) and every other bit of word 0 set
+    want = logits.clone()
+    reference(want, rows, bits)
+    got = logits.to(DEV)
+    K.apply_token_bitmask(got, rows.to(DEV), bits.to(DEV))
+    assert torch.equal(got.cpu(), want)
+    assert torch.isinf(want[rows]).any() and torch.equal(got.cpu()[[1, 2]], logits[[1, 2]])  # other rows as they were
+
+
 def test_extend_tiles_cover_every_query_row_once():
     import numpy as np
 

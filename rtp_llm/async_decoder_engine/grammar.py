@@ -120,12 +120,14 @@ class GrammarCompiler:
 
 class _Stream:
     """One grammar stream's state: its compiled grammar, then its matcher (made at its first
-    sample) and how many tokens the matcher accepted (== the stream's generated tokens)."""
+    sample), how many tokens the matcher accepted (== the stream's generated tokens) and whether
+    it terminated (accepted a stop token: xgrammar's is_terminated(), tracked here because the
+    mask and the advance ask it of every row at every step)."""
 
-    __slots__ = ("compiled", "matcher", "accepted")
+    __slots__ = ("compiled", "matcher", "accepted", "terminated")
 
     def __init__(self, compiled):
-        self.compiled, self.matcher, self.accepted = compiled, None, 0
+        self.compiled, self.matcher, self.accepted, self.terminated = compiled, None, 0, False
 
 
 class GrammarBook:
@@ -146,6 +148,7 @@ class GrammarBook:
         # buffer is enough: a step's bitmask is filled only after the step before it sampled.
         self._host = torch.zeros(max_rows, words, dtype=torch.int32, pin_memory=pin)
         self._stop_row = torch.zeros(words, dtype=torch.int32)  # a terminated matcher's row: stop tokens only
+        self._stop_ids = frozenset(int(t) for t in stop_token_ids)  # (the tokenizer info's: they terminate a matcher)
         for t in stop_token_ids:
             if 0 <= t < vocab_size:
                 self._stop_row[t // 32] |= int32_bit(t % 32)
@@ -234,7 +237,7 @@ class GrammarBook:
                 continue
             if st.matcher is None:
                 st.matcher = xgr.GrammarMatcher(st.compiled)
-            if st.matcher.is_terminated():
+            if st.terminated:
                 host[j].copy_(self._stop_row)
             else:
                 live.append(st.matcher)
@@ -252,20 +255,22 @@ class GrammarBook:
         (appended) — once per committed token."""
         import xgrammar as xgr
 
-        ids, matchers, accepting = [], [], []
+        live, accepting = [], []
         for sid, token, kept in zip(stream_ids.tolist(), tokens.tolist(), appended.tolist()):
             st = self._streams.get(sid)
             if not kept or st is None or st.matcher is None:
                 continue
             st.accepted += 1
-            if not st.matcher.is_terminated():  # (past its grammar: ignore_eos, min_new_tokens; stop tokens only)
-                ids.append(sid)
-                matchers.append(st.matcher)
+            if not st.terminated:  # (past its grammar: ignore_eos, min_new_tokens; stop tokens only)
+                live.append((sid, st))
                 accepting.append(token)
-        if matchers:
-            for sid, token, ok in zip(ids, accepting, xgr.BatchGrammarMatcher.batch_accept_token(matchers, accepting)):
+        if live:
+            oks = xgr.BatchGrammarMatcher.batch_accept_token([st.matcher for _, st in live], accepting)
+            for (sid, st), token, ok in zip(live, accepting, oks):
                 if not ok:
                     log.error("stream %d: the grammar rejects its sampled token %d (the mask allowed it)", sid, token)
+                elif token in self._stop_ids:
+                    st.terminated = True
 
     def accepted(self, sid: int) -> int:
         """Tokens the stream's matcher accepted (tests)."""

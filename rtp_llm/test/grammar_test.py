@@ -102,6 +102,16 @@ class GrammarTest(unittest.TestCase):
                 self.assertEqual(accepted[sid], len(tokens) - prompt_len, (overlap, sid))
                 core.release(sid)
 
+    def test_past_its_grammar_a_stream_samples_only_stop_tokens(self):
+        # ignore_eos keeps the stream going after its grammar completed and the EOS was
+        # accepted (the matcher terminated): every later token is a stop token.
+        for overlap in (False, True):
+            out = self.generate(overlap, ["q"], {"max_new_tokens": 7, "temperature": 1.0, "random_seed": 5,
+                                                 "regex": "ab", "ignore_eos": True})
+            ids = out[0].outputs[0].token_ids
+            self.assertEqual(self.llms[overlap].tokenizer.decode(ids[:2]), "ab", overlap)
+            self.assertEqual(ids[2:], [0] * 5, overlap)
+
     def test_overlap_stages_the_next_step_before_a_grammar_step_samples(self):
         # The device must go from a grammar step's sampling straight to the next forward: the
         # next step is scheduled and staged before the mask is filled, and its forward is queued

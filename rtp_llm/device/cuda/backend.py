@@ -63,6 +63,9 @@ class CudaBackend(DeviceBackend):
     def resolve_placeholders(self, token_ids, prev_tokens):
         K.resolve_placeholders(token_ids, prev_tokens)
 
+    def apply_token_bitmask(self, logits, rows, bits):
+        K.apply_token_bitmask(logits, rows, bits)
+
     def available_memory_bytes(self) -> int:
         free, _ = torch.cuda.mem_get_info(self.device)
         return int(free)

@@ -1,7 +1,7 @@
 """Triton kernels of the CUDA backend, one module per family: attention over the paged KV cache
 (attention), small-batch projections (gemv), row-wise ops (row_ops: RMSNorm, rotary, the fused
-q/k norm + rotary + KV write, SiLU-and-mul, the KV write, overlap placeholders), and the launch
-helpers they share (launch: programmatic dependent launch). This package is their one namespace
+q/k norm + rotary + KV write, SiLU-and-mul, the KV write, overlap placeholders, grammar
+bitmasks), and the launch helpers they share (launch: programmatic dependent launch). This package is their one namespace
 (`from rtp_llm.device.cuda import kernels as K`)."""
 
 from rtp_llm.device.cuda.kernels.attention import (  # noqa: F401
@@ -15,6 +15,7 @@ from rtp_llm.device.cuda.kernels.attention import (  # noqa: F401
 from rtp_llm.device.cuda.kernels.gemv import GEMV_MAX_ROWS, gemv, gemv_config, use_gemv  # noqa: F401
 from rtp_llm.device.cuda.kernels.launch import launch_options, pdl, pdl_enter  # noqa: F401
 from rtp_llm.device.cuda.kernels.row_ops import (  # noqa: F401
+    apply_token_bitmask,
     qkv_to_cache,
     resolve_placeholders,
     rms_norm,

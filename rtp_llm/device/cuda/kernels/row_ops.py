@@ -1,6 +1,6 @@
 """Row-wise Triton kernels of the CUDA backend: RMSNorm with the fused residual add, rotary
 (with Qwen3's optional per-head q/k norm and the KV write fused in), SiLU-and-mul, the KV cache
-write and the placeholder tokens of overlapped steps. Shapes: T tokens, H query heads, Hkv KV
+write, the placeholder tokens of overlapped steps and grammars' token bitmask. Shapes: T tokens, H query heads, Hkv KV
 heads, D head_dim; the KV cache of one layer is [2, blocks, page, Hkv, D].
 
 Rounding follows HF transformers in the model dtype (e.g. RMSNorm normalizes in fp32, casts,
@@ -219,6 +219,33 @@ def resolve_placeholders(token_ids: torch.Tensor, prev_tokens: torch.Tensor) -> 
     if n:
         _resolve_placeholders_kernel[(triton.cdiv(n, 1024),)](token_ids, prev_tokens, n, BLOCK=1024,
                                                                    **launch_options())
+
+
+# ---------------------------------------------------------------- grammar token bitmask
+
+
+@triton.jit(do_not_specialize=["vocab", "words"])
+def _token_bitmask_kernel(logits_ptr, rows_ptr, bits_ptr, vocab, words, stride_l, BLOCK: tl.constexpr,
+                          PDL: tl.constexpr):
+    pdl_enter(PDL)
+    g = tl.program_id(0)
+    row = tl.load(rows_ptr + g).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < vocab
+    w = tl.load(bits_ptr + g.to(tl.int64) * words + offs // 32, mask=m, other=-1)
+    banned = ((w >> (offs % 32)) & 1) == 0
+    tl.store(logits_ptr + row * stride_l + offs, float("-inf"), mask=m & banned)
+
+
+def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bits: torch.Tensor) -> None:
+    """In place, one launch: logits [N, V] fp32; row rows[g] ([G] int64) keeps the tokens whose
+    bit is set in bits[g] ([G, ceil(V/32)] int32, xgrammar's layout), the others become -inf.
+    Only the banned entries are written (the allowed ones are not even read)."""
+    g, vocab = rows.numel(), logits.shape[1]
+    if g:
+        block = 4096
+        _token_bitmask_kernel[(g, triton.cdiv(vocab, block))](logits, rows, bits, vocab, bits.shape[1],
+                                                              logits.stride(0), BLOCK=block, **launch_options())
 
 
 # ---------------------------------------------------------------- KV cache write

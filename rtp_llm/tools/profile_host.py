@@ -1,0 +1,110 @@
+"""Where the engine loop's host time goes, per step: times the model runner's stage / forward /
+sample / commit (commit split into waiting for the device and the rest) and the grammar
+book's mask fill and matcher advance, for B streams of N new tokens, unconstrained and then
+every stream under a JSON schema (bench_serve's "long" one by default, which never closes).
+
+    python -m rtp_llm.tools.profile_host --checkpoint DIR [--device cuda] [--act_type bf16] [--batch 64]
+        [--new_tokens 256] [--prompt_len 128] [--temperature 0] [--json_schema FILE]
+
+The steps run as the server runs them (overlapped where the device runs asynchronously,
+CUDA graphs on); nothing is synchronized beyond what the loop itself waits for, so `wait` is
+the time the host spent blocked on the device: near zero means the host is the bottleneck.
+"""
+
+import argparse
+import contextlib
+import json
+import time
+from collections import defaultdict
+
+import torch
+
+
+@contextlib.contextmanager
+def _timers(engine, totals):
+    """Times the runner's and grammar book's calls into `totals` (seconds by name) while open;
+    commit's wait for the device also goes to "wait"."""
+    runner, book = engine.runner, engine.grammar
+    patched = [(runner, n) for n in ("stage", "forward", "sample", "commit")] + [(book, n) for n in ("bitmask", "advance")]
+
+    def timer(name, call):
+        def timed(*args):
+            t = time.perf_counter()
+            try:
+                return call(*args)
+            finally:
+                totals[name] += time.perf_counter() - t
+        return timed
+    for obj, name in patched:
+        setattr(obj, name, timer(name, getattr(obj, name)))
+    commit = runner.commit
+
+    def commit_waits(core, step):
+        step.result = timer("wait", step.result)
+        return commit(core, step)
+    runner.commit = commit_waits
+    try:
+        yield
+    finally:
+        for obj, name in patched:
+            delattr(obj, name)
+
+
+def run(llm, prompts, new_tokens, schema, temperature=0.0):
+    """(steps, wall seconds, host seconds by phase) of generating new_tokens for every prompt."""
+    from rtp_llm.config.generate_config import GenerateConfig
+
+    engine, core = llm.engine, llm.engine.core
+    fields = dict(max_new_tokens=new_tokens, temperature=temperature, ignore_eos=True)
+    if schema is not None:
+        fields["json_schema"] = schema
+    cfg = GenerateConfig(**fields).to_proto()
+    sids = [core.enqueue(p, cfg) for p in prompts]
+    while engine.grammar.compiling() or core.stats()["running"] < len(prompts):  # admitted, prompts run
+        engine.step()
+    totals = defaultdict(float)
+    with _timers(engine, totals):
+        steps, t0 = 0, time.perf_counter()
+        while engine.step():
+            steps += 1
+        wall = time.perf_counter() - t0
+    for sid in sids:
+        core.release(sid)
+    return steps, wall, dict(totals)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--tokenizer_path", default=None)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--act_type", default="bf16")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--prompt_len", type=int, default=128)
+    p.add_argument("--new_tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy, as bench_serve samples")
+    p.add_argument("--json_schema", help="a JSON schema file (default: bench_serve's 'long' schema)")
+    a = p.parse_args()
+    from rtp_llm.llm import LLM
+    from rtp_llm.tools.bench_serve import LONG_SCHEMA
+
+    schema = LONG_SCHEMA
+    if a.json_schema:
+        with open(a.json_schema) as f:
+            schema = json.load(f)
+    llm = LLM(a.checkpoint, tokenizer_path=a.tokenizer_path, act_type=a.act_type, progress=False, device=a.device,
+              max_batch_size=a.batch, max_seq_len=a.prompt_len + a.new_tokens + 16)
+    vocab = llm.loaded.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(100, vocab - 100, (a.batch, a.prompt_len), generator=g).tolist()
+    run(llm, prompts[:2], 8, schema)  # warm-up: compiles the grammar
+    for label, s in (("free", None), ("schema", schema)):
+        steps, wall, t = run(llm, prompts, a.new_tokens, s, a.temperature)
+        per = {k: round(v / max(steps, 1) * 1e3, 3) for k, v in sorted(t.items())}
+        print(json.dumps({"case": label, "batch": a.batch, "steps": steps, "step_ms": round(wall / max(steps, 1) * 1e3, 3),
+                          "host_ms_per_step": per}))
+    llm.close()
+
+
+if __name__ == "__main__":
+    main()
