@@ -2,10 +2,13 @@
 llama.cpp's rotary permutation of q/k undone for llama-arch files, and the tokenizer (with its
 chat template) built from the same file.
 
-Tensors are dequantized to the run dtype, except Q8_0 projection weights (q/k/v/o,
-gate/up/down, an untied LM head) in a run dtype other than fp32: those stay in the file's
-blocks (quantized.Q8_0Tensor) for the backend to compute on (the CPU's Q8_0 kernels) or widen.
-fp32 runs widen everything: they are the exact reference. Other quantized types are widened."""
+Tensors are dequantized to the run dtype, except Q8_0, Q4_K and Q6_K projection weights
+(q/k/v/o, gate/up/down, an untied LM head) in a run dtype other than fp32: those stay in the
+file's blocks (quantized.Q8_0Tensor, Q4_KTensor, Q6_KTensor) for the backend to compute on (the
+CPU's Q8_0 and k-quant kernels) or widen. fp32 runs widen everything: they are the exact
+reference. Other quantized types (Q4_0, Q4_1, Q5_0, Q5_K, ...) are widened, and so is the
+embedding table whatever its type (it is looked up by row; a tied LM head reads that widened
+table)."""
 
 import os
 from typing import Dict, Optional, Union
@@ -15,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from rtp_llm.config.model_config import ModelConfig, RopeScaling
-from rtp_llm.model_loader.quantized import Q8_0Tensor
+from rtp_llm.model_loader.quantized import QuantizedTensor, kept_format
 from rtp_llm.model_loader.registry import MODEL_TYPES, resolve_model_type
 from rtp_llm.model_loader.weights import CheckpointError, check_weights
 
@@ -101,7 +104,7 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, out // n_heads // 2, 2, hidden).transpose(1, 2).reshape(out, hidden)
 
 
-def _unpermute_rows(w: Q8_0Tensor, n_heads: int) -> Q8_0Tensor:
+def _unpermute_rows(w: QuantizedTensor, n_heads: int) -> QuantizedTensor:
     # The same permutation as _unpermute, on whole rows of quantized blocks.
     index = _unpermute(torch.arange(w.shape[0])[:, None], n_heads)[:, 0]
     return w.permute_rows(index)
@@ -112,11 +115,11 @@ def _unpermute_rows(w: Q8_0Tensor, n_heads: int) -> Q8_0Tensor:
 _KEPT_QUANTIZED = ("_proj.weight", "lm_head.weight")
 
 
-def _keeps_quantized(name: str, tensor_type, dtype: torch.dtype) -> bool:
-    import gguf
-
-    return (tensor_type == gguf.GGMLQuantizationType.Q8_0 and dtype != torch.float32
-            and name.endswith(_KEPT_QUANTIZED))
+def _kept_as(name: str, tensor_type, dtype: torch.dtype):
+    """The quantized class this tensor is kept in, or None (widened)."""
+    if dtype == torch.float32 or not name.endswith(_KEPT_QUANTIZED):
+        return None
+    return kept_format(tensor_type.name)
 
 
 def _unpermute_bias(b: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -130,7 +133,7 @@ def load_gguf(path: str, model_type: Optional[str], dtype: torch.dtype, progress
     reader = _reader(path)
     config = read_gguf_config(path, model_type, reader)
     permuted = _field(reader, "general.architecture") == "llama"
-    weights: Dict[str, Union[torch.Tensor, Q8_0Tensor]] = {}
+    weights: Dict[str, Union[torch.Tensor, QuantizedTensor]] = {}
     for t in tqdm(reader.tensors, desc="loading weights", unit="tensor", disable=not progress):
         if t.name.startswith("blk."):
             _, layer, rest = t.name.split(".", 2)
@@ -142,9 +145,10 @@ def load_gguf(path: str, model_type: Optional[str], dtype: torch.dtype, progress
         else:
             continue
         shape = [int(d) for d in reversed(t.shape)]
-        if _keeps_quantized(name, t.tensor_type, dtype):
+        kept = _kept_as(name, t.tensor_type, dtype)
+        if kept is not None:
             try:
-                q = Q8_0Tensor.from_gguf(t.data, shape, dtype)
+                q = kept.from_gguf(t.data, shape, dtype)
             except ValueError as e:
                 raise CheckpointError(f"{path}: tensor {t.name}: {e}") from e
             if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):

@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from typing import Dict, Optional
 
 import torch
 
@@ -116,11 +117,23 @@ def overlap_sampling_configs(prompt_tail: int):
             {"max_new_tokens": 40, "temperature": 0, "stop_words_list": [[prompt_tail]]}]
 
 
-def write_gguf(hf_dir: str, path: str, qtype: str = "Q8_0") -> str:
+def _quantize_matrix(a, qtype: str):
+    import gguf
+
+    if qtype in ("Q4_K", "Q6_K"):  # (rtp_llm.test is not in the wheel: only bazel tests write these)
+        from rtp_llm.test.kquants import QUANTIZERS
+
+        return QUANTIZERS[qtype](a)
+    return gguf.quants.quantize(a, gguf.GGMLQuantizationType[qtype])
+
+
+def write_gguf(hf_dir: str, path: str, qtype: str = "Q8_0", qtypes: Optional[Dict[str, str]] = None) -> str:
     """Writes the HF checkpoint at hf_dir (a make_tiny one) as a GGUF file as llama.cpp's
-    converter would: its metadata, every matrix in `qtype` (gguf's own quantizer), vectors in
-    F32, llama-arch q/k rows permuted for llama.cpp's rotary layout. Token list placeholders of
-    the vocabulary's size (pass the checkpoint's tokenizer_path). Returns path."""
+    converter would: its metadata, every matrix in `qtype` (gguf's own quantizer; Q4_K and Q6_K
+    test.kquants') or, for HF names ending in a key of `qtypes`, in that value's type (as
+    llama.cpp's mixes do), vectors in F32, llama-arch q/k rows permuted for llama.cpp's rotary
+    layout. Token list placeholders of the vocabulary's size (pass the checkpoint's
+    tokenizer_path). Returns path."""
     import json
 
     import gguf
@@ -159,8 +172,8 @@ def write_gguf(hf_dir: str, path: str, qtype: str = "Q8_0") -> str:
             n = heads if "q_proj" in rest else kv_heads
             a = a.reshape(n, 2, a.shape[0] // n // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
         if a.ndim == 2:
-            kind = gguf.GGMLQuantizationType[qtype]
-            w.add_tensor(gname, gguf.quants.quantize(np.ascontiguousarray(a), kind), raw_dtype=kind)
+            kind = next((v for k, v in (qtypes or {}).items() if name.endswith(k)), qtype)
+            w.add_tensor(gname, _quantize_matrix(np.ascontiguousarray(a), kind), raw_dtype=gguf.GGMLQuantizationType[kind])
         else:
             w.add_tensor(gname, np.ascontiguousarray(a, dtype=np.float32))
     w.write_header_to_file()

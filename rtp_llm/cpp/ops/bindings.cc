@@ -46,6 +46,16 @@ PYBIND11_MODULE(librtp_compute_ops, m) {
   m.def("q8_0_linear", &rtp_llm::ops::q8_0_linear, "x: [M, K] fp32/bf16 @ packed Q8_0 weight of n columns -> [M, n]",
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("n"), pybind11::arg("out") = pybind11::none(),
         pybind11::arg("portable") = false);
+  m.def("pack_q4_k_linear", &rtp_llm::ops::pack_q4_k_linear,
+        "a GGUF Q4_K tensor's rows, uint8 [N, K / 256 * 144] -> q4_k_linear's packed weight", pybind11::arg("blocks"));
+  m.def("q4_k_linear", &rtp_llm::ops::q4_k_linear, "x: [M, K] fp32/bf16 @ packed Q4_K weight of n columns -> [M, n]",
+        pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("n"), pybind11::arg("out") = pybind11::none(),
+        pybind11::arg("portable") = false);
+  m.def("pack_q6_k_linear", &rtp_llm::ops::pack_q6_k_linear,
+        "a GGUF Q6_K tensor's rows, uint8 [N, K / 256 * 210] -> q6_k_linear's packed weight", pybind11::arg("blocks"));
+  m.def("q6_k_linear", &rtp_llm::ops::q6_k_linear, "x: [M, K] fp32/bf16 @ packed Q6_K weight of n columns -> [M, n]",
+        pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("n"), pybind11::arg("out") = pybind11::none(),
+        pybind11::arg("portable") = false);
   m.def("store_kv", &rtp_llm::ops::store_kv, "k, v into the paged cache at slot_mapping", pybind11::arg("k"),
         pybind11::arg("v"), pybind11::arg("kv_cache"), pybind11::arg("slot_mapping"));
 }

@@ -80,6 +80,19 @@ at::Tensor pack_q8_0_linear(const at::Tensor& blocks);
 at::Tensor q8_0_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& out,
                        bool portable);
 
+// GGUF Q4_K and Q6_K projections kept quantized (cpu/kquant.h documents the formats and the
+// packing): pack_q4_k_linear / pack_q6_k_linear take the tensor's rows as stored, uint8
+// [N, K / 256 * 144] / [N, K / 256 * 210], to uint8 [ceil(N / 16), K / 256, 2368 / 3392];
+// q4_k_linear / q6_k_linear: x [M, K] fp32 or bf16 -> x @ W^T, [M, n] in x's dtype (into `out`
+// when given), activations quantized per 256 to int8 on the fly; the AVX-512 VNNI kernel where
+// q8_0_linear_vectorized() unless `portable`, elsewhere portable C++ (the same bits).
+at::Tensor pack_q4_k_linear(const at::Tensor& blocks);
+at::Tensor pack_q6_k_linear(const at::Tensor& blocks);
+at::Tensor q4_k_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& out,
+                       bool portable);
+at::Tensor q6_k_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& out,
+                       bool portable);
+
 // Writes k, v: [T, Hkv, D] to kv_cache: [2, blocks, block_size, Hkv, D] at slot_mapping: [T].
 void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& kv_cache, const at::Tensor& slot_mapping);
 

@@ -11,8 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from rtp_llm.device.base import AttentionMetadata, DeviceBackend
+from rtp_llm.device.cpu.kquant import OPS_STEMS, KQuantLinear
 from rtp_llm.device.cpu.q8_0 import Q8_0Linear
-from rtp_llm.model_loader.quantized import Q8_0Tensor
+from rtp_llm.model_loader.quantized import Q4_KTensor, Q6_KTensor, Q8_0Tensor
+
+_QUANTIZED_LINEARS = (Q8_0Linear, KQuantLinear)
 
 
 @dataclass
@@ -151,18 +154,22 @@ class CpuBackend(DeviceBackend):
         return (weight.dtype == torch.bfloat16 and self._bf16_gemm and weight.shape[0] % 16 == 0
                 and weight.shape[1] % 2 == 0)
 
-    # GGUF Q8_0 projections stay quantized (Q8_0Linear): the compute ops' q8_0_linear, on
-    # AVX-512 VNNI where the CPU has it, portable C++ elsewhere; any row count (decode and
-    # prefill alike), activations quantized per 32-block on the fly.
+    # GGUF Q8_0, Q4_K and Q6_K projections stay quantized (Q8_0Linear, KQuantLinear): the
+    # compute ops' q8_0_linear / q4_k_linear / q6_k_linear, on AVX-512 VNNI where the CPU has
+    # it, portable C++ elsewhere; any row count (decode and prefill alike), activations
+    # quantized on the fly (per 32-block for Q8_0, per 256 for the k-quants).
     def keeps_quantized(self, weight):
-        return isinstance(weight, Q8_0Tensor)
+        return isinstance(weight, (Q8_0Tensor, Q4_KTensor, Q6_KTensor))
 
-    def _pack_q8_0(self, weight: Q8_0Tensor) -> Q8_0Linear:
-        return Q8_0Linear(self._ops.pack_q8_0_linear(weight.blocks), *weight.shape)
+    def _pack_quantized(self, weight):
+        if isinstance(weight, Q8_0Tensor):
+            return Q8_0Linear(self._ops.pack_q8_0_linear(weight.blocks), *weight.shape)
+        stem = OPS_STEMS[type(weight).__name__]
+        return KQuantLinear(getattr(self._ops, f"pack_{stem}_linear")(weight.blocks), *weight.shape, stem)
 
     def pack_linear(self, weight):
-        if isinstance(weight, Q8_0Tensor):
-            return self._pack_q8_0(weight)
+        if self.keeps_quantized(weight):
+            return self._pack_quantized(weight)
         if self._bf16_gemm_packs(weight):
             return self._ops.pack_bf16_linear(weight)
         if weight.dtype == torch.bfloat16 and self._packed_bf16:
@@ -173,14 +180,14 @@ class CpuBackend(DeviceBackend):
     # a 5-D layout of its own): one pass instead of writing [T, 2 I] and reading it back.
     # Other layouts take linear + silu_and_mul.
     def pack_gate_up(self, weight):
-        if isinstance(weight, Q8_0Tensor):
-            return self._pack_q8_0(weight)  # gate_up_silu: q8_0_linear, then silu_and_mul
+        if self.keeps_quantized(weight):
+            return self._pack_quantized(weight)  # gate_up_silu: the quantized linear, then silu_and_mul
         if self._bf16_gemm_packs(weight) and weight.shape[0] % 32 == 0:
             return self._ops.pack_bf16_gate_up(weight)
         return self.pack_linear(weight)
 
     def gate_up_silu(self, x, gate_up):
-        if isinstance(gate_up, Q8_0Linear):
+        if isinstance(gate_up, _QUANTIZED_LINEARS):
             return self.silu_and_mul(self.linear(x, gate_up))
         if gate_up.dim() == 5:
             return self._ops.bf16_linear_silu(x, gate_up)
@@ -189,6 +196,8 @@ class CpuBackend(DeviceBackend):
     def linear(self, x, weight, out=None):
         if isinstance(weight, Q8_0Linear):
             return self._ops.q8_0_linear(x, weight.packed, weight.out_features, out)
+        if isinstance(weight, KQuantLinear):
+            return getattr(self._ops, f"{weight.stem}_linear")(x, weight.packed, weight.out_features, out)
         if weight.dim() == 4:  # pack_bf16_linear's layout
             return self._ops.bf16_linear(x, weight, out)
         if weight.dtype == torch.bfloat16 and self._packed_bf16:
@@ -199,15 +208,15 @@ class CpuBackend(DeviceBackend):
     def pack_lm_head(self, weight):
         # A packed copy even for tied embeddings (the lookup needs the plain table): the LM
         # head is the largest GEMV of a decode step (Qwen2.5-0.5B: 272 MB of ~1 GB). An untied
-        # Q8_0 head stays quantized.
-        if isinstance(weight, Q8_0Tensor):
-            return self._pack_q8_0(weight)
+        # Q8_0, Q4_K or Q6_K head stays quantized; a tied one is the widened embedding table.
+        if self.keeps_quantized(weight):
+            return self._pack_quantized(weight)
         if weight.dtype == torch.bfloat16 and (self._bf16_gemm_packs(weight) or self._packed_bf16):
             return self.pack_linear(weight)
         return weight
 
     def lm_head(self, h, weight):
-        if isinstance(weight, Q8_0Linear):
+        if isinstance(weight, _QUANTIZED_LINEARS):
             return self.linear(h, weight)
         if weight.dim() == 4 or (weight.dtype == torch.bfloat16 and self._packed_bf16):
             return self.linear(h, weight)

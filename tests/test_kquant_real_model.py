@@ -1,0 +1,62 @@
+"""GGUF Q4_K and Q6_K kept quantized on the CPU, on a real model: Qwen2.5-Coder-0.5B-Instruct
+Q4_K_M. In that file only ffn_down is Q4_K / Q6_K (12 layers each; its 896 hidden inputs are no
+multiple of 256, so llama.cpp wrote q/k/v/o/gate/up as Q5_0, some v as Q8_0, the head as Q8_0):
+the default bf16 run computes those on the packed blocks (activations quantized per 256) and
+widens the Q5_0 ones; the fp32 run widens everything and is the reference.
+
+Measured greedy agreement with fp32 over these 64-token continuations (first differing token):
+k-quants kept 2, 64, 20, 64; the same file with every k-quant widened to bf16 (the previous
+release) 2, 64, 20, 64 (bf16 rounding alone departs as early), and the two bf16 runs agree on
+37, 64, 64, 64. Asserted: a prefix below each measured one, and the facts in the text."""
+
+import gguf
+
+from rtp_llm.llm import LLM
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of",
+           "List three colors: red,"]
+MIN_AGREEMENT = [2, 32, 16, 32]
+NEW_TOKENS = 64
+
+
+def _llm(path, act_type):
+    return LLM(path, act_type=act_type, progress=False, max_seq_len=512, kv_cache_mem_mb=128)
+
+
+def test_down_projections_stay_quantized(qwen25):
+    from rtp_llm.device.cpu.kquant import KQuantLinear
+
+    types = {t.name: t.tensor_type for t in gguf.GGUFReader(qwen25).tensors}
+    llm = _llm(qwen25, "bf16")
+    try:
+        layers = llm.engine.runner.model.layers
+        for i, layer in enumerate(layers):
+            want = {gguf.GGMLQuantizationType.Q4_K: "q4_k", gguf.GGMLQuantizationType.Q6_K: "q6_k"}[
+                types[f"blk.{i}.ffn_down.weight"]]
+            assert isinstance(layer.down, KQuantLinear) and layer.down.stem == want, (i, layer.down)
+            # 896 x 4864: per 16 columns x 256 inputs 2368 (Q4_K) or 3392 (Q6_K) bytes.
+            assert layer.down.nbytes == 896 // 16 * 4864 // 256 * (2368 if want == "q4_k" else 3392)
+        assert {l.down.stem for l in layers} == {"q4_k", "q6_k"}
+        out = llm.generate(PROMPTS[:1], {"max_new_tokens": 8, "temperature": 0})[0]
+        assert "Paris" in out.outputs[0].text, out.outputs[0].text
+    finally:
+        llm.close()
+
+
+def test_greedy_tokens_follow_the_dequantized_fp32_path(qwen25):
+    config = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+    runs = {}
+    for act in ("bf16", "fp32"):
+        llm = _llm(qwen25, act)
+        try:
+            runs[act] = llm.generate(PROMPTS, config)
+        finally:
+            llm.close()
+    for a, b, least in zip(runs["bf16"], runs["fp32"], MIN_AGREEMENT):
+        x, y = a.outputs[0].token_ids, b.outputs[0].token_ids
+        agree = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(y))
+        print(f"{a.prompt!r}: k-quant bf16 agrees with fp32 on {agree} of {len(y)} tokens")
+        assert agree >= least, (a.prompt, a.outputs[0].text, b.outputs[0].text)
+    text = [r.outputs[0].text for r in runs["bf16"]]
+    assert "Paris" in text[0] and "100" in text[2] and "blue" in text[3], text
+    assert "return" in text[1], text
