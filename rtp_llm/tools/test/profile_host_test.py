@@ -1,0 +1,35 @@
+"""profile_host on a tiny random model with a grammar: every phase it names is timed, the grammar
+phases only under the schema, and the run generates the tokens asked for."""
+
+import tempfile
+import unittest
+
+from rtp_llm.llm import LLM
+from rtp_llm.test import testlib
+from rtp_llm.tools import profile_host
+
+
+class ProfileHostTest(unittest.TestCase):
+    def test_phases_are_timed_free_and_under_a_schema(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = testlib.add_tiny_tokenizer(testlib.make_tiny("qwen3_gqa_untied", tmp))
+            llm = LLM(path, progress=False, overlap_schedule=True, max_batch_size=4, num_kv_blocks=64)
+            try:
+                prompts = [[5, 6, 7]] * 3
+                schema = {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,4}$"},
+                          "minItems": 1000}
+                profile_host.run(llm, prompts[:1], 2, schema)  # compiles it
+                steps, wall, free = profile_host.run(llm, prompts, 8, None)
+                self.assertGreaterEqual(steps, 7)
+                self.assertTrue({"stage", "forward", "sample", "commit", "wait"} <= set(free), free)
+                self.assertFalse({"bitmask", "advance"} & set(free))
+                steps, wall, constrained = profile_host.run(llm, prompts, 8, schema)
+                self.assertTrue({"bitmask", "advance"} <= set(constrained), constrained)
+                self.assertNotIn("stage", vars(llm.engine.runner))  # the timers are gone
+                self.assertEqual(llm.engine.core.stats()["running"], 0)
+            finally:
+                llm.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
