@@ -11,7 +11,7 @@ import unittest
 
 import torch
 
-from rtp_llm.test.testlib import add_tiny_tokenizer, make_tiny, random_prompts, write_gguf
+from rtp_llm.test.testlib import add_tiny_tokenizer, make_tiny, random_prompts, teacher_forced_agreement, write_gguf
 
 # model: (the down projections' type, packed bytes per file byte)
 MODELS = {"llama_mha_untied": ("Q4_K", 2368 / 2304), "qwen2_mqa_tied": ("Q6_K", 3392 / 3360)}
@@ -68,22 +68,11 @@ class GgufKQuantTest(unittest.TestCase):
         # models is chaotic): after each prefix of the fp32 path's greedy continuation, the
         # quantized bf16 path's next token. Measured: 90.1% for both models (the all-Q8_0 files
         # of gguf_q8_0_test: 90-95%); a broken kernel or layout gives ~1/512.
-        from rtp_llm.llm import LLM
-
         prompts = random_prompts(7, [5, 40, 130])
         for name, (path, hf) in self.files.items():
-            llm = LLM(path, tokenizer_path=hf, act_type="fp32", progress=False, max_seq_len=512, kv_cache_mem_mb=64)
-            ref = [o.outputs[0].token_ids for o in llm.generate(prompts, {"max_new_tokens": NEW_TOKENS,
-                                                                          "temperature": 0, "ignore_eos": True})]
-            llm.close()
-            forced = [p + r[:t] for p, r in zip(prompts, ref) for t in range(NEW_TOKENS)]
-            want = [r[t] for r in ref for t in range(NEW_TOKENS)]
-            llm = LLM(path, tokenizer_path=hf, act_type="bf16", progress=False, max_seq_len=512, kv_cache_mem_mb=64)
-            got = [o.outputs[0].token_ids[0] for o in llm.generate(forced, {"max_new_tokens": 1, "temperature": 0})]
-            llm.close()
-            agree = sum(a == b for a, b in zip(got, want)) / len(want)
+            agree, n = teacher_forced_agreement(path, hf, prompts, NEW_TOKENS)
             print(f"{name} ({MODELS[name][0]} down): bf16 next tokens equal the fp32 path's at {agree:.1%} "
-                  f"of {len(want)} positions")
+                  f"of {n} positions")
             self.assertGreaterEqual(agree, 0.85, name)
 
 

@@ -10,7 +10,7 @@ import unittest
 
 import torch
 
-from rtp_llm.test.testlib import add_tiny_tokenizer, make_tiny, random_prompts, write_gguf
+from rtp_llm.test.testlib import add_tiny_tokenizer, make_tiny, random_prompts, teacher_forced_agreement, write_gguf
 
 # Llama MHA untied: permuted q/k rows and a quantized LM head; Qwen2 MQA tied: q/k/v bias, the
 # LM head from the (widened) embedding table.
@@ -71,22 +71,12 @@ class GgufQ8_0Test(unittest.TestCase):
         # chaotic: bf16 rounding alone, with the weights widened, departs from fp32 within 0-18
         # tokens. Measured teacher-forced agreement: Q8_0 90-95%, widened bf16 94-97%; a broken
         # kernel or row order gives ~1/512. The real-model test is tests/test_q8_0_real_model.py.)
-        from rtp_llm.llm import LLM
-
         prompts = random_prompts(7, [5, 40, 130])
         for name, (path, hf) in self.files.items():
-            llm = LLM(path, tokenizer_path=hf, act_type="fp32", progress=False, max_seq_len=512, kv_cache_mem_mb=64)
-            ref = [o.outputs[0].token_ids for o in llm.generate(prompts, {"max_new_tokens": NEW_TOKENS,
-                                                                          "temperature": 0, "ignore_eos": True})]
-            llm.close()
-            forced = [p + r[:t] for p, r in zip(prompts, ref) for t in range(NEW_TOKENS)]
-            want = [r[t] for r in ref for t in range(NEW_TOKENS)]
-            llm = LLM(path, tokenizer_path=hf, act_type="bf16", progress=False, max_seq_len=512, kv_cache_mem_mb=64)
-            got = [o.outputs[0].token_ids[0] for o in llm.generate(forced, {"max_new_tokens": 1, "temperature": 0})]
-            llm.close()
-            agree = sum(a == b for a, b in zip(got, want)) / len(want)
-            print(f"{name}: Q8_0 bf16 next tokens equal the fp32 path's at {agree:.1%} of {len(want)} positions")
+            agree, n = teacher_forced_agreement(path, hf, prompts, NEW_TOKENS)
+            print(f"{name}: Q8_0 bf16 next tokens equal the fp32 path's at {agree:.1%} of {n} positions")
             self.assertGreaterEqual(agree, 0.85, name)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -260,6 +260,28 @@ def assert_prefill_logits_match_hf(path: str, hf, prompt, tol: float) -> None:
     torch.testing.assert_close(ours, ref, atol=tol, rtol=tol)
 
 
+def teacher_forced_agreement(path: str, tokenizer_path: str, prompts, new_tokens: int):
+    """(share, positions): how often the bf16 path's next token equals the fp32 path's, after
+    each prefix of the fp32 path's greedy continuation of each prompt (teacher-forced: the
+    free-running greedy text of a random tiny model is chaotic, so it cannot be compared)."""
+    from rtp_llm.llm import LLM
+
+    def llm(act_type):
+        return LLM(path, tokenizer_path=tokenizer_path, act_type=act_type, progress=False, max_seq_len=512,
+                   kv_cache_mem_mb=64)
+
+    ref_llm = llm("fp32")
+    ref = [o.outputs[0].token_ids for o in ref_llm.generate(prompts, {"max_new_tokens": new_tokens,
+                                                                      "temperature": 0, "ignore_eos": True})]
+    ref_llm.close()
+    forced = [p + r[:t] for p, r in zip(prompts, ref) for t in range(new_tokens)]
+    want = [r[t] for r in ref for t in range(new_tokens)]
+    quant = llm("bf16")
+    got = [o.outputs[0].token_ids[0] for o in quant.generate(forced, {"max_new_tokens": 1, "temperature": 0})]
+    quant.close()
+    return sum(a == b for a, b in zip(got, want)) / len(want), len(want)
+
+
 def hf_tokenizer(path: str):
     """The tokenizer of an HF checkpoint directory or a .gguf file."""
     from transformers import AutoTokenizer
