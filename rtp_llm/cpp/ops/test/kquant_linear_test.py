@@ -11,6 +11,7 @@ import unittest
 import numpy as np
 import torch
 
+from rtp_llm.cpp.ops.test.quant_reference import dequantized, quantized_activations
 from rtp_llm.ops import ensure_compute_ops_loaded
 
 SUPER = 256
@@ -27,23 +28,6 @@ def random_blocks(fmt: str, n: int, k: int, gen: np.random.Generator) -> torch.T
         d = (gen.random((n, k // SUPER)) * 1e-4 + 0.5e-4).astype(np.float16)
         blocks[:, :, off:off + 2] = d.view(np.uint8).reshape(n, k // SUPER, 2)
     return torch.from_numpy(blocks.reshape(n, -1).copy())
-
-
-def dequantized(fmt: str, blocks: torch.Tensor, shape) -> torch.Tensor:
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    w = dequantize(blocks.numpy(), GGMLQuantizationType[fmt])
-    return torch.from_numpy(np.array(w, dtype=np.float32).reshape(shape))
-
-
-def quantized_activations(x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] fp32 as the kernels see it: per row and 256-block d = max|x| / 127, q =
-    round-half-even(x * (1 / d)), back to d * q."""
-    b = x.reshape(x.shape[0], -1, SUPER)
-    d = b.abs().amax(-1, keepdim=True) / 127.0
-    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
-    return (torch.round(b * inv).double() * d.double()).reshape(x.shape)
 
 
 class KQuantLinearTest(unittest.TestCase):
@@ -70,7 +54,7 @@ class KQuantLinearTest(unittest.TestCase):
                 x, _, wd, packed = self.case(fmt, m, n, k)
                 y = linear(x, packed, n)
                 self.assertEqual(tuple(y.shape), (m, n))
-                exact = quantized_activations(x) @ wd.double().T
+                exact = quantized_activations(x, SUPER) @ wd.double().T
                 scale = exact.abs().max().item()
                 torch.testing.assert_close(y.double(), exact, rtol=1e-5, atol=1e-5 * scale,
                                            msg=f"{fmt} M={m} N={n} K={k}")
@@ -149,7 +133,8 @@ class CpuBackendKQuantTest(unittest.TestCase):
             t = cls.from_gguf(blocks.numpy(), (64, 512), torch.bfloat16)
             self.assertTrue(be.keeps_quantized(t))
             x = torch.from_numpy(gen.standard_normal((4, 512)).astype(np.float32)).to(torch.bfloat16)
-            ref = (quantized_activations(x.float()) @ dequantized(cls.QTYPE, blocks, (64, 512)).double().T).float()
+            w = dequantized(cls.QTYPE, blocks, (64, 512))
+            ref = (quantized_activations(x.float(), SUPER) @ w.double().T).float()
             for packed in (be.pack_linear(t), be.pack_lm_head(t)):
                 self.assertIsInstance(packed, KQuantLinear)
                 torch.testing.assert_close(be.linear(x, packed).float(), ref.to(torch.bfloat16).float())

@@ -8,6 +8,7 @@ import unittest
 import numpy as np
 import torch
 
+from rtp_llm.cpp.ops.test.quant_reference import dequantized, quantized_activations
 from rtp_llm.ops import ensure_compute_ops_loaded
 
 BLOCK = 32
@@ -21,23 +22,6 @@ def q8_0_blocks(w: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.array(quantize(w.numpy(), GGMLQuantizationType.Q8_0)))
 
 
-def dequantized(blocks: torch.Tensor, shape) -> torch.Tensor:
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    return torch.from_numpy(np.array(dequantize(blocks.numpy(), GGMLQuantizationType.Q8_0),
-                                     dtype=np.float32).reshape(shape))
-
-
-def quantized_activations(x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] fp32 as the kernels see it: per row and 32-block d = max|x| / 127, q =
-    round-half-even(x * (1 / d)), back to d * q."""
-    b = x.reshape(x.shape[0], -1, BLOCK)
-    d = b.abs().amax(-1, keepdim=True) / 127.0
-    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
-    return (torch.round(b * inv).double() * d.double()).reshape(x.shape)
-
-
 class Q8_0LinearTest(unittest.TestCase):
     def setUp(self):
         self.ops = ensure_compute_ops_loaded()
@@ -47,7 +31,7 @@ class Q8_0LinearTest(unittest.TestCase):
         w = torch.randn(n, k, generator=self.gen) * 0.05
         blocks = q8_0_blocks(w)
         x = torch.randn(m, k, generator=self.gen)
-        return x, blocks, dequantized(blocks, (n, k)), self.ops.pack_q8_0_linear(blocks)
+        return x, blocks, dequantized("Q8_0", blocks, (n, k)), self.ops.pack_q8_0_linear(blocks)
 
     def test_matches_dequantize_then_matmul(self):
         # K = 352: 11 blocks, not a multiple of 256; N = 37 and 151: odd, a padded column group;
@@ -56,7 +40,7 @@ class Q8_0LinearTest(unittest.TestCase):
             x, _, wd, packed = self.case(m, n, k)
             y = self.ops.q8_0_linear(x, packed, n)
             self.assertEqual(tuple(y.shape), (m, n))
-            exact = quantized_activations(x) @ wd.double().T
+            exact = quantized_activations(x, BLOCK) @ wd.double().T
             torch.testing.assert_close(y.double(), exact, rtol=1e-5, atol=1e-5, msg=f"M={m} N={n} K={k}")
             plain = x.double() @ wd.double().T
             rel = ((y.double() - plain).norm() / plain.norm()).item()
@@ -108,7 +92,7 @@ class CpuBackendQ8_0Test(unittest.TestCase):
         t = Q8_0Tensor.from_gguf(blocks.numpy(), (64, 96), torch.bfloat16)
         self.assertTrue(be.keeps_quantized(t))
         x = torch.randn(4, 96, generator=gen).to(torch.bfloat16)
-        ref = (quantized_activations(x.float()) @ dequantized(blocks, (64, 96)).double().T).float()
+        ref = (quantized_activations(x.float(), BLOCK) @ dequantized("Q8_0", blocks, (64, 96)).double().T).float()
         for packed in (be.pack_linear(t), be.pack_lm_head(t)):
             self.assertIsInstance(packed, Q8_0Linear)
             torch.testing.assert_close(be.linear(x, packed).float(), ref.to(torch.bfloat16).float())
