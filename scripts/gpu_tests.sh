@@ -2,13 +2,15 @@
 # On the GPU machine (device tool): the GPU test suites against the wheel built here, unpacked
 # onto PYTHONPATH (scripts/install_unpacked.sh: the GPU machine has its own Python and torch).
 # Here, before the call: cp bazel-bin/rtp_llm/rtp_llm-*.whl .gpu/ (an ignored folder; .gpu/wheels/
-# may hold extra wheels for the GPU machine's Python, e.g. xgrammar's, see install_unpacked.sh; an
-# earlier call may have left them in /tmp/gpu_wheels, where a carry would be too large); then
+# may hold extra wheels for the GPU machine's Python, e.g. xgrammar's and pydantic's, see
+# install_unpacked.sh, and .gpu/testwheels/ the tests' own, e.g. jsonschema's for
+# test_structured_output.py; an earlier call may have left them in /tmp/gpu_wheels, where a carry
+# would be too large); then
 #   run(command="bash scripts/gpu_tests.sh [PYTEST ARGS]", carry=[".gpu"])
 # Default: tests/test_cuda.py and tests/test_cuda_kernels.py. Runs from /tmp: from the checkout
 # `rtp_llm` would be the source tree (no built libraries or protos).
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PYTHON=python3 bash "$ROOT/scripts/install_unpacked.sh" "$ROOT"/.gpu/rtp_llm-*.whl /tmp/ours $(ls "$ROOT"/.gpu/wheels/*.whl /tmp/gpu_wheels/*.whl 2>/dev/null) >/dev/null || exit 1
+PYTHON=python3 bash "$ROOT/scripts/install_unpacked.sh" "$ROOT"/.gpu/rtp_llm-*.whl /tmp/ours $(ls "$ROOT"/.gpu/wheels/*.whl "$ROOT"/.gpu/testwheels/*.whl /tmp/gpu_wheels/*.whl 2>/dev/null) >/dev/null || exit 1
 [ $# -gt 0 ] || set -- "$ROOT/tests/test_cuda.py" "$ROOT/tests/test_cuda_kernels.py"
 cd /tmp && PYTHONPATH=/tmp/ours python3 -m pytest -q -p no:cacheprovider "$@"

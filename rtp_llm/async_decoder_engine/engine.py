@@ -12,10 +12,12 @@ input preparation and commit hide behind the device's work:
 A step with grammar rows cannot sample until the step before it committed (its tokens advance
 the matchers its mask is filled from). Its forward is queued ahead as usual; it samples in the
 next turn, after that commit and after the step behind it was staged (model_runner.py), so the
-device goes from its sampling straight to the next forward:
+device goes from its sampling straight to the next forward. Its mask is filled on the grammar
+book's thread (xgrammar releases the GIL) while this thread schedules and stages that step:
 
-    host:   wait N, commit N | schedule, stage N+2 | mask N+1, sample N+1 | forward N+2 | wait N+1 ...
-    device: ....... forward N+1 ........................................| sample N+1 | forward N+2
+    host:   wait N, commit N | schedule, stage N+2 | sample N+1 | forward N+2 | wait N+1 ...
+    filler:                  | mask N+1 ...........|
+    device: ....... forward N+1 ......................................| sample N+1 | forward N+2
 """
 
 import logging
@@ -132,7 +134,7 @@ class EngineLoop:
         if self.core is not None:
             grammar = make_grammar_book(self.core, loaded.tokenizer, c.vocab_size, list(c.eos_token_ids),
                                         args.max_batch_size, self.backend.device, self.runner.sampler.pin_host,
-                                        args.grammar)
+                                        args.grammar, fill_thread=overlap)
             self.runner.grammar = grammar
         self._init_stepping(overlap, grammar)  # (ranks > 0 get the sampled tokens by broadcast: model_runner)
         if args.warm_up and self.core is not None:
@@ -175,8 +177,15 @@ class EngineLoop:
         of the pending one and queues it, then commits the pending one. A step that fails fails
         itself and the steps after it; the ones before it ran, and commit."""
         unsampled, self._unsampled = self._unsampled, None
-        if unsampled is not None and not self._commit_pending():  # (its mask needs those tokens)
-            return True
+        mask = None
+        if unsampled is not None:
+            if not self._commit_pending():  # (its mask needs those tokens)
+                return True
+            try:
+                mask = self.runner.fill_mask(unsampled)  # filled on the book's thread while b is staged
+            except Exception as e:
+                self._fail(e, unsampled.batch.num_streams, len(unsampled.batch.token_ids))
+                return True
         b = self.core.schedule_ahead()
         staged, error = None, None
         if b.num_streams:
@@ -188,7 +197,7 @@ class EngineLoop:
                 error = e
         if unsampled is not None:  # sampled before b's forward, which reads its tokens
             try:
-                self._pending = self.runner.sample(unsampled)
+                self._pending = self.runner.sample(unsampled, mask)
             except CollectiveError:
                 raise
             except Exception as e:

@@ -4,11 +4,11 @@ A stream enqueued with a grammar (GenerateConfigPB json_schema / regex / ebnf / 
 waits unadmitted in the core until its grammar is compiled here, off the engine's thread
 (GrammarCompiler: a thread pool, a cache keyed by (field, text), a timeout that fails only that
 stream). Once it runs, each step that samples it fills its row of a token bitmask from the
-stream's matcher (GrammarBook.bitmask; xgrammar's layout: [G, ceil(V/32)] int32, bit j of
-word w allows token 32 w + j) and the sampler masks its logits with it. The matcher advances
-on exactly the tokens the core keeps at commit (GrammarBook.advance with commit()'s appended
-flags), so a row an ahead step wasted (its stream had ended) never reaches it and nothing is
-rolled back. A terminated matcher (its grammar complete, a stop token accepted) allows only
+stream's matcher (GrammarBook.fill, on a thread of its own under overlap; xgrammar's layout:
+[G, ceil(V/32)] int32, bit j of word w allows token 32 w + j) and the sampler masks its logits
+with it. The matcher advances on exactly the tokens the core keeps at commit
+(GrammarBook.advance with commit()'s appended flags), so a row an ahead step wasted (its stream
+had ended) never reaches it and nothing is rolled back. A terminated matcher (its grammar complete, a stop token accepted) allows only
 the stop tokens (the model's EOS ids).
 
 The core's calls (next_grammar, grammar_done, take_ended_grammars) are in
@@ -48,11 +48,27 @@ class GrammarOptions:
 
 @dataclass
 class TokenBitmask:
-    """The token mask of a step's grammar rows: rows [G] int64 on the host (indices into the
-    step's sampled rows; the sampler uploads them), bits [G, ceil(V/32)] int32 on the device."""
+    """The token mask of a step's grammar rows, on the device: rows [G] int64 (indices into the
+    step's sampled rows), bits [G, ceil(V/32)] int32."""
 
-    rows: np.ndarray
+    rows: torch.Tensor
     bits: torch.Tensor
+
+
+class MaskFill:
+    """A step's mask being filled (GrammarBook.fill): on the book's fill thread when it has one
+    (xgrammar releases the GIL while it fills, so the engine thread stages the next step
+    meanwhile), else already filled. result() waits for it and queues its upload."""
+
+    def __init__(self, book: "GrammarBook", g: int, future: Optional[Future]):
+        self._book, self._g, self._future = book, g, future
+
+    def result(self) -> TokenBitmask:
+        if self._future is not None:
+            self._future.result()  # (re-raises what the fill raised)
+        book, g = self._book, self._g
+        return TokenBitmask(book._host_rows[:g].to(book.device, non_blocking=True),
+                            book._host[:g].to(book.device, non_blocking=True))
 
 
 class GrammarCompiler:
@@ -132,27 +148,32 @@ class _Stream:
 
 class GrammarBook:
     """The engine's grammar streams. poll() (engine thread, every step) hands new grammars to
-    the compiler, fails those past the timeout and forgets streams that ended; bitmask() fills a
+    the compiler, fails those past the timeout and forgets streams that ended; fill() fills a
     step's rows; advance() applies its committed tokens. compiler None: every grammar fails
-    with `unavailable` (naming its field)."""
+    with `unavailable` (naming its field). fill_thread: fill masks on a thread of their own
+    (an engine that has host work to do meanwhile: overlapped scheduling)."""
 
     def __init__(self, core, compiler: Optional[GrammarCompiler], vocab_size: int, max_rows: int,
-                 device: torch.device, pin: bool, stop_token_ids: Sequence[int], unavailable: str = ""):
+                 device: torch.device, pin: bool, stop_token_ids: Sequence[int], unavailable: str = "",
+                 fill_thread: bool = False):
         self.core, self.compiler, self.unavailable = core, compiler, unavailable
         self.device = device
         self._lock = threading.Lock()
         self._streams: Dict[int, _Stream] = {}
         self._compiling: Dict[int, Tuple[str, float]] = {}  # stream id -> (field, when submitted)
         words = -(-vocab_size // 32)
-        # Host rows, filled each step and uploaded (pinned: the upload does not block). One
-        # buffer is enough: a step's bitmask is filled only after the step before it sampled.
+        # Host rows and row indices, filled each step and uploaded (pinned: the upload does not
+        # block). One of each is enough: a step's mask is filled only after the step before it
+        # committed, so that step's upload (queued before its sampling) has completed.
         self._host = torch.zeros(max_rows, words, dtype=torch.int32, pin_memory=pin)
+        self._host_rows = torch.zeros(max_rows, dtype=torch.int64, pin_memory=pin)
         self._stop_row = torch.zeros(words, dtype=torch.int32)  # a terminated matcher's row: stop tokens only
         self._stop_ids = frozenset(int(t) for t in stop_token_ids)  # (the tokenizer info's: they terminate a matcher)
         for t in stop_token_ids:
             if 0 <= t < vocab_size:
                 self._stop_row[t // 32] |= int32_bit(t % 32)
         self._batch = None  # xgrammar's BatchGrammarMatcher, made with the first matcher
+        self._filler = ThreadPoolExecutor(1, thread_name_prefix="rtp_llm-mask") if fill_thread and compiler else None
         self._ended_pending = False  # a grammar stream may have ended since the last take
 
     @classmethod
@@ -222,55 +243,73 @@ class GrammarBook:
 
     # ---- sampling (engine thread)
 
-    def bitmask(self, stream_ids: np.ndarray, rows: np.ndarray) -> TokenBitmask:
-        """The mask of the grammar rows `rows` (indices into the sampled rows) of streams
-        `stream_ids` ([G] each), for the token after the ones their matchers accepted."""
-        import xgrammar as xgr
-
+    def fill(self, stream_ids: np.ndarray, rows: np.ndarray) -> MaskFill:
+        """Starts filling the mask of the grammar rows `rows` (indices into the sampled rows) of
+        streams `stream_ids` ([G] each), for the token after the ones their matchers accepted.
+        Until its result() is taken, no matcher may be advanced (the step before must have
+        committed; the next commit comes after this step samples)."""
         g = len(rows)
         host = self._host[:g]
+        self._host_rows[:g].numpy()[:] = rows
+        live, live_rows = self._live_rows(stream_ids, host)
+        if not live:
+            return MaskFill(self, g, None)
+        if self._filler is None:
+            self._fill_rows(live, host, live_rows)
+            return MaskFill(self, g, None)
+        return MaskFill(self, g, self._filler.submit(self._fill_rows, live, host, live_rows))
+
+    def bitmask(self, stream_ids: np.ndarray, rows: np.ndarray) -> TokenBitmask:
+        """fill(), waited for."""
+        return self.fill(stream_ids, rows).result()
+
+    def _live_rows(self, stream_ids: np.ndarray, host: torch.Tensor) -> Tuple[list, List[int]]:
+        """(the matchers that fill a row, their rows); writes the other rows of `host` [G, W]:
+        a terminated matcher's allows the stop tokens, a stream without a grammar's everything."""
+        import xgrammar as xgr
+
         live, live_rows = [], []
+        streams = self._streams
         for j, sid in enumerate(stream_ids.tolist()):
-            st = self._streams.get(sid)
+            st = streams.get(sid)
             if st is None:  # cannot happen for a scheduled stream; its token is not constrained
                 host[j].fill_(-1)
-                continue
-            if st.matcher is None:
-                st.matcher = xgr.GrammarMatcher(st.compiled)
-            if st.terminated:
+            elif st.terminated:
                 host[j].copy_(self._stop_row)
             else:
+                if st.matcher is None:
+                    st.matcher = xgr.GrammarMatcher(st.compiled)
                 live.append(st.matcher)
                 live_rows.append(j)
+        return live, live_rows
+
+    def _fill_rows(self, live: list, host: torch.Tensor, live_rows: List[int]):
+        """xgrammar fills the live rows (its threads: "auto", half the cores), the GIL released."""
         if len(live) == 1:
             live[0].fill_next_token_bitmask(host, live_rows[0])
-        elif live:
-            if self._batch is None:  # xgrammar's threads ("auto": half the cores) fill the rows
-                self._batch = xgr.BatchGrammarMatcher("auto")
-            self._batch.batch_fill_next_token_bitmask(live, host, live_rows)
-        return TokenBitmask(rows.astype(np.int64), host.to(self.device, non_blocking=True))
+            return
+        if self._batch is None:
+            import xgrammar as xgr
+
+            self._batch = xgr.BatchGrammarMatcher("auto")
+        self._batch.batch_fill_next_token_bitmask(live, host, live_rows)
 
     def advance(self, stream_ids: np.ndarray, tokens: np.ndarray, appended: np.ndarray):
         """Each grammar row's committed token into its stream's matcher, where the core kept it
-        (appended) — once per committed token."""
-        import xgrammar as xgr
-
-        live, accepting = [], []
+        (appended) — once per committed token. (accept_token one by one: cheaper than
+        xgrammar's batch accept for a step's rows, measured.)"""
+        streams, stop_ids = self._streams, self._stop_ids
         for sid, token, kept in zip(stream_ids.tolist(), tokens.tolist(), appended.tolist()):
-            st = self._streams.get(sid)
+            st = streams.get(sid)
             if not kept or st is None or st.matcher is None:
                 continue
             st.accepted += 1
-            if not st.terminated:  # (past its grammar: ignore_eos, min_new_tokens; stop tokens only)
-                live.append((sid, st))
-                accepting.append(token)
-        if live:
-            oks = xgr.BatchGrammarMatcher.batch_accept_token([st.matcher for _, st in live], accepting)
-            for (sid, st), token, ok in zip(live, accepting, oks):
-                if not ok:
-                    log.error("stream %d: the grammar rejects its sampled token %d (the mask allowed it)", sid, token)
-                elif token in self._stop_ids:
-                    st.terminated = True
+            if st.terminated:  # (past its grammar: ignore_eos, min_new_tokens; stop tokens only)
+                continue
+            if not st.matcher.accept_token(token):
+                log.error("stream %d: the grammar rejects its sampled token %d (the mask allowed it)", sid, token)
+            elif token in stop_ids:
+                st.terminated = True
 
     def accepted(self, sid: int) -> int:
         """Tokens the stream's matcher accepted (tests)."""
@@ -280,12 +319,14 @@ class GrammarBook:
     def close(self):
         if self.compiler is not None:
             self.compiler.close()
+        if self._filler is not None:
+            self._filler.shutdown(wait=True)
 
 
 def make_grammar_book(core, tokenizer, vocab_size: int, eos_token_ids: List[int], max_rows: int,
-                      device: torch.device, pin: bool, options: GrammarOptions) -> GrammarBook:
+                      device: torch.device, pin: bool, options: GrammarOptions, fill_thread: bool = False) -> GrammarBook:
     """The engine's GrammarBook: one that compiles with the model's tokenizer, or (no tokenizer,
-    or xgrammar not installed) one that fails every grammar saying why."""
+    or xgrammar not installed) one that fails every grammar saying why. fill_thread: GrammarBook's."""
     reason = ""
     if tokenizer is None:
         reason = "grammars need the model's tokenizer, and this checkpoint has none: pass --tokenizer_path"
@@ -295,4 +336,4 @@ def make_grammar_book(core, tokenizer, vocab_size: int, eos_token_ids: List[int]
         if importlib.util.find_spec("xgrammar") is None:
             reason = "grammars need the xgrammar package, which is not installed"
     compiler = None if reason else GrammarCompiler(tokenizer, vocab_size, eos_token_ids, options)
-    return GrammarBook(core, compiler, vocab_size, max_rows, device, pin, eos_token_ids, reason)
+    return GrammarBook(core, compiler, vocab_size, max_rows, device, pin, eos_token_ids, reason, fill_thread)

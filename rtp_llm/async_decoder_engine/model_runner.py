@@ -26,6 +26,7 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 import torch
 
+from rtp_llm.async_decoder_engine.grammar import MaskFill
 from rtp_llm.device.base import DeviceBackend
 from rtp_llm.distributed.tensor_parallel import CollectiveError
 from rtp_llm.models_py.decoder import DecoderModel
@@ -126,6 +127,8 @@ class Forwarded:
 
     def __init__(self, batch: StepBatch, logits: torch.Tensor, prompt: Optional[PromptLogprobs]):
         self.batch, self.logits, self.prompt = batch, logits, prompt
+        self.rows = None     # its SamplingRows, once fill_mask() took them
+        self.grammar = None  # its grammar rows (stream ids [G], indices in the sampled rows [G]), likewise
 
     @property
     def needs_mask(self) -> bool:
@@ -228,22 +231,29 @@ class ModelRunner:
             logits = logits[:b.num_sampled]
         return Forwarded(b, logits, prompt)
 
-    def sample(self, f: Forwarded) -> PendingStep:
-        """Queues f's sampling. Its grammar rows' mask is filled from their matchers, so the step
-        before f must have committed (f.needs_mask: the caller orders it)."""
+    def fill_mask(self, f: Forwarded) -> Optional[MaskFill]:
+        """Starts filling f's grammar rows' mask (None: f has none); the step before f must have
+        committed (its tokens advanced the matchers). Taken by sample(f, mask)."""
+        if not f.needs_mask:
+            return None
         b = f.batch
-        sampled = b.do_sample == 1
-        rows = b.rows(sampled)
-        mask, grammar = None, None
-        if f.needs_mask:
-            g = np.nonzero(rows.grammar)[0]
-            grammar = (b.stream_ids[sampled][g], g)
-            mask = self.grammar.bitmask(*grammar)
-        samples = self.sampler.sample_on_device(f.logits, rows, mask)
+        f.rows = b.rows(b.do_sample == 1)
+        g = np.nonzero(f.rows.grammar)[0]
+        f.grammar = (b.stream_ids[b.do_sample == 1][g], g)
+        return self.grammar.fill(*f.grammar)
+
+    def sample(self, f: Forwarded, mask: Optional[MaskFill] = None) -> PendingStep:
+        """Queues f's sampling. Its grammar rows' mask (`mask`, from fill_mask(f); filled here
+        when not given) is filled from their matchers, so the step before f must have committed
+        (f.needs_mask: the caller orders it)."""
+        if mask is None and f.needs_mask:
+            mask = self.fill_mask(f)
+        rows = f.rows if f.rows is not None else f.batch.rows(f.batch.do_sample == 1)
+        samples = self.sampler.sample_on_device(f.logits, rows, mask.result() if mask is not None else None)
         slot = self._slots[self._slot]
         self._slot ^= 1
         step = PendingStep(samples, slot, self.model.tp.timeout_s if self.model.tp.size > 1 else 0.0, f.prompt)
-        step.grammar = grammar
+        step.grammar = f.grammar
         return step
 
     def launch(self, b: StepBatch) -> PendingStep:

@@ -80,7 +80,7 @@ class Sampler:
         row has a grammar. Returns the samples without waiting for the device."""
         n = logits.shape[0]
         if mask is not None:
-            self.apply_token_bitmask(logits, self._upload(mask.rows), mask.bits)
+            self.apply_token_bitmask(logits, mask.rows, mask.bits)
         logits = self._apply_forced(self._apply_bias(self._apply_penalties(logits, rows), rows), rows)
         greedy = (rows.temperature < _GREEDY_TEMPERATURE) | (rows.top_k == 1)
         s = np.nonzero(~greedy)[0]

@@ -165,7 +165,7 @@ class TokenBitmaskTest(unittest.TestCase):
         g = torch.Generator().manual_seed(0)
         logits = torch.randn(3, vocab, generator=g) * 5
         allowed = [[31, 63, 69], [0, 32]]  # bit 31 is the sign bit of its word
-        mask = TokenBitmask(np.array([0, 2]), bitmask(allowed, vocab))
+        mask = TokenBitmask(torch.tensor([0, 2]), bitmask(allowed, vocab))
         before = logits.clone()
         s = Sampler(torch.device("cpu"))
         tokens, _ = sample(s, logits.clone(), rows(3, temperature=[0, 0, 0]), mask)
@@ -179,7 +179,7 @@ class TokenBitmaskTest(unittest.TestCase):
             self.assertIn(tokens[0], allowed[0])
             self.assertIn(tokens[2], allowed[1])
         m = before.clone()
-        Sampler(torch.device("cpu")).apply_token_bitmask(m, torch.from_numpy(mask.rows), mask.bits)
+        Sampler(torch.device("cpu")).apply_token_bitmask(m, mask.rows, mask.bits)
         self.assertTrue(torch.equal(m[1], before[1]))
         self.assertEqual(set(torch.nonzero(torch.isfinite(m[0])).flatten().tolist()), set(allowed[0]))
 
@@ -187,7 +187,7 @@ class TokenBitmaskTest(unittest.TestCase):
         from rtp_llm.async_decoder_engine.grammar import TokenBitmask
 
         logits = torch.tensor([[1.0, 3.0, 2.0, -1.0]])
-        mask = TokenBitmask(np.array([0]), bitmask([[2]], 4))
+        mask = TokenBitmask(torch.tensor([0]), bitmask([[2]], 4))
         tokens, logprobs = sample(Sampler(torch.device("cpu")), logits.clone(),
                                   rows(1, temperature=[0], return_logprobs=[1]), mask)
         self.assertEqual(tokens[0], 2)

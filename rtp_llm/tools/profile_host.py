@@ -1,7 +1,8 @@
 """Where the engine loop's host time goes, per step: times the model runner's stage / forward /
-sample / commit (commit split into waiting for the device and the rest) and the grammar
-book's mask fill and matcher advance, for B streams of N new tokens, unconstrained and then
-every stream under a JSON schema (bench_serve's "long" one by default, which never closes).
+fill_mask / sample / commit (commit split into waiting for the device and the rest; sample's
+wait for the mask, filled on the grammar book's thread under overlap, as mask_wait) and the
+grammar book's matcher advance, for B streams of N new tokens, unconstrained and then every
+stream under a JSON schema (bench_serve's "long" one by default, which never closes).
 
     python -m rtp_llm.tools.profile_host --checkpoint DIR [--device cuda] [--act_type bf16] [--batch 64]
         [--new_tokens 256] [--prompt_len 128] [--temperature 0] [--json_schema FILE]
@@ -24,8 +25,10 @@ import torch
 def _timers(engine, totals):
     """Times the runner's and grammar book's calls into `totals` (seconds by name) while open;
     commit's wait for the device also goes to "wait"."""
+    from rtp_llm.async_decoder_engine.grammar import MaskFill
+
     runner, book = engine.runner, engine.grammar
-    patched = [(runner, n) for n in ("stage", "forward", "sample", "commit")] + [(book, n) for n in ("bitmask", "advance")]
+    patched = [(runner, n) for n in ("stage", "forward", "fill_mask", "sample", "commit")] + [(book, "advance")]
 
     def timer(name, call):
         def timed(*args):
@@ -37,6 +40,8 @@ def _timers(engine, totals):
         return timed
     for obj, name in patched:
         setattr(obj, name, timer(name, getattr(obj, name)))
+    result = MaskFill.result
+    MaskFill.result = timer("mask_wait", result)  # (sample's wait for the mask, and its upload)
     commit = runner.commit
 
     def commit_waits(core, step):
@@ -46,6 +51,7 @@ def _timers(engine, totals):
     try:
         yield
     finally:
+        MaskFill.result = result
         for obj, name in patched:
             delattr(obj, name)
 
@@ -73,6 +79,19 @@ def run(llm, prompts, new_tokens, schema, temperature=0.0):
     return steps, wall, dict(totals)
 
 
+def _profiled(path, call, lines=45):
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.runcall(call)
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(lines)
+    with open(path, "w") as f:
+        f.write(out.getvalue())
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True)
@@ -84,6 +103,7 @@ def main():
     p.add_argument("--new_tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy, as bench_serve samples")
     p.add_argument("--json_schema", help="a JSON schema file (default: bench_serve's 'long' schema)")
+    p.add_argument("--cprofile", help="also write the schema run's Python profile (cProfile, by own time) here")
     a = p.parse_args()
     from rtp_llm.llm import LLM
     from rtp_llm.tools.bench_serve import LONG_SCHEMA
@@ -100,6 +120,8 @@ def main():
     run(llm, prompts[:2], 8, schema)  # warm-up: compiles the grammar
     for label, s in (("free", None), ("schema", schema)):
         steps, wall, t = run(llm, prompts, a.new_tokens, s, a.temperature)
+        if s is not None and a.cprofile:  # a second run, profiled (cProfile slows the Python it times)
+            _profiled(a.cprofile, lambda: run(llm, prompts, a.new_tokens, s, a.temperature))
         per = {k: round(v / max(steps, 1) * 1e3, 3) for k, v in sorted(t.items())}
         print(json.dumps({"case": label, "batch": a.batch, "steps": steps, "step_ms": round(wall / max(steps, 1) * 1e3, 3),
                           "host_ms_per_step": per}))

@@ -4,6 +4,7 @@ phases only under the schema, and the run generates the tokens asked for."""
 import tempfile
 import unittest
 
+from rtp_llm.async_decoder_engine.grammar import MaskFill
 from rtp_llm.llm import LLM
 from rtp_llm.test import testlib
 from rtp_llm.tools import profile_host
@@ -22,10 +23,11 @@ class ProfileHostTest(unittest.TestCase):
                 steps, wall, free = profile_host.run(llm, prompts, 8, None)
                 self.assertGreaterEqual(steps, 7)
                 self.assertTrue({"stage", "forward", "sample", "commit", "wait"} <= set(free), free)
-                self.assertFalse({"bitmask", "advance"} & set(free))
+                self.assertFalse({"fill_mask", "mask_wait", "advance"} & set(free))
                 steps, wall, constrained = profile_host.run(llm, prompts, 8, schema)
-                self.assertTrue({"bitmask", "advance"} <= set(constrained), constrained)
+                self.assertTrue({"fill_mask", "mask_wait", "advance"} <= set(constrained), constrained)
                 self.assertNotIn("stage", vars(llm.engine.runner))  # the timers are gone
+                self.assertEqual(MaskFill.result.__qualname__, "MaskFill.result")
                 self.assertEqual(llm.engine.core.stats()["running"], 0)
             finally:
                 llm.close()
