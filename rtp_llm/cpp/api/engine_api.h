@@ -98,8 +98,9 @@ const RtpStepBatch* rtp_llm_engine_schedule(RtpEngine* engine);
 // Overlap: the step after the uncommitted one, scheduled before its tokens are known; a token
 // id -1 - r stands for row r of the tokens that step samples. Empty when two are uncommitted.
 const RtpStepBatch* rtp_llm_engine_schedule_ahead(RtpEngine* engine);
-// The sampled tokens of the oldest uncommitted batch's do_sample streams in batch order
-// (n == num_sampled); logprobs may be NULL. top_ids / top_logprobs: [n, top_k] row-major, the
+// The sampled tokens of the oldest uncommitted batch's sampled rows in batch order: per
+// do_sample stream its last 1 + draft_lens rows (n == num_sampled + num_draft_tokens; drafted
+// tokens are verified against them, step_batch_fields.h); logprobs may be NULL. top_ids / top_logprobs: [n, top_k] row-major, the
 // best top_k alternatives of each row, best first (top_k >= every row's top_logprobs; NULL
 // when top_k is 0). The batch's prompt rows (tokens with prompt_targets >= 0, in token order;
 // num_prompt == num_prompt_logprobs): prompt_logprobs [num_prompt], the target's log-prob under

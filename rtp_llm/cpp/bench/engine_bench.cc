@@ -104,7 +104,15 @@ class Reader : public grpc::ClientReadReactor<GenerateOutputsPB> {
 
 void BenchGrpcDelivery(int streams, int tokens_per_stream, int pace_us) {
   const int max_seq_len = 16 + tokens_per_stream + 16;
-  RtpEngineConfig config{streams * ((max_seq_len + 15) / 16) + 16, 16, streams, 8192, max_seq_len, 1, 0, nullptr, 0};
+  RtpEngineConfig config{};  // by name: the struct grows with RTP_LLM_ENGINE_CONFIG
+  config.num_blocks = streams * ((max_seq_len + 15) / 16) + 16;
+  config.block_size = 16;
+  config.max_batch_size = streams;
+  config.max_num_batched_tokens = 8192;
+  config.max_seq_len = max_seq_len;
+  config.reuse_cache = 1;
+  config.sp_min_token_match = 2;
+  config.sp_max_token_match = 3;
   char err[256];
   RtpEngine* engine = rtp_llm_engine_create(&config, err, sizeof(err));
   const int port = rtp_llm_engine_start_rpc_server(engine, "127.0.0.1:0", err, sizeof(err));

@@ -62,6 +62,15 @@ void KVCacheManager::publish_computed(BlockTable& table, const int32_t* tokens, 
   }
 }
 
+void KVCacheManager::shrink(BlockTable& table, int num_tokens) {
+  const size_t keep = static_cast<size_t>(blocks_for(num_tokens));
+  assert(table.hashes.size() <= keep);
+  while (table.blocks.size() > keep) {
+    pool_.unref(table.blocks.back());
+    table.blocks.pop_back();
+  }
+}
+
 void KVCacheManager::free(BlockTable& table) {
   for (auto it = table.blocks.rbegin(); it != table.blocks.rend(); ++it) pool_.unref(*it);
   table.blocks.clear();

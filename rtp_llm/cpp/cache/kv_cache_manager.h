@@ -57,6 +57,10 @@ class KVCacheManager {
 
   // Publishes the full blocks among the first `num_computed` of `tokens`.
   void publish_computed(BlockTable& table, const int32_t* tokens, int num_computed);
+  // Releases the blocks past the first `num_tokens` positions (speculative decoding: blocks only
+  // rejected drafts reached). Precondition: none of them is published (they hold no computed
+  // full block), and nothing in flight writes them.
+  void shrink(BlockTable& table, int num_tokens);
   // Releases every block (tail first, so the tail is evicted before the prefix it extends).
   void free(BlockTable& table);
 

@@ -23,13 +23,40 @@ ErrorInfo EngineCoreConfig::validate() const {
   if (static_cast<int64_t>(max_batch_size) * RTP_LLM_MAX_LOGIT_BIAS > INT32_MAX) {
     return invalid("max_batch_size", "max_batch_size must be <= " + std::to_string(INT32_MAX / RTP_LLM_MAX_LOGIT_BIAS));
   }
+  if (sp_min_token_match > sp_max_token_match) {
+    return invalid("sp_min_token_match", "sp_min_token_match (" + std::to_string(sp_min_token_match) +
+                                             ") must be <= sp_max_token_match (" + std::to_string(sp_max_token_match) +
+                                             ")");
+  }
+  if (gen_num_per_cycle >= max_num_batched_tokens) {
+    return invalid("gen_num_per_cycle", "gen_num_per_cycle must be < max_num_batched_tokens (" +
+                                            std::to_string(max_num_batched_tokens) + "), got " +
+                                            std::to_string(gen_num_per_cycle));
+  }
   return {};
 }
+
+namespace {
+// The drafter the config asks for: prompt lookup (the only one built yet), or none.
+std::unique_ptr<Drafter> make_drafter(const EngineCoreConfig& c) {
+  if (c.gen_num_per_cycle <= 0) return nullptr;
+  return std::make_unique<NgramDrafter>(c.sp_min_token_match, c.sp_max_token_match);
+}
+
+SchedulerConfig scheduler_config(const EngineCoreConfig& c) {
+  SchedulerConfig s;
+  s.max_batch_size = c.max_batch_size;
+  s.max_num_batched_tokens = c.max_num_batched_tokens;
+  s.max_drafts = c.gen_num_per_cycle;
+  return s;
+}
+}  // namespace
 
 EngineCore::EngineCore(EngineCoreConfig config)
     : config_(std::move(config)),
       kv_(config_.num_blocks, config_.block_size, config_.reuse_cache != 0),
-      scheduler_({config_.max_batch_size, config_.max_num_batched_tokens}, kv_, config_.max_seq_len) {
+      drafter_(make_drafter(config_)),
+      scheduler_(scheduler_config(config_), kv_, config_.max_seq_len, drafter_.get()) {
   // History: a penalized row copies at most max_seq_len tokens; logit bias: RTP_LLM_MAX_LOGIT_BIAS per row.
   capacity_ = {config_.max_batch_size, config_.max_num_batched_tokens, kv_.blocks_for(config_.max_seq_len),
                config_.max_batch_size * config_.max_seq_len, config_.max_batch_size * RTP_LLM_MAX_LOGIT_BIAS};
@@ -131,8 +158,9 @@ ErrorInfo EngineCore::commit(const StepSamples& samples, int n, int32_t* appende
   std::lock_guard<std::mutex> lock(mu_);
   if (outstanding_ == 0) return invalid("", "commit() without a scheduled batch");
   const StepBatch& b = batches_[oldest_];
-  if (n != b.num_sampled) {
-    return invalid("", "commit() got " + std::to_string(n) + " tokens; the batch samples " + std::to_string(b.num_sampled));
+  if (n != b.num_sampled + b.num_draft_tokens) {
+    return invalid("", "commit() got " + std::to_string(n) + " tokens; the batch samples " +
+                           std::to_string(b.num_sampled + b.num_draft_tokens) + " rows");
   }
   updated_.clear();
   ended_.clear();
@@ -146,11 +174,10 @@ ErrorInfo EngineCore::commit(const StepSamples& samples, int n, int32_t* appende
     return invalid("", "commit() got " + std::to_string(samples.num_prompt) + " prompt log-prob rows; the batch has " +
                            std::to_string(b.num_prompt_logprobs));
   }
-  scheduler_.commit(b, samples, config_.eos_token_ids, now_us(), updated_, ended_, appended);
+  generated_tokens_ += scheduler_.commit(b, samples, config_.eos_token_ids, now_us(), updated_, ended_, appended);
   oldest_ = (oldest_ + 1) % Scheduler::kMaxStepsInFlight;
   --outstanding_;
   ++steps_;
-  generated_tokens_ += n;
   count_ended(ended_);
   notify(updated_);
   for (GenerateStream* s : ended_) {
@@ -287,6 +314,7 @@ bool EngineCore::poll(int64_t id, int from, StreamUpdate* out) {
   out->error = s.error();
   out->finish_reason = s.finish_reason();
   out->timing = s.timing();
+  out->spec = s.spec();
   return true;
 }
 
@@ -330,7 +358,7 @@ EngineStats EngineCore::stats() {
   std::lock_guard<std::mutex> lock(mu_);
   return {scheduler_.num_running(), scheduler_.num_waiting(), static_cast<int>(streams_.size()), kv_.stats(),
           steps_,                   scheduler_.num_preemptions(), finished_, generated_tokens_,
-          grammar_};
+          grammar_,                 scheduler_.spec_stats()};
 }
 
 void EngineCore::stop() {

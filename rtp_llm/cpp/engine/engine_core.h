@@ -53,6 +53,7 @@ struct StreamUpdate {
   ErrorInfo error;
   std::string finish_reason;  // GenerateStream::finish_reason(), sent as AuxInfoPB.finish_reason
   StreamTiming timing;
+  StreamSpecStats spec;
   bool done() const { return status >= StreamStatus::FINISHED; }
 };
 
@@ -69,8 +70,9 @@ struct EngineStats {
   int running, waiting, tracked_streams;
   KVCacheStats kv;
   int64_t steps, preemptions, finished;
-  int64_t generated_tokens;  // tokens sampled and committed, since start
+  int64_t generated_tokens;  // tokens appended to streams, since start
   GrammarStats grammar;
+  SpecStats spec;
 };
 
 class EngineCore {
@@ -98,8 +100,8 @@ class EngineCore {
   // ahead of its result (see scheduler.h: placeholders -1 - row stand for the tokens the
   // running batch samples). With none uncommitted it is schedule(); with two, an empty batch.
   const StepBatch& schedule_ahead();
-  // Sampled tokens of the oldest uncommitted batch's do_sample streams, in batch order
-  // (n == num_sampled), with their log-probs and alternatives (scheduler.h). appended (may be
+  // Sampled tokens of the oldest uncommitted batch's sampled rows, in batch order (n ==
+  // num_sampled + num_draft_tokens: per do_sample stream its last 1 + draft_lens rows), with their log-probs and alternatives (scheduler.h). appended (may be
   // null, else n entries): 1 where the token was appended, 0 where dropped (see
   // Scheduler::commit).
   ErrorInfo commit(const StepSamples& samples, int n, int32_t* appended = nullptr);
@@ -151,6 +153,7 @@ class EngineCore {
   std::mutex mu_;
   std::condition_variable work_cv_;
   KVCacheManager kv_;
+  std::unique_ptr<Drafter> drafter_;  // speculative decoding's (null: off); before scheduler_, which uses it
   Scheduler scheduler_;
   // Batches of the steps in flight (at most two: see schedule_ahead), oldest first.
   StepBatch batches_[Scheduler::kMaxStepsInFlight];

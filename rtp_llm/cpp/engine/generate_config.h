@@ -43,6 +43,8 @@ struct GenerateConfig {
   bool in_think_mode = false;
   int max_thinking_tokens = 0;  // 0: no budget
   std::vector<int32_t> end_think_token_ids;
+  // Upstream's per-request opt-out of speculative decoding: the stream never drafts.
+  bool force_disable_sp_run = false;
 
   // Sampling (applied by the model runner; the core only carries them): names, defaults and
   // ranges in RTP_LLM_ALL_SAMPLING (step_batch_fields.h). temperature 0: greedy; top_k 0:

@@ -31,6 +31,19 @@ struct StreamTiming {
   int reuse_len = 0;  // prompt tokens served by the prefix cache at first admission
 };
 
+// Speculative decoding, per stream (AuxInfoPB's speculative_* fields): steps in which it verified
+// drafts, and per draft position p how many of those accepted the draft at p.
+struct StreamSpecStats {
+  int draft_rounds = 0;
+  std::vector<int32_t> accepted_per_pos;
+  // Counts a verified run of `drafted` tokens whose first `accepted` were accepted.
+  void record(int drafted, int accepted) {
+    ++draft_rounds;
+    if (static_cast<int>(accepted_per_pos.size()) < drafted) accepted_per_pos.resize(drafted, 0);
+    for (int p = 0; p < accepted; ++p) ++accepted_per_pos[p];
+  }
+};
+
 // A sampled token and what the sampler says of it: its log-prob and the best `num_top`
 // alternatives (ids and log-probs, best first; the stream keeps its config's top_logprobs of
 // them, num_top >= that when asked).
@@ -81,6 +94,8 @@ class GenerateStream {
   // the KV-cache capacity). The one source of AuxInfoPB.finish_reason.
   const std::string& finish_reason() const { return finish_reason_; }
   const StreamTiming& timing() const { return timing_; }
+  const StreamSpecStats& spec() const { return spec_; }
+  StreamSpecStats& spec() { return spec_; }
 
   // Scheduling state, owned by the Scheduler. Steps in flight (scheduled, not yet committed;
   // at most two: the one the model runs and the one scheduled ahead of its result) hold
@@ -92,6 +107,10 @@ class GenerateStream {
   int pending_computed = 0;
   int pending_sampled = 0;
   int pending_row = -1;           // row of the latest such step's sampled tokens (when it samples)
+  // Tokens drafted after the last known one in the step in flight that holds it (speculative
+  // decoding; 0: none). Such a step is the only one in flight holding the stream: it drafts only
+  // when nothing of it is in flight, and it does not run ahead while its drafts are verified.
+  int pending_drafts = 0;
   bool cancel_requested = false;  // abort() arrived while in flight: finish at commit
   // A stream with a grammar is not admitted until the engine process has compiled it
   // (EngineCore::grammar_done): its first sample needs the grammar's token mask.
@@ -141,6 +160,7 @@ class GenerateStream {
   ErrorInfo error_;
   std::string finish_reason_;
   StreamTiming timing_;
+  StreamSpecStats spec_;
   bool thinking_;        // inside the thinking (from in_think_mode until end_think_token_ids)
   int think_matched_ = 0;  // leading tokens of end_think_token_ids that end the tokens so far
 };

@@ -6,8 +6,10 @@
 
 namespace rtp_llm {
 
-Scheduler::Scheduler(SchedulerConfig config, KVCacheManager& kv, int max_seq_len)
-    : config_(config), kv_(kv), max_seq_len_(max_seq_len) {
+Scheduler::Scheduler(SchedulerConfig config, KVCacheManager& kv, int max_seq_len, const Drafter* drafter)
+    : config_(config), kv_(kv), max_seq_len_(max_seq_len), drafter_(drafter) {
+  if (drafter_ == nullptr) config_.max_drafts = 0;
+  draft_buf_.resize(std::max(config_.max_drafts, 0));
   running_.reserve(config.max_batch_size);
   for (auto& streams : steps_) streams.reserve(config.max_batch_size);
 }
@@ -37,12 +39,25 @@ bool has_penalties(const GenerateConfig& c) {
   return c.repetition_penalty != 1.0f || c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f ||
          c.no_repeat_ngram_size > 0;
 }
+
+// Whether every position of a verification step would be sampled as the plain step samples its
+// one: greedily (the sampler's argmax rows: temperature 0 or top_k 1) from the logits alone.
+// Sampling at temperature > 0 needs rejection sampling (not built yet), the rest per-token state.
+bool may_draft(const GenerateStream* s) {
+  const GenerateConfig& c = s->config();
+  const bool greedy = c.temperature == 0.0f || c.top_k == 1;
+  return greedy && !c.force_disable_sp_run && !has_penalties(c) && c.logit_bias.empty() && c.grammar.empty() &&
+         !s->wants_prompt_logprobs() && !(c.in_think_mode && c.max_thinking_tokens > 0);
+}
 }  // namespace
 
 bool Scheduler::can_run_ahead(const GenerateStream* s, int64_t now_us) const {
   // Timed out: sitting out lets expire() end it once the step in flight commits.
   if (s->cancel_requested || s->timed_out(now_us)) return false;
+  if (s->pending_drafts > 0) return false;  // how many tokens it keeps is known at commit only
   if (s->pending_sampled == 0) return true;  // its next tokens are known (a prompt chunk)
+  // A stream that may draft drafts from its known tokens: it waits for the one in flight.
+  if (config_.max_drafts > 0 && may_draft(s)) return false;
   if (s->may_force_after_next()) return false;
   const GenerateConfig& c = s->config();
   return s->num_generated() + 1 < c.max_new_tokens && s->num_tokens() + 1 < s->max_seq_len();  // not sure to finish
@@ -102,33 +117,52 @@ void Scheduler::record_prompt_rows(const StepBatch& b, int i, const StepSamples&
   }
 }
 
-void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now_us) {
+int Scheduler::draft(const GenerateStream* s, int n, int budget) {
+  // Only a decode whose last token is known: n is that one token and nothing of it is in flight.
+  if (config_.max_drafts == 0 || n != 1 || s->pending_sampled > 0 || s->scheduled_computed() != s->num_tokens() - 1 ||
+      !may_draft(s)) {
+    return 0;
+  }
+  // Accepting all d drafts appends d + 1 tokens: they must fit max_new_tokens and max_seq_len.
+  const int room = std::min(s->config().max_new_tokens - s->num_generated(), s->max_seq_len() - s->num_tokens()) - 1;
+  const int most = std::min({config_.max_drafts, budget - n, room});
+  if (most <= 0) return 0;
+  const int d = drafter_->propose(s->tokens().data(), s->num_tokens(), most, draft_buf_.data());
+  // Drafts never preempt: without the blocks for them, the stream decodes as usual.
+  return d > 0 && kv_.can_grow(s->block_table, s->scheduled_computed() + n + d) ? d : 0;
+}
+
+void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now_us, int drafts) {
   const int i = b.num_streams++;
   const int start = s->scheduled_computed();
-  const int known = s->num_tokens();  // positions >= known: the placeholder of a pending sample
+  // Positions >= known: the drafts (drafts > 0), else the placeholder of a pending sample.
+  const int known = s->num_tokens();
   const int bs = kv_.block_size();
   const int sample = start + n == s->scheduled_tokens() ? 1 : 0;
-  const int row = b.num_sampled;
+  const int row = b.num_sampled + b.num_draft_tokens;  // its first row among the step's sampled rows
+  const int q = n + drafts;
   b.stream_ids[i] = s->id();
-  b.query_lens[i] = n;
+  b.query_lens[i] = q;
   b.prefix_lens[i] = start;
-  b.context_lens[i] = start + n;
-  b.query_starts[i + 1] = b.query_starts[i] + n;
+  b.context_lens[i] = start + q;
+  b.query_starts[i + 1] = b.query_starts[i] + q;
   b.do_sample[i] = sample;
+  b.draft_lens[i] = drafts;
   b.num_sampled += sample;
+  b.num_draft_tokens += drafts;
   if (n > 1 || start < s->prompt_len()) ++b.num_prefill;
 
   const int32_t* tokens = s->tokens().data();
   const int32_t* blocks = s->block_table.blocks.data();
-  for (int j = 0, t = b.num_tokens; j < n; ++j, ++t) {
+  for (int j = 0, t = b.num_tokens; j < q; ++j, ++t) {
     const int pos = start + j;
-    b.token_ids[t] = pos < known ? tokens[pos] : -1 - s->pending_row;
+    b.token_ids[t] = pos < known ? tokens[pos] : drafts > 0 ? draft_buf_[pos - known] : -1 - s->pending_row;
     b.positions[t] = pos;
     b.slot_mapping[t] = int64_t{blocks[pos / bs]} * bs + pos % bs;
   }
-  add_prompt_targets(b, b.num_tokens, s, start, n);
-  b.num_tokens += n;
-  b.block_table_stride = std::max(b.block_table_stride, kv_.blocks_for(start + n));
+  add_prompt_targets(b, b.num_tokens, s, start, q);
+  b.num_tokens += q;
+  b.block_table_stride = std::max(b.block_table_stride, kv_.blocks_for(start + q));
 
   const GenerateConfig& c = s->config();
 #define RTP_LLM_COPY_PARAM(type, name, ...) b.name[i] = c.name;
@@ -143,7 +177,8 @@ void Scheduler::add_to_batch(StepBatch& b, GenerateStream* s, int n, int64_t now
   b.forced_tokens[i] = sample ? s->forced_token() : -1;
 
   ++s->in_flight;
-  s->pending_computed += n;
+  s->pending_computed += q;
+  s->pending_drafts = drafts;
   s->pending_sampled += sample;
   if (sample) s->pending_row = row;
   s->mark_scheduled(now_us);
@@ -159,7 +194,7 @@ void Scheduler::pop_oldest_step() {
 void Scheduler::fail_step(const ErrorInfo& error, int64_t now_us, std::vector<GenerateStream*>& ended) {
   while (num_steps_ > 0) {
     for (GenerateStream* s : step(0)) {
-      s->in_flight = s->pending_computed = s->pending_sampled = 0;
+      s->in_flight = s->pending_computed = s->pending_sampled = s->pending_drafts = 0;
       if (!s->done()) {  // a stream that ended at an earlier commit was reported then
         s->finish(StreamStatus::ERROR, error, now_us);
         ended.push_back(s);
@@ -210,7 +245,7 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
       ++i;  // the prompt rows' budget is spent: it goes on next step
       continue;
     }
-    if (ahead && (n == 0 || !can_run_ahead(s, now_us))) {
+    if (ahead && (n <= 0 || !can_run_ahead(s, now_us))) {  // (n < 0: its drafts are in flight)
       ++i;  // it runs again once the step in flight has committed
       continue;
     }
@@ -231,9 +266,10 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
       }
     }
     if (self_preempted) break;
-    kv_.grow(s->block_table, s->scheduled_computed() + n);
-    add_to_batch(b, s, n, now_us);
-    budget -= n;
+    const int drafts = draft(s, n, budget);
+    kv_.grow(s->block_table, s->scheduled_computed() + n + drafts);
+    add_to_batch(b, s, n, now_us, drafts);
+    budget -= n + drafts;
     if (s->needs_prompt_rows()) prompt_rows -= n;
     ++i;
   }
@@ -287,12 +323,47 @@ bool Scheduler::has_runnable() const {
          std::any_of(waiting_.begin(), waiting_.end(), [](const GenerateStream* s) { return !s->grammar_pending; });
 }
 
-void Scheduler::commit(const StepBatch& b, const StepSamples& samples, const std::vector<int32_t>& eos_ids,
-                       int64_t now_us, std::vector<GenerateStream*>& updated, std::vector<GenerateStream*>& ended,
-                       int32_t* appended) {
+int Scheduler::append_samples(const StepBatch& b, int i, const StepSamples& samples, int k, GenerateStream* s,
+                              bool keep, const std::vector<int32_t>& eos_ids, int64_t now_us, int32_t* appended) {
+  const int d = b.draft_lens[i];
+  const int32_t* drafts = b.token_ids.data() + b.query_starts[i + 1] - d;
+  // Row j samples the token after the stream's j-th query position: the drafts are accepted
+  // while each equals the row before it, and the row after the last accepted one is kept too.
+  int accepted = 0;
+  while (accepted < d && samples.tokens[k + accepted] == drafts[accepted]) ++accepted;
+  int count = 0;
+  for (int j = 0; j <= d; ++j) {
+    const bool take = keep && j <= accepted && !s->done();  // nothing after a stop
+    if (appended != nullptr) appended[k + j] = take ? 1 : 0;
+    if (!take) continue;
+    SampledToken sampled{samples.tokens[k + j], samples.logprobs ? samples.logprobs[k + j] : 0.0f};
+    if (samples.top_k > 0 && samples.top_ids != nullptr && samples.top_logprobs != nullptr) {
+      sampled.top_ids = samples.top_ids + static_cast<size_t>(k + j) * samples.top_k;
+      sampled.top_logprobs = samples.top_logprobs + static_cast<size_t>(k + j) * samples.top_k;
+      sampled.num_top = samples.top_k;
+    }
+    s->append(sampled, eos_ids, now_us);
+    ++count;
+  }
+  if (d > 0) {
+    // The positions of rejected drafts hold no kept token: computed again (overwritten) next step.
+    s->num_computed -= d - accepted;
+    if (keep) {
+      s->spec().record(d, accepted);
+      ++spec_.draft_rounds;
+      spec_.draft_tokens += d;
+      spec_.accepted_tokens += accepted;
+    }
+  }
+  return count;
+}
+
+int Scheduler::commit(const StepBatch& b, const StepSamples& samples, const std::vector<int32_t>& eos_ids,
+                      int64_t now_us, std::vector<GenerateStream*>& updated, std::vector<GenerateStream*>& ended,
+                      int32_t* appended) {
   assert(num_steps_ > 0);
   const std::vector<GenerateStream*>& scheduled = step(0);
-  int k = 0, p = 0;
+  int k = 0, p = 0, count = 0;
   bool any_ended = false;
   for (int i = 0; i < b.num_streams; ++i) {
     GenerateStream* s = scheduled[i];
@@ -301,23 +372,18 @@ void Scheduler::commit(const StepBatch& b, const StepSamples& samples, const std
     --s->in_flight;
     s->num_computed += b.query_lens[i];
     s->pending_computed -= b.query_lens[i];
-    if (!was_done) kv_.publish_computed(s->block_table, s->tokens().data(), s->num_computed);
+    s->pending_drafts = 0;
     if (b.do_sample[i]) {
       --s->pending_sampled;
-      SampledToken sampled{samples.tokens[k], samples.logprobs ? samples.logprobs[k] : 0.0f};
-      if (samples.top_k > 0 && samples.top_ids != nullptr && samples.top_logprobs != nullptr) {
-        sampled.top_ids = samples.top_ids + static_cast<size_t>(k) * samples.top_k;
-        sampled.top_logprobs = samples.top_logprobs + static_cast<size_t>(k) * samples.top_k;
-        sampled.num_top = samples.top_k;
-      }
       const bool keep = !s->cancel_requested && !was_done;
-      if (appended != nullptr) appended[k] = keep ? 1 : 0;
-      ++k;
-      if (keep) {
-        s->append(sampled, eos_ids, now_us);
-        updated.push_back(s);
-      }
+      count += append_samples(b, i, samples, k, s, keep, eos_ids, now_us, appended);
+      k += 1 + b.draft_lens[i];
+      if (keep) updated.push_back(s);
     }
+    // After the append: the tokens of accepted drafts are in tokens() now. (A stop inside an
+    // accepted run leaves num_computed past the tokens kept: clamped, the stream is done.)
+    s->num_computed = std::min(s->num_computed, s->num_tokens());
+    if (!was_done) kv_.publish_computed(s->block_table, s->tokens().data(), s->num_computed);
     if (s->cancel_requested && !s->done()) s->finish(StreamStatus::CANCELLED, {ErrorCode::CANCELLED, "cancelled"}, now_us);
     if (s->done()) {
       // Its blocks stay until no step in flight writes them.
@@ -326,6 +392,9 @@ void Scheduler::commit(const StepBatch& b, const StepSamples& samples, const std
         ended.push_back(s);
         any_ended = true;
       }
+    } else if (b.draft_lens[i] > 0) {
+      assert(s->in_flight == 0);
+      kv_.shrink(s->block_table, s->num_tokens());  // blocks only rejected drafts reached (none in flight)
     }
   }
   if (any_ended) {
@@ -333,6 +402,7 @@ void Scheduler::commit(const StepBatch& b, const StepSamples& samples, const std
                    running_.end());
   }
   pop_oldest_step();
+  return count;
 }
 
 }  // namespace rtp_llm

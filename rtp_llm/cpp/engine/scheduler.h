@@ -24,6 +24,23 @@
 // position must run); its full blocks are still published for others. Such streams together run
 // at most max_prompt_rows tokens a step (a second budget, beside the step's).
 //
+// Speculative decoding (max_drafts > 0 and a Drafter, engine_core.h): a running decode stream
+// whose tokens are all known (nothing of it in flight) and which samples greedily from the
+// logits alone (no penalties, logit_bias, grammar, thinking budget or prompt log-probs; not
+// force_disable_sp_run) gets up to max_drafts drafted tokens after its last one: each counts
+// against the step's budget; accepting them all plus the token after stays within max_new_tokens
+// and max_seq_len; and drafts never preempt (a stream short of blocks for them runs without).
+// The step runs its 1 + d positions and samples each. Commit appends the sampled tokens in
+// order while the drafts equal them, plus the first that differs (1 .. d + 1 tokens), each
+// through the stop criteria (tokens after a stop are dropped). Rejected drafts leave no trace:
+// num_computed counts only positions whose tokens were kept (the rejected ones' KV slots are
+// written again next step), blocks past the stream's tokens are freed, and publish_computed
+// sees only computed, hence verified, tokens. A stream that may draft does not run ahead of its
+// own token (its drafts come from its known tokens; and while its drafts are in flight, how
+// many tokens it keeps is unknown until commit), so no other step in flight holds a stream with
+// drafts; streams that may not draft run ahead as before. Overlapped, a lone drafting stream
+// thus steps in turn; in a mixed batch it runs every other step, the others every step.
+//
 // Grammars: a waiting stream whose grammar is still compiling (grammar_pending) is passed
 // over by admission (streams behind it are admitted meanwhile); once admitted, its sampled
 // rows are marked (`grammar`, `num_grammar`) for the sampler's token mask.
@@ -34,12 +51,14 @@
 #include <vector>
 
 #include "rtp_llm/cpp/cache/kv_cache_manager.h"
+#include "rtp_llm/cpp/engine/drafter.h"
 #include "rtp_llm/cpp/engine/generate_stream.h"
 #include "rtp_llm/cpp/engine/step_batch.h"
 
 namespace rtp_llm {
 
-// What the sampler returns for one step's do_sample streams, in batch order: tokens [N], their
+// What the sampler returns for one step's sampled rows, in batch order (per do_sample stream its
+// last 1 + draft_lens rows: N = num_sampled + num_draft_tokens): tokens [N], their
 // log-probs [N] (null: none asked for) and the best top_k alternatives of each row
 // ([N, top_k] ids and log-probs, row-major; null when top_k is 0); and the prompt rows' (the
 // step's tokens with prompt_targets >= 0, in token order): the target's log-prob [P] and the
@@ -64,11 +83,19 @@ struct SchedulerConfig {
   // logits row ([vocab] fp32, 0.6 MB for a 152k vocabulary) the model runner materialises, so a
   // budget-sized chunk of them (8192 on CUDA: 5 GB) could run the device out of memory.
   int max_prompt_rows = 512;
+  int max_drafts = 0;  // speculative decoding: drafted tokens per stream per step (0: off)
+};
+
+// Speculative decoding since start (EngineStats): stream-steps that verified drafts, tokens
+// drafted in them, and of those accepted.
+struct SpecStats {
+  int64_t draft_rounds = 0, draft_tokens = 0, accepted_tokens = 0;
 };
 
 class Scheduler {
  public:
-  Scheduler(SchedulerConfig config, KVCacheManager& kv, int max_seq_len);
+  // drafter: proposes the drafts when config.max_drafts > 0 (may be null: none); not owned.
+  Scheduler(SchedulerConfig config, KVCacheManager& kv, int max_seq_len, const Drafter* drafter = nullptr);
 
   void add(GenerateStream* stream) { waiting_.push_back(stream); }
   // Removes a stream that is not in flight (finished, cancelled or timed out), freeing its
@@ -82,19 +109,19 @@ class Scheduler {
   // flight if there is one (at most kMaxStepsInFlight - 1 steps may be in flight).
   void schedule(StepBatch& batch, int64_t now_us);
   // Applies the oldest step in flight: advances num_computed, publishes full blocks, appends the sampled
-  // tokens (`tokens`/`logprobs` in batch order of the do_sample streams), applies stop
+  // tokens (`tokens`/`logprobs` in batch order of the sampled rows; drafts verified as above), applies stop
   // criteria and pending cancellations. Streams that ended are removed and freed, and are
   // appended to `ended`; streams that got a token are appended to `updated`. appended (may be
   // null): per sampled row, 1 when its token was appended, 0 when dropped (its stream ended
   // at an earlier commit or was cancelled), so a grammar's matcher advances on exactly the
-  // tokens its stream keeps.
-  void commit(const StepBatch& batch, const StepSamples& samples, const std::vector<int32_t>& eos_ids,
-              int64_t now_us, std::vector<GenerateStream*>& updated, std::vector<GenerateStream*>& ended,
-              int32_t* appended = nullptr);
-  void commit(const StepBatch& batch, const int32_t* tokens, const float* logprobs,
-              const std::vector<int32_t>& eos_ids, int64_t now_us, std::vector<GenerateStream*>& updated,
-              std::vector<GenerateStream*>& ended, int32_t* appended = nullptr) {
-    commit(batch, StepSamples{tokens, logprobs}, eos_ids, now_us, updated, ended, appended);
+  // tokens its stream keeps. Returns how many tokens were appended.
+  int commit(const StepBatch& batch, const StepSamples& samples, const std::vector<int32_t>& eos_ids,
+             int64_t now_us, std::vector<GenerateStream*>& updated, std::vector<GenerateStream*>& ended,
+             int32_t* appended = nullptr);
+  int commit(const StepBatch& batch, const int32_t* tokens, const float* logprobs,
+             const std::vector<int32_t>& eos_ids, int64_t now_us, std::vector<GenerateStream*>& updated,
+             std::vector<GenerateStream*>& ended, int32_t* appended = nullptr) {
+    return commit(batch, StepSamples{tokens, logprobs}, eos_ids, now_us, updated, ended, appended);
   }
 
   // The model runner failed: the streams of every step in flight (a step scheduled ahead
@@ -109,11 +136,19 @@ class Scheduler {
   const std::deque<GenerateStream*>& waiting() const { return waiting_; }
   const std::vector<GenerateStream*>& running() const { return running_; }
   int64_t num_preemptions() const { return num_preemptions_; }
+  const SpecStats& spec_stats() const { return spec_; }
 
  private:
   void preempt(GenerateStream* stream);
   bool can_run_ahead(const GenerateStream* stream, int64_t now_us) const;
-  void add_to_batch(StepBatch& batch, GenerateStream* stream, int n, int64_t now_us);
+  // How many tokens to draft after `stream`'s n scheduled ones (into draft_buf_), within `budget`.
+  int draft(const GenerateStream* stream, int n, int budget);
+  // n of `stream`'s tokens, then `drafts` drafted ones from draft_buf_.
+  void add_to_batch(StepBatch& batch, GenerateStream* stream, int n, int64_t now_us, int drafts = 0);
+  // Appends row i's sampled tokens (rows from k on: 1, or with drafts up to 1 + draft_lens[i])
+  // when `keep`; fills `appended` for them. Returns how many were appended.
+  int append_samples(const StepBatch& batch, int i, const StepSamples& samples, int k, GenerateStream* stream,
+                     bool keep, const std::vector<int32_t>& eos_ids, int64_t now_us, int32_t* appended);
   // Row i's penalty history: all of `stream`'s tokens (prompt, then generated), or none (null).
   void add_history(StepBatch& batch, int i, const GenerateStream* stream);
   // Row i's logit_bias entries: `stream`'s, or none (null).
@@ -135,6 +170,9 @@ class Scheduler {
   std::vector<GenerateStream*> steps_[kMaxStepsInFlight];
   int oldest_ = 0, num_steps_ = 0;
   int64_t num_preemptions_ = 0;
+  const Drafter* drafter_;
+  std::vector<int32_t> draft_buf_;  // [max_drafts]: the drafts of the stream being added
+  SpecStats spec_;
 };
 
 }  // namespace rtp_llm

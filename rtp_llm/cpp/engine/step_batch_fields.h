@@ -63,7 +63,8 @@
   X(num_history_tokens) /* H: tokens in history_tokens */                               \
   X(num_bias_entries)   /* L: entries in bias_tokens / bias_values */                   \
   X(num_grammar)        /* sampled streams with a grammar: the sampler masks their logits */ \
-  X(num_prompt_logprobs) /* P: tokens with prompt_targets[t] >= 0; commit() takes that many rows */
+  X(num_prompt_logprobs) /* P: tokens with prompt_targets[t] >= 0; commit() takes that many rows */ \
+  X(num_draft_tokens)   /* D = sum(draft_lens); commit() takes num_sampled + D tokens */
 
 /* The step batch's arrays other than the sampling parameters: X(type, name, length, group). */
 #define RTP_LLM_STEP_ARRAYS(X)                                                                  \
@@ -73,6 +74,10 @@
   X(i32, context_lens, S, MODEL)    /* prefix_lens + query_lens (KV length after the step) */  \
   X(i32, query_starts, S1, MODEL)   /* exclusive prefix sum of query_lens */                    \
   X(i32, do_sample, S, MODEL)       /* 1 when this step ends the stream's known tokens */       \
+  /* Speculative decoding: the stream's last query_lens tokens are its last known token and     \
+     draft_lens[i] drafted ones (do_sample is 1); each of those 1 + d positions is sampled, in   \
+     order, so a step's sampled rows are, per do_sample stream, its last 1 + draft_lens rows. */ \
+  X(i32, draft_lens, S, MODEL)                                                                  \
   X(i32, block_tables, SB, MODEL)   /* block ids, rows padded with 0 */                         \
   X(i32, token_ids, T, MODEL)       /* -1 - r: row r of the step in flight's samples */         \
   X(i32, positions, T, MODEL)                                                                   \
@@ -106,7 +111,12 @@
   X(i32, max_num_batched_tokens, 4096, 1) /* token budget per step (longer prompts are chunked) */ \
   X(i32, max_seq_len, 4096, 2)    /* prompt + generated tokens per stream */ \
   X(i32, reuse_cache, 1, 0)       /* 1: prefix cache on */ \
-  X(i32, vocab_size, 0, 0)        /* prompt token ids must be below it (0: unchecked) */
+  X(i32, vocab_size, 0, 0)        /* prompt token ids must be below it (0: unchecked) */ \
+  /* Speculative decoding (upstream's flags): the most drafted tokens per stream per step (0: off), \
+     and the prompt-lookup drafter's n-gram sizes, longest tried first. */ \
+  X(i32, gen_num_per_cycle, 0, 0) \
+  X(i32, sp_min_token_match, 2, 1) \
+  X(i32, sp_max_token_match, 3, 1)
 
 /* RtpEngineStats: X(type, name, source in rtp_llm::EngineStats). */
 #define RTP_LLM_ENGINE_STATS(X)                 \
@@ -128,6 +138,9 @@
   X(i64, grammar_cache_hits, grammar.cache_hits) /* of those, compiled already (or compiling) */ \
   X(i64, grammar_compiles, grammar.compiles)   /* grammars compiled */ \
   X(i64, grammar_compile_us, grammar.compile_us) /* their compile time, summed */ \
-  X(i64, grammar_failures, grammar.failures)   /* grammars that failed to compile or timed out */
+  X(i64, grammar_failures, grammar.failures)   /* grammars that failed to compile or timed out */ \
+  X(i64, spec_draft_rounds, spec.draft_rounds) /* stream-steps that verified drafts */ \
+  X(i64, spec_draft_tokens, spec.draft_tokens) /* tokens drafted (and verified) */ \
+  X(i64, spec_accepted_tokens, spec.accepted_tokens) /* of those, accepted */
 
 #endif /* RTP_LLM_STEP_BATCH_FIELDS_H_ */

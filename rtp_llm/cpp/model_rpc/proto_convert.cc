@@ -49,6 +49,7 @@ GenerateConfig from_proto(const GenerateConfigPB& pb, int max_seq_len) {
   c.in_think_mode = pb.in_think_mode();
   c.max_thinking_tokens = pb.max_thinking_tokens();
   c.end_think_token_ids.assign(pb.end_think_token_ids().begin(), pb.end_think_token_ids().end());
+  c.force_disable_sp_run = pb.force_disable_sp_run();
   return c;
 }
 
@@ -94,6 +95,8 @@ void to_proto(int64_t request_id, const StreamUpdate& u, int64_t now_us, Generat
   aux->set_local_reuse_len(t.reuse_len);
   aux->set_prefix_len(t.reuse_len);
   aux->set_finish_reason(u.finish_reason);
+  aux->set_speculative_draft_rounds(u.spec.draft_rounds);
+  for (int32_t n : u.spec.accepted_per_pos) aux->add_speculative_accepted_tokens_per_pos(n);
   if (!u.new_logprobs.empty()) set_fp32(aux->mutable_logprobs(), u.new_logprobs);
   if (u.top_logprobs > 0 && n > 0) {
     set_int32(aux->mutable_top_token_ids(), u.new_top_ids, {n, u.top_logprobs});
@@ -175,6 +178,9 @@ void fill_worker_status(const EngineStats& s, const EngineCoreConfig& config, Wo
   out->set_grammar_compiles(s.grammar.compiles);
   out->set_grammar_compile_us(s.grammar.compile_us);
   out->set_grammar_failures(s.grammar.failures);
+  out->set_spec_draft_rounds(s.spec.draft_rounds);
+  out->set_spec_draft_tokens(s.spec.draft_tokens);
+  out->set_spec_accepted_tokens(s.spec.accepted_tokens);
 }
 
 void fill_cache_status(const EngineStats& s, CacheStatusPB* out) {

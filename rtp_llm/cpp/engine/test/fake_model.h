@@ -3,6 +3,11 @@
 // sampled stream's next token from its whole context read back through its block table. So
 // a wrong block table, slot mapping or prefix-cache hit changes the output, and outputs
 // equal `reference()` exactly when the bookkeeping is right.
+//
+// period > 0 makes it repetitive, so speculative drafts get accepted: the next token copies the
+// one `period` back (read through the KV cache like the rest), except at every 7th position,
+// where the context's hash is taken as usual (drafts are rejected there). A verification step's
+// rows (draft_lens) are each computed from their own prefix of the context.
 #pragma once
 
 #include <cstdint>
@@ -14,10 +19,11 @@ namespace rtp_llm::testing {
 
 class FakeModel {
  public:
-  FakeModel(int num_blocks, int block_size, int vocab = 1000)
-      : block_size_(block_size), vocab_(vocab), kv_(static_cast<size_t>(num_blocks) * block_size, -1) {}
+  FakeModel(int num_blocks, int block_size, int vocab = 1000, int period = 0)
+      : block_size_(block_size), vocab_(vocab), period_(period), kv_(static_cast<size_t>(num_blocks) * block_size, -1) {}
 
-  static int32_t next_token(const int32_t* seq, int n, int vocab) {
+  static int32_t next_token(const int32_t* seq, int n, int vocab, int period = 0) {
+    if (period > 0 && n >= period && n % 7 != 0) return seq[n - period];
     uint64_t h = 1469598103934665603ULL;
     for (int i = 0; i < n; ++i) h = (h ^ static_cast<uint32_t>(seq[i])) * 1099511628211ULL;
     return static_cast<int32_t>((h >> 17) % static_cast<uint64_t>(vocab));
@@ -27,13 +33,14 @@ class FakeModel {
   std::vector<int32_t> reference(std::vector<int32_t> seq, int max_new_tokens) const {
     std::vector<int32_t> out;
     for (int i = 0; i < max_new_tokens; ++i) {
-      out.push_back(next_token(seq.data(), static_cast<int>(seq.size()), vocab_));
+      out.push_back(next_token(seq.data(), static_cast<int>(seq.size()), vocab_, period_));
       seq.push_back(out.back());
     }
     return out;
   }
 
-  // One step: returns the sampled tokens (batch order of do_sample streams). `Batch` is a
+  // One step: returns the sampled tokens (batch order of do_sample streams; with drafts, each
+  // such stream's last 1 + draft_lens rows). `Batch` is a
   // StepBatch or the C ABI's RtpStepBatch (same field names). `prev`: the tokens sampled by
   // the step before, for a batch scheduled ahead of them (token id -1 - r is prev[r]).
   template <class Batch>
@@ -50,7 +57,10 @@ class FakeModel {
       for (int p = 0; p < b.context_lens[i]; ++p) {
         context_[p] = kv_[static_cast<size_t>(row[p / block_size_]) * block_size_ + p % block_size_];
       }
-      sampled.push_back(next_token(context_.data(), b.context_lens[i], vocab_));
+      const int d = b.draft_lens[i];
+      for (int r = 0; r <= d; ++r) {
+        sampled.push_back(next_token(context_.data(), b.context_lens[i] - d + r, vocab_, period_));
+      }
     }
     return sampled;
   }
@@ -94,6 +104,7 @@ class FakeModel {
  private:
   int block_size_;
   int vocab_;
+  int period_;
   std::vector<int32_t> kv_;
   std::vector<int32_t> context_;
 };

@@ -38,7 +38,15 @@ inline std::vector<int32_t> Ids(const GenerateOutputsPB& msg) {
 class RpcServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    RtpEngineConfig config{kBlocks, kBlockSize, 256, 2048, 512, 1, 0, nullptr, 0};
+    RtpEngineConfig config{};  // by name: the struct grows with RTP_LLM_ENGINE_CONFIG
+    config.num_blocks = kBlocks;
+    config.block_size = kBlockSize;
+    config.max_batch_size = 256;
+    config.max_num_batched_tokens = 2048;
+    config.max_seq_len = 512;
+    config.reuse_cache = 1;
+    config.sp_min_token_match = 2;
+    config.sp_max_token_match = 3;
     char err[256];
     engine_ = rtp_llm_engine_create(&config, err, sizeof(err));
     ASSERT_NE(engine_, nullptr) << err;
