@@ -23,7 +23,8 @@ def _engine_args(config: ServerConfig):
                       max_num_batched_tokens=config.max_num_batched_tokens,
                       seq_size_per_block=config.seq_size_per_block, kv_cache_mem_mb=config.kv_cache_mem_mb,
                       reuse_cache=config.reuse_cache, cuda_graph=config.cuda_graph,
-                      overlap_schedule=None if config.overlap_schedule else False, grammar=grammar)
+                      overlap_schedule=None if config.overlap_schedule else False, grammar=grammar,
+                      speculative=config.speculative())
 
 
 def _model_engine(config: ServerConfig):

@@ -30,6 +30,7 @@ import torch
 
 from rtp_llm.async_decoder_engine.grammar import GrammarBook, GrammarOptions, make_grammar_book
 from rtp_llm.async_decoder_engine.model_runner import Forwarded, ModelRunner, PendingStep, StagedStep
+from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.device import get_backend
 from rtp_llm.distributed.tensor_parallel import CollectiveError, StepBroadcast, TPShard
 from rtp_llm.model_loader import LoadedModel
@@ -53,6 +54,7 @@ class EngineArgs:
     cuda_graph: bool = True                 # decode steps replay captured graphs (devices that have them)
     overlap_schedule: Optional[bool] = None  # default: on where the device runs asynchronously (CUDA)
     grammar: GrammarOptions = None          # default: GrammarOptions()
+    speculative: SpeculativeConfig = None   # default: off (config/speculative.py)
 
     def validate(self) -> None:
         for name in ("max_batch_size", "max_num_batched_tokens", "seq_size_per_block"):
@@ -63,6 +65,8 @@ class EngineArgs:
         if self.kv_cache_mem_mb is not None and self.kv_cache_mem_mb < 1:
             raise ValueError(f"--kv_cache_mem_mb must be >= 1, got {self.kv_cache_mem_mb}")
         self.grammar = self.grammar or GrammarOptions()
+        self.speculative = self.speculative or SpeculativeConfig()
+        self.speculative.validate()
         if self.grammar.threads < 1:
             raise ValueError(f"--grammar_num_workers must be >= 1, got {self.grammar.threads}")
         if not self.grammar.timeout_s > 0:
@@ -123,12 +127,16 @@ class EngineLoop:
         log.info("KV cache: %d blocks x %d tokens (%d MiB), max_seq_len %d, max_batch_size %d, "
                  "max_num_batched_tokens %d", self.num_blocks, block, self.num_blocks * block_bytes >> 20,
                  self.max_seq_len, args.max_batch_size, step_tokens)
+        spec = args.speculative.core_config()
         self.core = EngineCore(self.num_blocks, block, args.max_batch_size, step_tokens,
-                               self.max_seq_len, args.reuse_cache, c.eos_token_ids, c.vocab_size) if tp.rank == 0 else None
+                               self.max_seq_len, args.reuse_cache, c.eos_token_ids, c.vocab_size,
+                               **spec) if tp.rank == 0 else None
         kv = self.backend.allocate_kv_cache(c.num_layers, self.num_blocks, block, model.num_kv_heads, c.head_dim,
                                             loaded.dtype)
+        # A step's sampled rows: one per stream, and one more per drafted token (within the budget).
+        rows = min(step_tokens, args.max_batch_size * (1 + spec["gen_num_per_cycle"]))
         self.runner = ModelRunner(model, self.backend, kv, block, args.max_batch_size, self.max_seq_len,
-                                  step_tokens, use_graphs=args.cuda_graph)
+                                  step_tokens, use_graphs=args.cuda_graph, max_sampled_rows=max(rows, args.max_batch_size))
         overlap = self.backend.async_execution if args.overlap_schedule is None else args.overlap_schedule
         grammar = None
         if self.core is not None:

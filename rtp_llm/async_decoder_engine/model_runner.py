@@ -16,7 +16,14 @@ behind it was staged, so that step's forward queues right behind the sampling.
 Prompt log-probs (a step with prompt rows: num_prompt_logprobs > 0): the forward runs eagerly (no
 captured graph computes those rows) and yields logits for the sampled rows, then the prompt rows;
 models_py/prompt_logprobs.py turns the latter into log-probs on the device, and they reach the
-host with the sampled tokens. Steps without prompt rows are untouched (graphs, no extra copy)."""
+host with the sampled tokens. Steps without prompt rows are untouched (graphs, no extra copy).
+
+Speculative decoding (a step with drafts: num_draft_tokens > 0; rtp_llm/cpp/engine/scheduler.h):
+each drafting stream runs its last token and its drafts, and every one of those positions is
+sampled (device/base.py sampled_token_rows; the sampler's rows repeat the stream's parameters:
+StepBatch.sampled_streams()), so the step yields num_sampled + num_draft_tokens tokens, which
+commit verifies. Such a step runs eagerly (no captured graph has those rows); steps without
+drafts are untouched."""
 
 import os
 import threading
@@ -138,7 +145,10 @@ class Forwarded:
 
 class ModelRunner:
     def __init__(self, model: DecoderModel, backend: DeviceBackend, kv_cache: torch.Tensor, block_size: int,
-                 max_batch_size: int, max_seq_len: int, max_num_batched_tokens: int, use_graphs: bool = True):
+                 max_batch_size: int, max_seq_len: int, max_num_batched_tokens: int, use_graphs: bool = True,
+                 max_sampled_rows: int = 0):
+        """max_sampled_rows: a step's most sampled rows (default max_batch_size; speculative decoding
+        samples 1 + draft_lens rows per stream)."""
         # Test-only fault injection: a step whose batch holds one of these token ids fails.
         # "499" raises a RuntimeError; "499:oom,498:hang" picks the fault per token: out of
         # memory (torch.OutOfMemoryError), MemoryError ("memory") or a step that never ends.
@@ -161,7 +171,7 @@ class ModelRunner:
         # (DecoderModel.graph_capturable: not yet its MoE layers).
         self.graphs = backend.make_graph_runner(model, kv_cache, block_size, max_batch_size, max_seq_len,
                                                 max_num_batched_tokens) if use_graphs and model.graph_capturable else None
-        self._slots = [HostSlot(max_batch_size, max_top_logprobs(), pin, e) for e in events]
+        self._slots = [HostSlot(max(max_batch_size, max_sampled_rows), max_top_logprobs(), pin, e) for e in events]
         self._slot = 0
         self._prev_sampled = 0  # rows sampled by the last step run: a rank > 0 receives that many
 
@@ -176,7 +186,8 @@ class ModelRunner:
         for token, kind in self.faults.items():
             if (b.token_ids == token).any():
                 _inject(kind, token)
-        if self.graphs is not None and not b.num_prompt_logprobs:
+        # Steps with prompt rows or drafts run eagerly: no captured graph computes those rows.
+        if self.graphs is not None and not b.num_prompt_logprobs and not b.num_draft_tokens:
             replay = self.graphs.stage(b)
             if replay is not None:
                 return StagedStep(b, replay)
@@ -201,7 +212,7 @@ class ModelRunner:
                 tp.broadcast(prev_tokens)
         else:
             prev_tokens = None
-        self._prev_sampled = b.num_sampled
+        self._prev_sampled = b.num_sampled + b.num_draft_tokens
         return staged.run(prev_tokens)
 
     def _with_prompt_rows(self, b, sample_rows: Optional[torch.Tensor]) -> torch.Tensor:
@@ -227,8 +238,9 @@ class ModelRunner:
         logits = self._run(staged, prev.tokens if prev is not None else None)
         prompt = None
         if b.num_prompt_logprobs:
-            prompt = self._prompt_logprobs(logits[b.num_sampled:], b)
-            logits = logits[:b.num_sampled]
+            n = b.num_sampled + b.num_draft_tokens
+            prompt = self._prompt_logprobs(logits[n:], b)
+            logits = logits[:n]
         return Forwarded(b, logits, prompt)
 
     def fill_mask(self, f: Forwarded) -> Optional[MaskFill]:
@@ -237,9 +249,10 @@ class ModelRunner:
         if not f.needs_mask:
             return None
         b = f.batch
-        f.rows = b.rows(b.do_sample == 1)
+        streams = b.sampled_streams()
+        f.rows = b.rows(streams)
         g = np.nonzero(f.rows.grammar)[0]
-        f.grammar = (b.stream_ids[b.do_sample == 1][g], g)
+        f.grammar = (b.stream_ids[streams][g], g)
         return self.grammar.fill(*f.grammar)
 
     def sample(self, f: Forwarded, mask: Optional[MaskFill] = None) -> PendingStep:
@@ -248,7 +261,7 @@ class ModelRunner:
         (f.needs_mask: the caller orders it)."""
         if mask is None and f.needs_mask:
             mask = self.fill_mask(f)
-        rows = f.rows if f.rows is not None else f.batch.rows(f.batch.do_sample == 1)
+        rows = f.rows if f.rows is not None else f.batch.rows(f.batch.sampled_streams())
         samples = self.sampler.sample_on_device(f.logits, rows, mask.result() if mask is not None else None)
         slot = self._slots[self._slot]
         self._slot ^= 1

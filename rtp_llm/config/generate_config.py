@@ -139,6 +139,9 @@ class GenerateConfig:
     end_think_token_ids: List[int] = _field(
         None, "the tokens that end the thinking (upstream's)", Range(0, INT32_MAX), openai=None,
         default_factory=list)
+    force_disable_sp_run: bool = _field(
+        False, "upstream's: this request never drafts (speculative decoding, --sp_type, is off for it); its text "
+        "is the same either way", openai=None)
 
     @classmethod
     def from_dict(cls, d: Optional[Dict[str, Any]]) -> "GenerateConfig":

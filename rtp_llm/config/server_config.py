@@ -10,6 +10,7 @@ from typing import List, Optional
 
 from rtp_llm.config.parallel_config import ParallelConfig
 from rtp_llm.config.output_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.config.upstream_flags import unsupported_upstream_flag
 
 MAX_DEFAULT_FRONTENDS = 16
@@ -95,6 +96,12 @@ class ServerConfig:
     # Benchmark only (async_decoder_engine/paced.py): > 0 runs no model; every engine step sleeps
     # this long and emits a fixed text's tokens, to measure the serving path without a GPU.
     paced_engine_step_ms: float = 0.0
+    # Speculative decoding (upstream's flags; config/speculative.py): --sp_type=ngram (or
+    # deterministic) drafts up to gen_num_per_cycle tokens per greedy stream by prompt lookup.
+    sp_type: str = ""
+    gen_num_per_cycle: int = SpeculativeConfig.gen_num_per_cycle
+    sp_min_token_match: int = SpeculativeConfig.sp_min_token_match
+    sp_max_token_match: int = SpeculativeConfig.sp_max_token_match
 
     def validate(self) -> None:
         if not self.checkpoint_path:
@@ -121,6 +128,7 @@ class ServerConfig:
             raise ValueError(f"--grammar_admission_compile_timeout_s must be a finite number > 0, got {timeout}")
         if not (math.isfinite(self.paced_engine_step_ms) and self.paced_engine_step_ms >= 0):
             raise ValueError(f"--paced_engine_step_ms must be a finite number >= 0, got {self.paced_engine_step_ms}")
+        self.speculative().validate()
         if self.paced_engine_step_ms and self.tp_size != 1:
             raise ValueError(f"--paced_engine_step_ms runs no model: it needs --tp_size=1, got {self.tp_size}")
         self.world_size = self.world_size or self.tp_size
@@ -148,6 +156,10 @@ class ServerConfig:
     @property
     def rpc_address(self) -> str:
         return f"127.0.0.1:{self.start_port + 1}"
+
+    def speculative(self) -> SpeculativeConfig:
+        return SpeculativeConfig(self.sp_type, self.gen_num_per_cycle, self.sp_min_token_match,
+                                 self.sp_max_token_match)
 
     def to_args(self) -> List[str]:
         """Flags for a child process; the API key goes through the environment instead (argv

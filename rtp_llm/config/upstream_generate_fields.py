@@ -40,7 +40,6 @@ IGNORED: Dict[str, str] = {
     "pad_token_id": "one sequence per stream: nothing is padded",
     "bos_token_id": "the tokenizer and chat template add BOS",
     "using_hf_sampling": "one sampler, HF's semantics for the penalties",
-    "force_disable_sp_run": "no speculative decoding runs to disable",
     "hidden_states_cut_dim": "hidden states are not returned (return_hidden_states is refused)",
     "normalized_hidden_states": "hidden states are not returned (return_hidden_states is refused)",
     "add_vision_id": "no multimodal models",

@@ -51,6 +51,19 @@ class AttentionMetadata:
     """Backend-specific, built by prepare_inputs() and shared by all layers of a step."""
 
 
+def sampled_token_rows(batch: Any) -> np.ndarray:
+    """The step's tokens whose logits are sampled, in commit order: each do_sample stream's last
+    token, or with drafts (speculative decoding) its last 1 + draft_lens tokens (the last known
+    token and the drafts: each position's next token verifies the draft after it)."""
+    last = batch.query_starts[1:] - 1
+    mask = batch.do_sample == 1
+    if not batch.num_draft_tokens:
+        return last[mask]
+    n = 1 + batch.draft_lens[mask]
+    first = np.repeat(last[mask] - n + 1, n)
+    return first + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+
+
 @dataclass
 class StepInputs:
     """A step's model inputs on the device."""
@@ -132,7 +145,7 @@ class DeviceBackend(ABC):
     def prepare_inputs(self, batch: Any, block_size: int) -> StepInputs:
         """Token ids, positions, attention metadata and sampled rows of a StepBatch, on the device
         (the only call the engine makes per step)."""
-        rows = (batch.query_starts[1:] - 1)[batch.do_sample == 1]
+        rows = sampled_token_rows(batch)
         return StepInputs(torch.from_numpy(batch.token_ids.astype(np.int64)).to(self.device),
                           torch.from_numpy(batch.positions.astype(np.int64)).to(self.device),
                           self.prepare_attention(batch, block_size),

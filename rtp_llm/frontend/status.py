@@ -25,6 +25,14 @@ GRAMMAR_STATS = {
 }
 
 
+# The engine's speculative-decoding counters (WorkerStatusPB), as /worker_status and /metrics show them.
+SPEC_STATS = {
+    "spec_draft_rounds": "stream-steps that verified drafted tokens (speculative decoding)",
+    "spec_draft_tokens": "tokens drafted and verified",
+    "spec_accepted_tokens": "of those, accepted",
+}
+
+
 class StatusRoutes:
     def __init__(self, frontend):
         self.fe = frontend
@@ -73,6 +81,7 @@ class StatusRoutes:
                                   "available_kv_cache": s.available_kv_cache, "total_kv_cache": s.total_kv_cache,
                                   "max_seq_len": s.max_seq_len, "generated_tokens": s.generated_tokens,
                                   **{name: getattr(s, name) for name in GRAMMAR_STATS},
+                                  **{name: getattr(s, name) for name in SPEC_STATS},
                                   "frontend_in_flight": self.fe.in_flight})
 
     async def cache_status(self, request):
@@ -92,6 +101,12 @@ class StatusRoutes:
                 "rtp_llm_prefix_cache_hit_rate": ("prompt tokens served by the prefix cache / looked up",
                                                   c.hit_tokens / max(c.lookup_tokens, 1)),
                 **{f"rtp_llm_{name}_total": (text, getattr(w, name)) for name, text in GRAMMAR_STATS.items()},
+                **{f"rtp_llm_{name}_total": (text, getattr(w, name)) for name, text in SPEC_STATS.items()},
+                "rtp_llm_spec_acceptance_rate": ("drafted tokens accepted / drafted, since start",
+                                                 w.spec_accepted_tokens / max(w.spec_draft_tokens, 1)),
+                "rtp_llm_spec_accepted_tokens_per_step": ("drafted tokens accepted per stream-step that verified "
+                                                          "drafts, since start",
+                                                          w.spec_accepted_tokens / max(w.spec_draft_rounds, 1)),
             })
         except BackendError:
             pass

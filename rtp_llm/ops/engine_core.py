@@ -131,8 +131,17 @@ class StepBatch:
         self.__dict__.update(counts)
         self.__dict__.update(arrays)
 
+    def sampled_streams(self) -> np.ndarray:
+        """The stream of each sampled row, in commit order: a boolean [S] mask (one row per do_sample
+        stream) or, in a step with drafts, an int index [N] (1 + draft_lens rows per such stream)."""
+        mask = self.do_sample == 1
+        if not self.num_draft_tokens:
+            return mask
+        return np.repeat(np.nonzero(mask)[0], 1 + self.draft_lens[mask])
+
     def rows(self, mask: np.ndarray) -> SamplingRows:
-        """The sampler's arrays for the rows `mask` selects (a boolean [S] mask)."""
+        """The sampler's arrays for the rows `mask` selects (a boolean [S] mask, or an int index:
+        sampled_streams())."""
         d = self.__dict__
         return SamplingRows(**{name: d[name][mask] if masked else d[name] for name, masked in self._row_spec})
 
@@ -170,6 +179,10 @@ def decode_output(out: pb.GenerateOutputsPB) -> DecodedOutput:
         "cost_time": a.cost_time_us / 1000.0, "first_token_cost_time": a.first_token_cost_time_us / 1000.0,
         "wait_time": a.wait_time_us / 1000.0, "iter_count": a.iter_count, "input_len": a.input_len,
         "prefix_len": a.prefix_len, "reuse_len": a.total_reuse_len, "output_len": a.output_len,
+        # Speculative decoding (upstream's names): steps that verified drafts, and per draft
+        # position how many of them accepted it.
+        "speculative_draft_rounds": a.speculative_draft_rounds,
+        "speculative_accepted_tokens_per_pos": list(a.speculative_accepted_tokens_per_pos),
     }
     prompt = list(memoryview(a.prompt_logprobs.fp32_data).cast("f")) if a.prompt_logprobs.fp32_data else None
     return DecodedOutput(ids, bool(flat.finished and flat.finished[0]), logprobs, aux, a.finish_reason or None,
@@ -248,8 +261,11 @@ def _bind(lib, structs):
 
 class EngineCore:
     def __init__(self, num_blocks: int, block_size: int, max_batch_size: int, max_num_batched_tokens: int,
-                 max_seq_len: int, reuse_cache: bool = True, eos_token_ids: Sequence[int] = (), vocab_size: int = 0):
-        """vocab_size: the model's; prompt token ids at or past it are refused at enqueue (0: unchecked)."""
+                 max_seq_len: int, reuse_cache: bool = True, eos_token_ids: Sequence[int] = (), vocab_size: int = 0,
+                 gen_num_per_cycle: int = 0, sp_min_token_match: int = 2, sp_max_token_match: int = 3):
+        """vocab_size: the model's; prompt token ids at or past it are refused at enqueue (0: unchecked).
+        gen_num_per_cycle > 0: speculative decoding by prompt lookup, up to that many drafted tokens per
+        greedy stream per step, n-grams of sp_max_token_match down to sp_min_token_match tokens."""
         self._lib, structs = _abi()
         config_struct, _ = structs["RtpEngineConfig"]
         self._batch_fields = structs["RtpStepBatch"][1]
@@ -258,7 +274,8 @@ class EngineCore:
         config = config_struct(num_blocks=num_blocks, block_size=block_size, max_batch_size=max_batch_size,
                                max_num_batched_tokens=max_num_batched_tokens, max_seq_len=max_seq_len,
                                reuse_cache=int(reuse_cache), vocab_size=vocab_size, eos_token_ids=self._eos,
-                               num_eos_token_ids=len(eos_token_ids))
+                               num_eos_token_ids=len(eos_token_ids), gen_num_per_cycle=gen_num_per_cycle,
+                               sp_min_token_match=sp_min_token_match, sp_max_token_match=sp_max_token_match)
         err = ctypes.create_string_buffer(512)
         self._handle = self._lib.rtp_llm_engine_create(ctypes.byref(config), err, len(err))
         if not self._handle:
@@ -270,7 +287,7 @@ class EngineCore:
         self._poll_buf = ctypes.create_string_buffer(1 << 16)
         self._grammar_buf = ctypes.create_string_buffer(1 << 16)
         self._ended_buf = (ctypes.c_int64 * 256)()
-        self._appended = np.zeros(max_batch_size, dtype=np.int32)
+        self._appended = np.zeros(max(max_batch_size, max_num_batched_tokens), dtype=np.int32)  # per sampled row
         self._views: dict = {}  # address of a batch buffer -> its arrays, mapped at full size
         self._arrays = [f for f in self._batch_fields if f.length != SCALAR]
         # The size each array length kind is preallocated to (the core's StepBatchCapacity).
@@ -330,7 +347,8 @@ class EngineCore:
 
     def commit(self, tokens: np.ndarray, logprobs: Optional[np.ndarray] = None, top_ids: Optional[np.ndarray] = None,
                top_logprobs: Optional[np.ndarray] = None, prompt: Optional["PromptRows"] = None) -> np.ndarray:
-        """The sampled tokens of the oldest uncommitted batch (its do_sample streams, in order),
+        """The sampled tokens of the oldest uncommitted batch (its sampled rows in order:
+        StepBatch.sampled_streams(); drafts are verified against them),
         their log-probs [N] and their best alternatives ([N, k] ids and log-probs, best first;
         k at least every row's top_logprobs); `prompt`: the batch's prompt rows (needed when its
         num_prompt_logprobs > 0). Returns which of the tokens were appended ([N] int32, 1 = kept;

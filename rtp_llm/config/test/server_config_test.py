@@ -17,7 +17,8 @@ from rtp_llm.config.server_config import ServerConfig, default_frontend_server_c
 
 NAMES = [f.name for f in fields(ServerConfig)]
 # Values that validate only with another flag set too: field -> (value, the other flags).
-NEEDS = {"world_rank": (1, {"tp_size": 2}), "reasoning_parser": ("qwen3", {}), "tool_call_parser": ("hermes", {})}
+NEEDS = {"world_rank": (1, {"tp_size": 2}), "reasoning_parser": ("qwen3", {}), "tool_call_parser": ("hermes", {}),
+         "sp_type": ("ngram", {})}
 
 
 def _kind(name):
@@ -114,8 +115,18 @@ class ServerConfigTest(unittest.TestCase):
     def test_an_upstream_flag_not_implemented_is_refused_by_name_with_what_instead(self):
         with self.assertRaisesRegex(ValueError, r"--role_type is an upstream RTP-LLM flag \(role\) not implemented"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--role_type=PREFILL")
-        with self.assertRaisesRegex(ValueError, "--sp_type .*speculative decoding"):
+        with self.assertRaisesRegex(ValueError, r"--sp_type=mtp \(a multi-token-prediction head\) is not implemented "
+                                                r"yet; supported: ngram .*deterministic"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type", "mtp")
+        with self.assertRaisesRegex(ValueError, "--sp_checkpoint_path .*only prompt-lookup drafting"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_checkpoint_path=/x")
+        with self.assertRaisesRegex(ValueError, r"--sp_type must be one of .* got 'medusa'"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=medusa")
+        with self.assertRaisesRegex(ValueError, r"--sp_min_token_match \(4\) must be in \[1, --sp_max_token_match=3\]"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=ngram", "--sp_min_token_match=4")
+        c = self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=deterministic", "--gen_num_per_cycle=7")
+        self.assertEqual(c.speculative().core_config(),
+                         {"gen_num_per_cycle": 7, "sp_min_token_match": 2, "sp_max_token_match": 3})
         with self.assertRaisesRegex(ValueError, "use --max_num_batched_tokens"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--max_batch_tokens_size=4096")
         with self.assertRaises(SystemExit), mock.patch("sys.stderr"):  # a flag upstream does not have either

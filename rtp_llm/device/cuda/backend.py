@@ -10,7 +10,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from rtp_llm.device.base import DeviceBackend, SmallAllReduce, StepInputs, accelerator_kv_cache_bytes
+from rtp_llm.device.base import (DeviceBackend, SmallAllReduce, StepInputs, accelerator_kv_cache_bytes,
+                                 sampled_token_rows)
 from rtp_llm.device.cuda import kernels as K
 from rtp_llm.device.cuda.graph_runner import CudaGraphRunner
 from rtp_llm.device.cuda.metadata import CudaAttentionMetadata, DecodeRows
@@ -88,7 +89,7 @@ class CudaBackend(DeviceBackend):
         one = batch.query_lens == 1
         decode = bool(one.all())
         split = not decode and bool(one.any())  # a mixed step: see DecodeRows
-        rows = (batch.query_starts[1:] - 1)[batch.do_sample == 1]
+        rows = sampled_token_rows(batch)
         sample_all = len(rows) == t
         empty = rows[:0]
         tiles = empty if decode else K.extend_tiles(np.where(one, 0, batch.query_lens) if split else batch.query_lens)

@@ -1,0 +1,51 @@
+"""Speculative decoding's flags (upstream's names), declared once: ServerConfig carries them as
+flags, EngineArgs as this object, the engine core gets gen_num_per_cycle and the n-gram sizes
+(RTP_LLM_ENGINE_CONFIG). Built: prompt lookup (`ngram`, upstream's `deterministic`), greedy
+rows only (rtp_llm/cpp/engine/scheduler.h); the draft-model and MTP/EAGLE kinds are refused by
+name at start-up."""
+
+from dataclasses import dataclass
+
+# sp_type -> what it is (the ones built)
+SP_TYPES = {"ngram": "prompt lookup (n-grams of the stream's own tokens)",
+            "deterministic": "upstream's name for prompt lookup"}
+# sp_type -> what it would need (upstream's and vLLM's kinds not built yet)
+NOT_BUILT = {"vanilla": "a separate draft model", "mtp": "a multi-token-prediction head",
+             "eagle": "an EAGLE head", "eagle3": "an EAGLE-3 head"}
+
+
+@dataclass
+class SpeculativeConfig:
+    sp_type: str = ""              # "" (or "none"): off
+    # Drafted tokens per stream per step. Upstream's default is 1 (for its model drafters); prompt
+    # lookup's drafts cost one forward position each and are often right on repetitive text: 5
+    # as vLLM's num_speculative_tokens examples.
+    gen_num_per_cycle: int = 5
+    # n-gram sizes looked up, longest first (upstream's flags; its defaults are 2 and 2: a 3-gram
+    # match is tried first here, being the more specific context).
+    sp_min_token_match: int = 2
+    sp_max_token_match: int = 3
+
+    @property
+    def enabled(self) -> bool:
+        return self.sp_type not in ("", "none")
+
+    def validate(self) -> None:
+        if not self.enabled:
+            return
+        built = ", ".join(f"{k} ({v})" for k, v in SP_TYPES.items())
+        if self.sp_type in NOT_BUILT:
+            raise ValueError(f"--sp_type={self.sp_type} ({NOT_BUILT[self.sp_type]}) is not implemented yet; "
+                             f"supported: {built}")
+        if self.sp_type not in SP_TYPES:
+            raise ValueError(f"--sp_type must be one of {built} (or empty: off), got {self.sp_type!r}")
+        if self.gen_num_per_cycle < 1:
+            raise ValueError(f"--gen_num_per_cycle must be >= 1, got {self.gen_num_per_cycle}")
+        if not 1 <= self.sp_min_token_match <= self.sp_max_token_match:
+            raise ValueError(f"--sp_min_token_match ({self.sp_min_token_match}) must be in [1, --sp_max_token_match="
+                             f"{self.sp_max_token_match}]")
+
+    def core_config(self) -> dict:
+        """The engine core's fields (RTP_LLM_ENGINE_CONFIG): gen_num_per_cycle 0 turns drafting off."""
+        return {"gen_num_per_cycle": self.gen_num_per_cycle if self.enabled else 0,
+                "sp_min_token_match": self.sp_min_token_match, "sp_max_token_match": self.sp_max_token_match}
