@@ -1,0 +1,31 @@
+"""Speculative decoding by prompt lookup on a real model (SmolLM2-135M, fp32): on a copy-style
+prompt the greedy text is identical with and without --sp_type=ngram, and the engine takes
+fewer steps (iter_count) because the model's copy is drafted from the prompt."""
+
+from rtp_llm.config.speculative import SpeculativeConfig
+from rtp_llm.llm import LLM
+
+PASSAGE = ("The quick brown fox jumps over the lazy dog. The dog did not move, because it was asleep in the warm "
+           "afternoon sun, dreaming of the long walks it used to take by the river when it was young.")
+COPY_PROMPT = f"Text: {PASSAGE}\nThe same text, copied exactly:\nText: The quick brown"
+CONFIG = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+
+
+def run(path, spec):
+    llm = LLM(path, act_type="fp32", progress=False, max_seq_len=512, kv_cache_mem_mb=256, speculative=spec)
+    try:
+        out = llm.generate([COPY_PROMPT, "Water boils at a temperature of"], CONFIG)
+        return out, llm.engine.core.stats()
+    finally:
+        llm.close()
+
+
+def test_copy_prompt_same_text_fewer_steps(smollm2):
+    plain, _ = run(smollm2, SpeculativeConfig())
+    spec, stats = run(smollm2, SpeculativeConfig("ngram", 5))
+    for a, b in zip(plain, spec):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids, (a.outputs[0].text, b.outputs[0].text)
+    copy_plain, copy_spec = plain[0].aux_info["iter_count"], spec[0].aux_info["iter_count"]
+    assert copy_spec * 1.5 <= copy_plain, (copy_plain, copy_spec, spec[0].outputs[0].text)
+    assert stats["spec_accepted_tokens"] > 0
+    assert spec[0].aux_info["speculative_draft_rounds"] > 0
