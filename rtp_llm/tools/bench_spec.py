@@ -1,0 +1,64 @@
+"""Speculative decoding by prompt lookup, with and without (a tool, not a test): engine steps
+(iter_count per stream) and TPOT on a copy-style prompt and a plain one, at batch 1 and 16, and
+whether the greedy text came out the same.
+
+    python -m rtp_llm.tools.bench_spec --checkpoint PATH [--act_type bf16] [--batch 1,16]
+"""
+
+import argparse
+import statistics
+import time
+
+from rtp_llm.config.speculative import SpeculativeConfig
+from rtp_llm.llm import LLM
+
+PASSAGE = ("def merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n"
+           "        if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n"
+           "            out.append(b[j]); j += 1\n    return out + a[i:] + b[j:]\n")
+PROMPTS = {
+    "copy": f"Rename the function merge to merge_sorted and keep everything else:\n{PASSAGE}\nResult:\n",
+    "plain": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+}
+
+
+def measure(llm, prompt, batch, new_tokens):
+    config = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+    t0 = time.perf_counter()
+    outs = llm.generate([prompt] * batch, config)
+    wall = time.perf_counter() - t0
+    tpot = statistics.mean((o.aux_info["cost_time"] - o.aux_info["first_token_cost_time"])
+                           / max(o.aux_info["output_len"] - 1, 1) for o in outs)
+    steps = statistics.mean(o.aux_info["iter_count"] for o in outs)
+    return [o.outputs[0].token_ids for o in outs], steps, tpot, wall
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--act_type", default="bf16")
+    p.add_argument("--batch", default="1,16")
+    p.add_argument("--new_tokens", type=int, default=96)
+    p.add_argument("--gen_num_per_cycle", type=int, default=5)
+    a = p.parse_args(argv)
+    results = {}
+    for label, spec in (("off", SpeculativeConfig()), ("ngram", SpeculativeConfig("ngram", a.gen_num_per_cycle))):
+        llm = LLM(a.checkpoint, act_type=a.act_type, progress=False, max_seq_len=1024, speculative=spec)
+        try:
+            llm.generate("warm up", {"max_new_tokens": 4, "temperature": 0})
+            for name, prompt in PROMPTS.items():
+                for batch in map(int, a.batch.split(",")):
+                    results[label, name, batch] = measure(llm, prompt, batch, a.new_tokens)
+        finally:
+            llm.close()
+    print(f"{'prompt':<6} {'batch':>5} | {'steps off':>9} {'steps ngram':>11} {'ratio':>6} | "
+          f"{'TPOT off ms':>11} {'TPOT ngram ms':>13} {'speedup':>7} | same text")
+    for name in PROMPTS:
+        for batch in map(int, a.batch.split(",")):
+            t0, s0, p0, _ = results["off", name, batch]
+            t1, s1, p1, _ = results["ngram", name, batch]
+            print(f"{name:<6} {batch:>5} | {s0:>9.1f} {s1:>11.1f} {s0 / s1:>6.2f} | {p0:>11.1f} {p1:>13.1f} "
+                  f"{p0 / p1:>7.2f} | {t0 == t1}")
+
+
+if __name__ == "__main__":
+    main()
