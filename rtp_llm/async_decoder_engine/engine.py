@@ -12,8 +12,9 @@ input preparation and commit hide behind the device's work:
 A step with grammar rows cannot sample until the step before it committed (its tokens advance
 the matchers its mask is filled from). Its forward is queued ahead as usual; it samples in the
 next turn, after that commit and after the step behind it was staged (model_runner.py), so the
-device goes from its sampling straight to the next forward. Its mask is filled on the grammar
-book's thread (xgrammar releases the GIL) while this thread schedules and stages that step:
+device goes from its sampling straight to the next forward. Its mask is filled on a thread of
+its own (mask_filler.py: xgrammar releases the GIL) while this thread schedules and stages that
+step:
 
     host:   wait N, commit N | schedule, stage N+2 | sample N+1 | forward N+2 | wait N+1 ...
     filler:                  | mask N+1 ...........|

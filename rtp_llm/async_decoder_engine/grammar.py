@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from rtp_llm.async_decoder_engine.mask_filler import FillJob, MaskFiller
 from rtp_llm.device.base import int32_bit
 from rtp_llm.ops.engine_core import EngineError
 
@@ -56,16 +57,15 @@ class TokenBitmask:
 
 
 class MaskFill:
-    """A step's mask being filled (GrammarBook.fill): on the book's fill thread when it has one
-    (xgrammar releases the GIL while it fills, so the engine thread stages the next step
-    meanwhile), else already filled. result() waits for it and queues its upload."""
+    """A step's mask being filled (GrammarBook.fill; mask_filler.py: on a thread of its own
+    under overlap, else already filled). result() waits for it and queues its upload."""
 
-    def __init__(self, book: "GrammarBook", g: int, future: Optional[Future]):
-        self._book, self._g, self._future = book, g, future
+    def __init__(self, book: "GrammarBook", g: int, job: Optional[FillJob]):
+        self._book, self._g, self._job = book, g, job
 
     def result(self) -> TokenBitmask:
-        if self._future is not None:
-            self._future.result()  # (re-raises what the fill raised)
+        if self._job is not None:
+            self._job.wait()  # (re-raises what the fill raised)
         book, g = self._book, self._g
         return TokenBitmask(book._host_rows[:g].to(book.device, non_blocking=True),
                             book._host[:g].to(book.device, non_blocking=True))
@@ -151,7 +151,7 @@ class GrammarBook:
     the compiler, fails those past the timeout and forgets streams that ended; fill() fills a
     step's rows; advance() applies its committed tokens. compiler None: every grammar fails
     with `unavailable` (naming its field). fill_thread: fill masks on a thread of their own
-    (an engine that has host work to do meanwhile: overlapped scheduling)."""
+    (mask_filler.py; an engine with host work to do meanwhile: overlapped scheduling)."""
 
     def __init__(self, core, compiler: Optional[GrammarCompiler], vocab_size: int, max_rows: int,
                  device: torch.device, pin: bool, stop_token_ids: Sequence[int], unavailable: str = "",
@@ -172,8 +172,7 @@ class GrammarBook:
         for t in stop_token_ids:
             if 0 <= t < vocab_size:
                 self._stop_row[t // 32] |= int32_bit(t % 32)
-        self._batch = None  # xgrammar's BatchGrammarMatcher, made with the first matcher
-        self._filler = ThreadPoolExecutor(1, thread_name_prefix="rtp_llm-mask") if fill_thread and compiler else None
+        self._filler = MaskFiller(fill_thread and compiler is not None)
         self._ended_pending = False  # a grammar stream may have ended since the last take
 
     @classmethod
@@ -246,18 +245,13 @@ class GrammarBook:
     def fill(self, stream_ids: np.ndarray, rows: np.ndarray) -> MaskFill:
         """Starts filling the mask of the grammar rows `rows` (indices into the sampled rows) of
         streams `stream_ids` ([G] each), for the token after the ones their matchers accepted.
-        Until its result() is taken, no matcher may be advanced (the step before must have
-        committed; the next commit comes after this step samples)."""
+        Until its result() is taken no other call may reach a matcher (the step before must
+        have committed; the next commit comes after this step samples)."""
         g = len(rows)
         host = self._host[:g]
         self._host_rows[:g].numpy()[:] = rows
         live, live_rows = self._live_rows(stream_ids, host)
-        if not live:
-            return MaskFill(self, g, None)
-        if self._filler is None:
-            self._fill_rows(live, host, live_rows)
-            return MaskFill(self, g, None)
-        return MaskFill(self, g, self._filler.submit(self._fill_rows, live, host, live_rows))
+        return MaskFill(self, g, self._filler.submit(live, host, live_rows))
 
     def bitmask(self, stream_ids: np.ndarray, rows: np.ndarray) -> TokenBitmask:
         """fill(), waited for."""
@@ -283,21 +277,11 @@ class GrammarBook:
                 live_rows.append(j)
         return live, live_rows
 
-    def _fill_rows(self, live: list, host: torch.Tensor, live_rows: List[int]):
-        """xgrammar fills the live rows (its threads: "auto", half the cores), the GIL released."""
-        if len(live) == 1:
-            live[0].fill_next_token_bitmask(host, live_rows[0])
-            return
-        if self._batch is None:
-            import xgrammar as xgr
-
-            self._batch = xgr.BatchGrammarMatcher("auto")
-        self._batch.batch_fill_next_token_bitmask(live, host, live_rows)
-
     def advance(self, stream_ids: np.ndarray, tokens: np.ndarray, appended: np.ndarray):
         """Each grammar row's committed token into its stream's matcher, where the core kept it
-        (appended) — once per committed token. (accept_token one by one: cheaper than
-        xgrammar's batch accept for a step's rows, measured.)"""
+        (appended) — once per committed token. (accept_token one by one, in this thread: cheaper
+        than xgrammar's batch accept for a step's rows, and a thread of their own was slower:
+        mask_filler.py.)"""
         streams, stop_ids = self._streams, self._stop_ids
         for sid, token, kept in zip(stream_ids.tolist(), tokens.tolist(), appended.tolist()):
             st = streams.get(sid)
@@ -319,8 +303,7 @@ class GrammarBook:
     def close(self):
         if self.compiler is not None:
             self.compiler.close()
-        if self._filler is not None:
-            self._filler.shutdown(wait=True)
+        self._filler.close()
 
 
 def make_grammar_book(core, tokenizer, vocab_size: int, eos_token_ids: List[int], max_rows: int,

@@ -164,7 +164,8 @@ UPSTREAM_GROUPS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
             "gen_timeline_num_steps", "gen_timeline_start_step", "gen_timeline_sync", "gen_timeline_trace_name",
             "hack_layer_num", "torch_cuda_profiler_dir", "trace_memory"
         )),
-    "quantization": ("quantized weights are not implemented yet (bf16/fp16/fp32 checkpoints; GGUF on the CPU)",
+    "quantization": ("quantizing weights at load is not implemented yet (pre-quantized checkpoints load as they are: "
+                     "FP8, GPTQ and AWQ HF checkpoints by their quantization_config, GGUF files)",
         (
             "int8_mode", "quantization"
         )),

@@ -1,7 +1,9 @@
-"""HF checkpoints: config.json, generation_config.json and single or sharded *.safetensors."""
+"""HF checkpoints: config.json, generation_config.json and single or sharded *.safetensors,
+unquantized or quantized (quant_config.py, dequant.py)."""
 
 import json
 import os
+from contextlib import ExitStack
 from typing import Dict, List, Optional
 
 import torch
@@ -9,6 +11,8 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from rtp_llm.config.model_config import ModelConfig, MoeConfig, RopeScaling
+from rtp_llm.model_loader.dequant import PACKED_SUFFIXES, check_plain, read_linear
+from rtp_llm.model_loader.quant_config import QuantConfig, parse_quant_config
 from rtp_llm.model_loader.registry import MODEL_TYPES, resolve_model_type
 from rtp_llm.model_loader.weights import CheckpointError, check_weights, expected_weights, pack_experts
 
@@ -101,6 +105,7 @@ def read_hf_config(checkpoint_path: str, model_type: Optional[str] = None) -> Mo
         moe=_moe(cfg, traits, path),
     )
     config.validate()
+    read_quant_config(checkpoint_path)  # at start-up: a quantization this loader cannot read is refused now
     return config
 
 
@@ -121,24 +126,80 @@ def _shards(checkpoint_path: str) -> List[str]:
     return [os.path.join(checkpoint_path, f) for f in found]
 
 
+class _ShardIndex:
+    """Every tensor of the checkpoint by name, in the files' order, read on demand from its
+    shard: safe_open maps the files and copies a tensor out only when it is read, so a weight
+    whose tensors (qweight, qzeros, scales ...) straddle two shards is read whole, and nothing
+    but the weight being converted is held besides the result."""
+
+    def __init__(self, paths: List[str], stack: ExitStack):
+        self.where: Dict[str, str] = {}
+        self.files = {}
+        for path in paths:
+            try:
+                self.files[path] = stack.enter_context(safe_open(path, framework="pt"))
+                names = list(self.files[path].keys())
+            except Exception as e:  # safetensors' errors on a truncated or corrupt file
+                raise CheckpointError(f"cannot read {path}: {e}") from e
+            for name in names:
+                self.where.setdefault(name, path)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.where
+
+    def get(self, name: str) -> torch.Tensor:
+        try:
+            return self.files[self.where[name]].get_tensor(name)
+        except Exception as e:
+            raise CheckpointError(f"cannot read {name} from {self.where[name]}: {e}") from e
+
+
+def read_quant_config(checkpoint_path: str) -> Optional[QuantConfig]:
+    """config.json's quantization_config, parsed and checked (quant_config.py); None when the
+    checkpoint is not quantized. A quantize_config.json / quant_config.json beside a config.json
+    without one (older AutoGPTQ / AutoAWQ exports) is refused: its tensors would not be read right."""
+    path = os.path.join(checkpoint_path, "config.json")
+    qc = _read_json(path).get("quantization_config")
+    if qc is None:
+        for other in ("quantize_config.json", "quant_config.json"):
+            if os.path.exists(os.path.join(checkpoint_path, other)):
+                raise CheckpointError(f"{checkpoint_path} has {other} but config.json has no quantization_config: "
+                                      f"copy its settings into config.json as quantization_config (with quant_method)")
+    return parse_quant_config(qc, path)
+
+
+def _load_order(index: _ShardIndex, wanted: Dict[str, tuple]) -> List[str]:
+    """The wanted weights the checkpoint has, in the order their (first) tensors are stored; a
+    quantized weight (`<m>.qweight`, ...) counts as `<m>.weight`, once."""
+    order = {}
+    for name in index.where:
+        if name not in wanted:
+            module, _, suffix = name.rpartition(".")
+            name = module + ".weight" if suffix in PACKED_SUFFIXES else None
+        if name in wanted:
+            order[name] = None
+    return list(order)
+
+
 def load_hf_weights(checkpoint_path: str, config: ModelConfig, dtype: torch.dtype,
                     progress: bool = True) -> Dict[str, torch.Tensor]:
+    """The model's weights in the run dtype, one at a time: a quantized linear weight is
+    dequantized exactly (dequant.py) and rounded to `dtype` before the next is read."""
+    qc = read_quant_config(checkpoint_path)
     wanted = expected_weights(config)
     weights: Dict[str, torch.Tensor] = {}
-    shards = _shards(checkpoint_path)
-    bar = tqdm(total=len(wanted), desc="loading weights", unit="tensor", disable=not progress)
-    for shard in shards:
-        try:
-            with safe_open(shard, framework="pt") as f:
-                for name in f.keys():
-                    if name in wanted:
-                        weights[name] = f.get_tensor(name).to(dtype)
-                        bar.update(1)
-        except CheckpointError:
-            raise
-        except Exception as e:  # safetensors' errors on a truncated or corrupt file
-            raise CheckpointError(f"cannot read {shard}: {e}") from e
-    bar.close()
+    with ExitStack() as stack:
+        index = _ShardIndex(_shards(checkpoint_path), stack)
+        order = _load_order(index, wanted)
+        bar = tqdm(total=len(wanted), desc="loading weights", unit="tensor", disable=not progress)
+        for name in order:
+            if len(wanted[name]) == 2 and name.endswith(".weight"):
+                w = read_linear(index, qc, name[:-len(".weight")], wanted[name])
+            else:
+                w = check_plain(name, index.get(name), qc)
+            weights[name] = w.to(dtype)
+            bar.update(1)
+        bar.close()
     if config.tie_word_embeddings and "lm_head.weight" in weights:
         del weights["lm_head.weight"]
     check_weights(config, weights, checkpoint_path)

@@ -143,6 +143,8 @@ class StepBatch:
         """The sampler's arrays for the rows `mask` selects (a boolean [S] mask, or an int index:
         sampled_streams())."""
         d = self.__dict__
+        if mask.all():  # (every row samples, as in decode: the arrays themselves, no copies)
+            return SamplingRows(**{name: d[name] for name, _ in self._row_spec})
         return SamplingRows(**{name: d[name][mask] if masked else d[name] for name, masked in self._row_spec})
 
 

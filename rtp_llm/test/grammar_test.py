@@ -13,6 +13,7 @@ from concurrent.futures import Future
 
 import torch
 
+from rtp_llm.async_decoder_engine import mask_filler
 from rtp_llm.async_decoder_engine.grammar import GrammarBook, GrammarOptions
 from rtp_llm.ops.engine_core import EngineCore
 
@@ -51,6 +52,10 @@ class GrammarTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.path = testlib.add_tiny_tokenizer(testlib.make_tiny("qwen3_gqa_untied", cls.tmp.name))
+        # Overlapped, masks of several rows are filled on a thread of their own (mask_filler.py;
+        # from 2 rows here, so these few streams take that path and one alone does not); in
+        # turn, in the engine thread.
+        mask_filler.BATCH_MIN_ROWS = 2
         cls.llms = {overlap: LLM(cls.path, progress=False, overlap_schedule=overlap, max_batch_size=8,
                                  num_kv_blocks=256) for overlap in (False, True)}
 

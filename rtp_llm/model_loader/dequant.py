@@ -1,0 +1,204 @@
+"""Exact dequantization of quantized HF checkpoint weights, one linear layer at a time.
+
+read_linear() finds the tensors a module is stored as and returns its weight as HF lays it out,
+[N, K] (out, in), in fp32. Each value is exact: an integer code minus its zero point (exact in
+int32) times its fp16/bf16/fp32 scale, or an e4m3 value times its scale, as one fp32 product
+(at most 4 + 24 significant bits: correctly rounded, so any correct implementation gives the
+same bits). The caller rounds that to the run dtype once. No kernel computes on the packed
+form yet: this is the slow, right path for every device (docs/engine.md).
+
+What decides a module's format is what the checkpoint stores for it, read against the
+QuantConfig: `<m>.qweight` (GPTQ/AWQ), an e4m3 `<m>.weight` with its scale, or a plain float
+`<m>.weight`. Published checkpoints leave modules unquantized without listing them (lm_head,
+a MoE router), so a plain float weight is loaded as it is; a module the config lists as not
+converted must be plain; anything else that does not fit (scales beside a float weight, an
+integer weight, packed tensors under a config of another method) is a CheckpointError."""
+
+from typing import Dict, Optional, Protocol, Tuple
+
+import torch
+
+from rtp_llm.model_loader.quant_config import AWQ, FP8, GPTQ, QuantConfig
+from rtp_llm.model_loader.weights import CheckpointError
+
+PACKED_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")  # GPTQ / AWQ tensors of a module, besides bias
+FP8_SCALE_SUFFIXES = ("weight_scale_inv", "weight_scale")
+# AWQ packs the 8 nibbles of an int32 (low bits first) with columns [0, 2, 4, 6, 1, 3, 5, 7] of
+# each 8; nibble position AWQ_UNPACK[j] holds column j (AutoAWQ's AWQ_REVERSE_ORDER).
+AWQ_UNPACK = (0, 4, 1, 5, 2, 6, 3, 7)
+
+
+class Tensors(Protocol):
+    """A checkpoint's tensors by name (hf_loader's shard index)."""
+
+    def __contains__(self, name: str) -> bool: ...
+
+    def get(self, name: str) -> torch.Tensor: ...
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check(t: torch.Tensor, name: str, shape: Tuple[int, ...], dtypes, why: str) -> None:
+    if tuple(t.shape) != tuple(shape) or t.dtype not in dtypes:
+        want = "/".join(str(d).replace("torch.", "") for d in dtypes)
+        raise CheckpointError(f"tensor {name} is {str(t.dtype).replace('torch.', '')} {tuple(t.shape)}, expected "
+                              f"{want} {tuple(shape)} ({why})")
+
+
+def dequant_fp8(weight: torch.Tensor, scale: torch.Tensor, qc: QuantConfig, name: str) -> torch.Tensor:
+    """W = weight (e4m3 [N, K]) times its scale spread over the weight: one value, one per
+    row ([N, 1]), or one per bn x bk block ([ceil(N / bn), ceil(K / bk)]; the last row and
+    column of blocks may be partial). `name`: the scale tensor's, for errors."""
+    n, k = weight.shape
+    s = scale.float()  # fp32, bf16 and e8m0 scales widen exactly
+    if qc.fp8_scale == "tensor":
+        if s.numel() != 1:
+            raise CheckpointError(f"tensor {name} has shape {tuple(s.shape)}: a per-tensor scale (no "
+                                  f"quantization_config.weight_block_size, {qc.quant_method}) must be one value")
+        return weight.float() * s.reshape(())
+    if qc.fp8_scale == "channel":
+        if tuple(s.shape) not in ((n, 1), (n,)):
+            raise CheckpointError(f"tensor {name} has shape {tuple(s.shape)}: a per-channel scale "
+                                  f"({qc.quant_method}) of a weight of {n} rows is ({n}, 1)")
+        return weight.float() * s.reshape(n, 1)
+    bn, bk = qc.block
+    if tuple(s.shape) != (_ceil(n, bn), _ceil(k, bk)):
+        raise CheckpointError(f"tensor {name} has shape {tuple(s.shape)}, but quantization_config.{qc.block_field} "
+                              f"= [{bn}, {bk}] over its weight {n} x {k} gives ({_ceil(n, bn)}, {_ceil(k, bk)})")
+    rows = s.repeat_interleave(bn, dim=0)[:n]  # [N, ceil(K / bk)]: each row's scales, never a second [N, K]
+    w = weight.float()
+    full, rest = divmod(k, bk)
+    w[:, :full * bk].unflatten(1, (full, bk)).mul_(rows[:, :full, None])
+    if rest:
+        w[:, full * bk:].mul_(rows[:, full:])
+    return w
+
+
+def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """int32 words of 32 / bits codes each, low bits first, unpacked along `dim` (0: rows,
+    1: columns) as int32 values in [0, 2^bits)."""
+    per = 32 // bits
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    if dim == 0:
+        codes = packed.unsqueeze(1) >> shifts.view(1, per, 1)  # [R, per, C]
+    else:
+        codes = packed.unsqueeze(2) >> shifts.view(1, 1, per)  # [R, C, per]
+    rows, cols = packed.shape
+    shape = (rows * per, cols) if dim == 0 else (rows, cols * per)
+    return (codes & ((1 << bits) - 1)).reshape(shape)
+
+
+def _groups(qc: QuantConfig, k: int) -> int:
+    return 1 if qc.group_size == -1 else _ceil(k, qc.group_size)
+
+
+def dequant_gptq(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int, k: int) -> torch.Tensor:
+    """GPTQ (AutoGPTQ / GPTQModel): qweight int32 [K * bits / 32, N] (codes along K, low bits
+    first), qzeros int32 [G, N * bits / 32] (along N), scales [G, N], g_idx int [K] (the group
+    of each input channel: shuffled under desc_act; k // group_size otherwise and when absent).
+    W[n, k] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n], z the stored zero plus zero_offset
+    (v1's zero - 1 convention; 15 + 1 = 16 as AutoGPTQ's kernels read it)."""
+    per, g = 32 // qc.bits, _groups(qc, k)
+    if k % per or n % per:
+        raise CheckpointError(f"{module}: a {qc.bits}-bit GPTQ weight of {n} x {k} needs N and K multiples of {per}")
+    why = f"{qc.describe()} over a weight of {n} x {k}"
+    _check(t["qweight"], f"{module}.qweight", (k // per, n), (torch.int32,), why)
+    _check(t["qzeros"], f"{module}.qzeros", (g, n // per), (torch.int32,), why)
+    _check(t["scales"], f"{module}.scales", (g, n), (torch.float16, torch.bfloat16, torch.float32), why)
+    g_idx = t.get("g_idx")
+    if g_idx is None:
+        if qc.desc_act:
+            raise CheckpointError(f"{module}: quantization_config.desc_act is true but {module}.g_idx is missing")
+        g_idx = torch.arange(k) // (k if qc.group_size == -1 else qc.group_size)
+    else:
+        _check(g_idx, f"{module}.g_idx", (k,), (torch.int32, torch.int64), why)
+        g_idx = g_idx.long()
+        if int(g_idx.min()) < 0 or int(g_idx.max()) >= g:
+            raise CheckpointError(f"tensor {module}.g_idx holds groups outside [0, {g}) ({why})")
+    q = unpack_int32(t["qweight"], qc.bits, 0)                          # [K, N]
+    z = unpack_int32(t["qzeros"], qc.bits, 1) + qc.zero_offset          # [G, N]
+    w = (q - z[g_idx]).float() * t["scales"].float()[g_idx]            # [K, N]
+    return w.t().contiguous()
+
+
+def dequant_awq(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int, k: int) -> torch.Tensor:
+    """AWQ GEMM (AutoAWQ): qweight int32 [K, N / 8] and qzeros int32 [G, N / 8], 8 nibbles a
+    word in AWQ's interleaved column order, scales [G, N]; group of input k: k // group_size.
+    W[n, k] = (q[k, n] - z[k // group_size, n]) * s[k // group_size, n]."""
+    g = _groups(qc, k)
+    if n % 8:
+        raise CheckpointError(f"{module}: a 4-bit AWQ weight of {n} x {k} needs N a multiple of 8")
+    why = f"{qc.describe()} over a weight of {n} x {k}"
+    _check(t["qweight"], f"{module}.qweight", (k, n // 8), (torch.int32,), why)
+    _check(t["qzeros"], f"{module}.qzeros", (g, n // 8), (torch.int32,), why)
+    _check(t["scales"], f"{module}.scales", (g, n), (torch.float16, torch.bfloat16, torch.float32), why)
+    order = torch.tensor(AWQ_UNPACK)
+
+    def columns(packed):  # [R, N / 8] words -> [R, N] codes in column order
+        return unpack_int32(packed, 4, 1).unflatten(1, (-1, 8))[:, :, order].flatten(1)
+
+    group = torch.arange(k) // (k if qc.group_size == -1 else qc.group_size)
+    w = (columns(t["qweight"]) - columns(t["qzeros"])[group]).float() * t["scales"].float()[group]  # [K, N]
+    return w.t().contiguous()
+
+
+def _refuse_skipped(qc: QuantConfig, module: str, stored: str) -> None:
+    if qc.skips(module):
+        raise CheckpointError(f"{module} is stored {stored}, but quantization_config.{qc.skip_field} lists it "
+                              f"as not quantized")
+
+
+def _packed(tensors: Tensors, qc: Optional[QuantConfig], module: str, n: int, k: int) -> torch.Tensor:
+    if qc is None or qc.kind not in (GPTQ, AWQ):
+        method = qc.quant_method if qc else "absent"
+        raise CheckpointError(f"tensor {module}.qweight is a packed integer weight (GPTQ/AWQ), but "
+                              f"quantization_config.quant_method is {method}")
+    _refuse_skipped(qc, module, "packed (qweight)")
+    needed = PACKED_SUFFIXES[:3] if qc.kind == AWQ else PACKED_SUFFIXES
+    parts = {s: tensors.get(f"{module}.{s}") for s in needed if f"{module}.{s}" in tensors}
+    missing = [s for s in PACKED_SUFFIXES[:3] if s not in parts]
+    if missing:
+        raise CheckpointError(f"missing tensor {module}.{missing[0]} beside {module}.qweight ({qc.describe()})")
+    return dequant_gptq(parts, qc, module, n, k) if qc.kind == GPTQ else dequant_awq(parts, qc, module, n, k)
+
+
+def read_linear(tensors: Tensors, qc: Optional[QuantConfig], module: str, shape: Tuple[int, int]) -> Optional[torch.Tensor]:
+    """The weight of linear module `module` (expected `shape` [N, K]) as stored: dequantized to
+    fp32 when quantized, as stored when plain; None when the checkpoint has neither form."""
+    name = module + ".weight"
+    if f"{module}.qweight" in tensors:
+        if name in tensors:
+            raise CheckpointError(f"{module} is stored twice: {name} and {module}.qweight")
+        return _packed(tensors, qc, module, *shape)
+    if name not in tensors:
+        return None
+    w = tensors.get(name)
+    scales = [s for s in FP8_SCALE_SUFFIXES if f"{module}.{s}" in tensors]
+    if w.dtype == torch.float8_e4m3fn:
+        if qc is None or qc.kind != FP8:
+            method = qc.quant_method if qc else "absent"
+            raise CheckpointError(f"tensor {name} is float8_e4m3fn, but quantization_config.quant_method is {method}")
+        _refuse_skipped(qc, module, "as float8_e4m3fn")
+        found = [s for s in qc.scale_names if s in scales]
+        if len(found) != 1:
+            what = "no" if not found else "two"
+            raise CheckpointError(f"tensor {name} is float8_e4m3fn with {what} scale tensor "
+                                  f"({' or '.join(f'{module}.{s}' for s in qc.scale_names)}; {qc.describe()})")
+        if tuple(w.shape) != tuple(shape):
+            return w  # check_weights names the shape at fault
+        return dequant_fp8(w, tensors.get(f"{module}.{found[0]}"), qc, f"{module}.{found[0]}")
+    if scales:
+        raise CheckpointError(f"tensor {name} is {str(w.dtype).replace('torch.', '')} beside a scale "
+                              f"({module}.{scales[0]}): only float8_e4m3fn weights are scaled")
+    return check_plain(name, w, qc)
+
+
+def check_plain(name: str, t: torch.Tensor, qc: Optional[QuantConfig]) -> torch.Tensor:
+    """t, a tensor read as it is (then cast to the run dtype): refused unless it is a 16- or
+    32-bit float, since an integer or 8-bit float tensor without its scales is not its values."""
+    if not t.dtype.is_floating_point or t.dtype.itemsize < 2:
+        raise CheckpointError(f"tensor {name} is {str(t.dtype).replace('torch.', '')}: a quantized tensor this "
+                              f"loader does not read (quantization_config: {qc.describe() if qc else 'absent'})")
+    return t
