@@ -143,7 +143,7 @@ class StepBatch:
         """The sampler's arrays for the rows `mask` selects (a boolean [S] mask, or an int index:
         sampled_streams())."""
         d = self.__dict__
-        if mask.all():  # (every row samples, as in decode: the arrays themselves, no copies)
+        if mask.dtype == np.bool_ and mask.all():  # (every stream samples one row, as in decode: the arrays themselves)
             return SamplingRows(**{name: d[name] for name, _ in self._row_spec})
         return SamplingRows(**{name: d[name][mask] if masked else d[name] for name, masked in self._row_spec})
 
