@@ -44,6 +44,8 @@ class DecoderModel:
                  max_positions: int, tp: Optional[TPShard] = None):
         self.config = c = config
         self.backend = backend
+        if c.mla is not None:
+            backend.check_mla()  # first: a device without MLA kernels refuses by name, before any packing
         self.tp = tp = tp or TPShard()
         dev = backend.device
         pack = backend.pack_linear
@@ -73,7 +75,6 @@ class DecoderModel:
         self.final_norm = w("model.norm.weight")
         self.mla = None
         if c.mla is not None:
-            backend.check_mla()  # before the layers are packed: a device without MLA kernels refuses by name
             self.mla = MlaAttention(c, self.num_heads)
         self.layers: List[Layer] = []
         for i in range(c.num_layers):
