@@ -33,7 +33,7 @@ def _as_list(value) -> List[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
-def _rope(cfg: dict) -> tuple:
+def _rope(cfg: dict, name: str) -> tuple:
     params = dict(cfg.get("rope_parameters") or {})  # transformers 5 moves rope settings here
     scaling = cfg.get("rope_scaling") or params
     theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
@@ -48,6 +48,9 @@ def _rope(cfg: dict) -> tuple:
         rs.high_freq_factor = float(scaling.get("high_freq_factor", 4.0))
         rs.original_max_position = int(scaling.get("original_max_position_embeddings", 8192))
     if kind == "yarn":
+        if not MODEL_TYPES[name]["mla"]:  # (tested against transformers on DeepSeek's latent attention only)
+            raise CheckpointError(f"rope scaling type 'yarn' is supported for deepseek2 and deepseek3 only, not "
+                                  f"{name}")
         _yarn(rs, scaling, cfg)
     return theta, rs
 
@@ -106,7 +109,7 @@ def read_hf_config(checkpoint_path: str, model_type: Optional[str] = None) -> Mo
     traits = MODEL_TYPES[name]
     heads = int(cfg["num_attention_heads"])
     mla = mla_config(cfg, name, path) if traits["mla"] else None
-    theta, scaling = _rope(cfg)
+    theta, scaling = _rope(cfg, name)
     gen_path = os.path.join(checkpoint_path, "generation_config.json")
     gen = _read_json(gen_path) if os.path.exists(gen_path) else {}
     eos = _as_list(gen.get("eos_token_id")) or _as_list(cfg.get("eos_token_id"))

@@ -32,6 +32,8 @@ class CpuAttentionMetadata(AttentionMetadata):
     # The other prompt chunks: (first row, rows, KV slots of the cached prefix or None). Long
     # ones are compute-bound, so they go to SDPA (GEMMs).
     chunks: List[Tuple[int, int, Optional[torch.Tensor]]] = field(default_factory=list)
+    # MLA: the decode rows' gather plan (mla.decode_plan), made by the step's first layer.
+    mla_plan: Optional[list] = None
 
 
 def _mkldnn_packing_works() -> bool:

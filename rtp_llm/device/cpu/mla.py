@@ -10,7 +10,7 @@ does) and run SDPA: their query count makes the expanded form the cheaper one.
 Shapes: T rows, S decode streams, H heads (this rank's), dn / dr / dv the no-rope, rope and value
 head dims, kvr the latent rank, L a group's longest context."""
 
-from typing import Iterator, Tuple
+from typing import Iterator, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +18,8 @@ import torch.nn.functional as F
 # Rows (streams x context positions) gathered at once by a decode group: bounds the transient
 # [g, L, W] copy of the latents (about 64 MiB at W 576 in fp32) however long the contexts.
 _GATHER_ROWS = 1 << 15
+
+GatherGroup = Tuple[int, int, torch.Tensor, torch.Tensor]  # (s0, s1, slots [g, L], valid [g, L])
 
 
 def write_latent(entry: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -36,29 +38,37 @@ def _groups(lens: torch.Tensor) -> Iterator[Tuple[int, int]]:
     yield s0, len(lens)
 
 
-def decode(q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor,
-           context_lens: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float) -> torch.Tensor:
-    """One query row per stream: q_nope [S, H, dn], q_pe [S, H, dr]; block_tables [S, B];
-    context_lens [S] (the row itself included, already in the cache). Returns [S, H, dv]."""
-    S, H, _ = q_nope.shape
-    bs, W = cache.shape[1], cache.shape[2]
-    kvr = w_uk.shape[2]
-    q = torch.cat([torch.matmul(q_nope.transpose(0, 1), w_uk).transpose(0, 1), q_pe], dim=-1)  # [S, H, W]
-    flat = cache.view(-1, W)
+def decode_plan(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> List[GatherGroup]:
+    """Where each decode stream's context lives, per group of streams (_groups): (s0, s1, slots
+    [g, L] int64, valid [g, L] bool), L the group's longest context; the padding positions' slots
+    are 0 (read, then masked). The same for every layer of a step: built once (CpuAttentionMetadata)."""
     lens = context_lens.long()
-    o_lat = q.new_empty(S, H, kvr)
+    plan = []
     for s0, s1 in _groups(lens):
         g_lens = lens[s0:s1]
-        L = int(g_lens.max())
-        j = torch.arange(L)
-        valid = j[None, :] < g_lens[:, None]                                            # [g, L]
-        slots = block_tables[s0:s1, j // bs].long() * bs + j % bs
-        ctx = flat[torch.where(valid, slots, torch.zeros_like(slots))]                  # [g, L, W]
-        scores = torch.matmul(q[s0:s1], ctx.transpose(1, 2)).float() * scale            # [g, H, L]
+        j = torch.arange(int(g_lens.max()))
+        valid = j[None, :] < g_lens[:, None]
+        slots = block_tables[s0:s1, j // block_size].long() * block_size + j % block_size
+        plan.append((s0, s1, torch.where(valid, slots, torch.zeros_like(slots)), valid))
+    return plan
+
+
+def decode(q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, plan: List[GatherGroup],
+           w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query row per stream: q_nope [S, H, dn], q_pe [S, H, dr]; plan from decode_plan (each
+    row's context includes the row itself, already cached). Returns [S, H, dv]."""
+    S, H, _ = q_nope.shape
+    W, kvr = cache.shape[-1], w_uk.shape[2]
+    q = torch.cat([torch.matmul(q_nope.transpose(0, 1), w_uk).transpose(0, 1), q_pe], dim=-1)  # [S, H, W]
+    flat = cache.view(-1, W)
+    o_lat = q.new_empty(S, H, kvr)
+    for s0, s1, slots, valid in plan:
+        ctx = flat[slots]                                                                # [g, L, W]
+        scores = torch.matmul(q[s0:s1], ctx.transpose(1, 2)).float() * scale             # [g, H, L]
         scores.masked_fill_(~valid[:, None, :], float("-inf"))
         p = torch.softmax(scores, dim=-1).to(q.dtype)
-        o_lat[s0:s1] = torch.matmul(p, ctx[..., :kvr])                                  # [g, H, kvr]
-    return torch.matmul(o_lat.transpose(0, 1), w_uv).transpose(0, 1)                    # [S, H, dv]
+        o_lat[s0:s1] = torch.matmul(p, ctx[..., :kvr])                                   # [g, H, kvr]
+    return torch.matmul(o_lat.transpose(0, 1), w_uv).transpose(0, 1)                     # [S, H, dv]
 
 
 def prefill(q_nope: torch.Tensor, q_pe: torch.Tensor, ctx: torch.Tensor, kv_b: torch.Tensor, scale: float) -> torch.Tensor:
@@ -84,11 +94,13 @@ def mla_attention(q_nope, q_pe, entry, cache, meta, w_uk, w_uv, kv_b, scale) -> 
     the whole context, its latents this step's entry rows)."""
     T, H, _ = q_nope.shape
     rows = meta.paged_rows
+    if meta.mla_plan is None and (rows is None or len(rows)):
+        meta.mla_plan = decode_plan(meta.block_tables, meta.context_lens, cache.shape[1])
     if rows is None:  # every row decodes
-        return decode(q_nope, q_pe, cache, meta.block_tables, meta.context_lens, w_uk, w_uv, scale)
+        return decode(q_nope, q_pe, cache, meta.mla_plan, w_uk, w_uv, scale)
     out = q_nope.new_empty(T, H, w_uv.shape[2])
     if len(rows):
-        out[rows] = decode(q_nope[rows], q_pe[rows], cache, meta.block_tables, meta.context_lens, w_uk, w_uv, scale)
+        out[rows] = decode(q_nope[rows], q_pe[rows], cache, meta.mla_plan, w_uk, w_uv, scale)
     flat = cache.view(-1, cache.shape[-1])
     for start, n, slots in meta.chunks:
         ctx = entry[start:start + n] if slots is None else flat[slots]
