@@ -59,16 +59,20 @@ def decode(q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, plan: 
     row's context includes the row itself, already cached). Returns [S, H, dv]."""
     S, H, _ = q_nope.shape
     W, kvr = cache.shape[-1], w_uk.shape[2]
-    q = torch.cat([torch.matmul(q_nope.transpose(0, 1), w_uk).transpose(0, 1), q_pe], dim=-1)  # [S, H, W]
+    # fp32 inside whatever the run dtype: torch's CPU batched GEMMs of a few rows (H per stream)
+    # run several times slower in bf16 than in fp32, and fp32 accumulates as the paged kernel does.
+    f32 = torch.float32
+    q = torch.cat([torch.matmul(q_nope.transpose(0, 1).to(f32), w_uk.to(f32)).transpose(0, 1),
+                   q_pe.to(f32)], dim=-1)                                                # [S, H, W]
     flat = cache.view(-1, W)
     o_lat = q.new_empty(S, H, kvr)
     for s0, s1, slots, valid in plan:
-        ctx = flat[slots]                                                                # [g, L, W]
-        scores = torch.matmul(q[s0:s1], ctx.transpose(1, 2)).float() * scale             # [g, H, L]
+        ctx = flat[slots].to(f32)                                                        # [g, L, W]
+        scores = torch.matmul(q[s0:s1], ctx.transpose(1, 2)) * scale                     # [g, H, L]
         scores.masked_fill_(~valid[:, None, :], float("-inf"))
-        p = torch.softmax(scores, dim=-1).to(q.dtype)
-        o_lat[s0:s1] = torch.matmul(p, ctx[..., :kvr])                                   # [g, H, kvr]
-    return torch.matmul(o_lat.transpose(0, 1), w_uv).transpose(0, 1)                     # [S, H, dv]
+        o_lat[s0:s1] = torch.matmul(torch.softmax(scores, dim=-1), ctx[..., :kvr])       # [g, H, kvr]
+    out = torch.matmul(o_lat.transpose(0, 1), w_uv.to(f32)).transpose(0, 1)              # [S, H, dv]
+    return out.to(q_nope.dtype)
 
 
 def prefill(q_nope: torch.Tensor, q_pe: torch.Tensor, ctx: torch.Tensor, kv_b: torch.Tensor, scale: float) -> torch.Tensor:
