@@ -82,13 +82,6 @@ class EngineArgs:
         return self.max_seq_len or min(config.max_position_embeddings, 8192)
 
 
-def kv_block_bytes(loaded: LoadedModel, block_size: int, num_kv_heads: Optional[int] = None) -> int:
-    """Bytes of one KV block on this rank (num_kv_heads: this rank's, default all)."""
-    c = loaded.config
-    heads = num_kv_heads or c.num_kv_heads
-    return 2 * c.num_layers * block_size * heads * c.head_dim * torch.tensor([], dtype=loaded.dtype).element_size()
-
-
 class EngineLoop:
     """Rank 0 (or the only rank) owns the C++ core and steps it; under tensor parallelism the
     other ranks hold shards of the model and KV cache and follow rank 0's steps (run_worker)."""
@@ -111,7 +104,7 @@ class EngineLoop:
         # The model holds its own (fused, transposed) copies: drop the loaded tensors rather
         # than keep the weights in memory twice.
         loaded.weights.clear()
-        block_bytes = kv_block_bytes(loaded, block, model.num_kv_heads)
+        block_bytes = model.kv_cache_spec.block_bytes(block, loaded.dtype)  # this rank's, in the model's layout
         if args.num_kv_blocks:
             num_blocks, budget = args.num_kv_blocks, args.num_kv_blocks * block_bytes
         else:
@@ -132,8 +125,7 @@ class EngineLoop:
         self.core = EngineCore(self.num_blocks, block, args.max_batch_size, step_tokens,
                                self.max_seq_len, args.reuse_cache, c.eos_token_ids, c.vocab_size,
                                **spec) if tp.rank == 0 else None
-        kv = self.backend.allocate_kv_cache(c.num_layers, self.num_blocks, block, model.num_kv_heads, c.head_dim,
-                                            loaded.dtype)
+        kv = self.backend.allocate_cache(model.kv_cache_spec, self.num_blocks, block, loaded.dtype)
         # A step's sampled rows: one per stream, and one more per drafted token (within the budget).
         rows = min(step_tokens, args.max_batch_size * (1 + spec["gen_num_per_cycle"]))
         self.runner = ModelRunner(model, self.backend, kv, block, args.max_batch_size, self.max_seq_len,

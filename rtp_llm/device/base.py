@@ -1,9 +1,12 @@
 """The interface every device backend implements: KV-cache layout and allocation, attention
 metadata built once per step from the core's batch, and the ops a decoder layer needs.
 
-KV layout (all devices): per layer, K and V each [num_blocks, block_size, num_kv_heads,
-head_dim]; a token at position p of a stream lives in block block_table[p // block_size] at
-offset p % block_size, i.e. at flat slot slot_mapping = block * block_size + offset.
+KV layout (all devices), as the model declares it (KVCacheSpec): per layer, K and V each
+[num_blocks, block_size, num_kv_heads, head_dim] (MHA/GQA), or for multi-head latent attention
+(DeepSeek) one [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim] tensor, each token's
+compressed latent then its rotary key. A token at position p of a stream lives in block
+block_table[p // block_size] at offset p % block_size, i.e. at flat slot slot_mapping =
+block * block_size + offset, in either layout.
 """
 
 from abc import ABC, abstractmethod
@@ -64,6 +67,31 @@ def sampled_token_rows(batch: Any) -> np.ndarray:
     return first + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
 
 
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """What one token leaves in each layer's cache on this rank, declared by the model
+    (DecoderModel.kv_cache_spec): K and V of num_kv_heads x head_dim (latent_dim 0), or MLA's
+    latent_dim elements (the latent and the rope key; replicated on every TP rank). The engine
+    sizes the pool from block_bytes and the backend allocates it (allocate_cache)."""
+
+    num_layers: int
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    latent_dim: int = 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.latent_dim > 0
+
+    def token_elements(self) -> int:
+        """Elements per token, all layers."""
+        per_layer = self.latent_dim if self.is_mla else 2 * self.num_kv_heads * self.head_dim
+        return self.num_layers * per_layer
+
+    def block_bytes(self, block_size: int, dtype: torch.dtype) -> int:
+        return self.token_elements() * block_size * torch.tensor([], dtype=dtype).element_size()
+
+
 @dataclass
 class StepInputs:
     """A step's model inputs on the device."""
@@ -114,6 +142,44 @@ class DeviceBackend(ABC):
         prev_tokens[r], the tokens the step before sampled. token_ids: [T], prev_tokens: [N]."""
         idx = (-1 - token_ids).clamp_(min=0)
         token_ids.copy_(torch.where(token_ids < 0, prev_tokens.to(token_ids.dtype)[idx], token_ids))
+
+    # Whether mla_attention runs here (DeepSeek-V2/V3); check_mla() refuses such models otherwise.
+    supports_mla: bool = False
+
+    def check_mla(self) -> None:
+        """Raises, naming the device, where multi-head latent attention does not run."""
+        if not self.supports_mla:
+            raise ValueError(f"MLA kernels for {self.name.upper()} are not built yet: DeepSeek-V2/V3 models "
+                             f"(deepseek2, deepseek3) run on --device=cpu only")
+
+    def allocate_cache(self, spec: KVCacheSpec, num_blocks: int, block_size: int, dtype: torch.dtype) -> torch.Tensor:
+        """The whole pool in spec's layout: allocate_latent_cache or allocate_kv_cache."""
+        if spec.is_mla:
+            return self.allocate_latent_cache(spec.num_layers, num_blocks, block_size, spec.latent_dim, dtype)
+        return self.allocate_kv_cache(spec.num_layers, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
+                                      dtype)
+
+    def allocate_latent_cache(self, num_layers: int, num_blocks: int, block_size: int, latent_dim: int,
+                              dtype: torch.dtype) -> torch.Tensor:
+        """MLA: [num_layers, num_blocks, block_size, latent_dim]; [l, b, o] is one token's
+        latent (kv_lora_rank) then its rope key (qk_rope_head_dim)."""
+        self.check_mla()
+        return torch.zeros(num_layers, num_blocks, block_size, latent_dim, dtype=dtype, device=self.device)
+
+    def write_latent(self, entry: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> None:
+        """MLA: entry [T, latent_dim] (this step's tokens) into this layer's cache [blocks,
+        block_size, latent_dim] at the step's slots."""
+        raise NotImplementedError(f"MLA kernels for {self.name.upper()} are not built yet")
+
+    def mla_attention(self, q_nope: torch.Tensor, q_pe: torch.Tensor, entry: torch.Tensor, cache: torch.Tensor,
+                      meta: AttentionMetadata, w_uk: torch.Tensor, w_uv: torch.Tensor, kv_b: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+        """MLA, causal over each stream's context, after write_latent. q_nope [T, H, dn], q_pe
+        [T, H, dr] (rotated); entry [T, kvr + dr] this step's cache rows; w_uk [H, dn, kvr] and
+        w_uv [H, kvr, dv] kv_b_proj's key and value halves per head (for absorbing them into the
+        query and output: scores = (q_nope w_uk) . latent + q_pe . k_pe); kv_b [kvr, H (dn + dv)]
+        the same weights whole (for expanding K/V from the latent). Returns [T, H, dv]."""
+        raise NotImplementedError(f"MLA kernels for {self.name.upper()} are not built yet")
 
     def allocate_kv_cache(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                           dtype: torch.dtype) -> torch.Tensor:

@@ -11,10 +11,12 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from rtp_llm.config.model_config import ModelConfig, MoeConfig, RopeScaling
+from rtp_llm.model_loader.deepseek_config import deepseek_moe, mla_config
 from rtp_llm.model_loader.dequant import PACKED_SUFFIXES, check_plain, read_linear
 from rtp_llm.model_loader.quant_config import QuantConfig, parse_quant_config
 from rtp_llm.model_loader.registry import MODEL_TYPES, resolve_model_type
-from rtp_llm.model_loader.weights import CheckpointError, check_weights, expected_weights, pack_experts
+from rtp_llm.model_loader.weights import (CheckpointError, check_weights, expected_weights, fp32_weights,
+                                          pack_experts)
 
 
 def _read_json(path: str) -> dict:
@@ -31,27 +33,54 @@ def _as_list(value) -> List[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
-def _rope(cfg: dict) -> tuple:
+def _rope(cfg: dict, name: str) -> tuple:
     params = dict(cfg.get("rope_parameters") or {})  # transformers 5 moves rope settings here
     scaling = cfg.get("rope_scaling") or params
     theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default")) or "default"
-    if kind not in ("default", "linear", "llama3"):
-        raise CheckpointError(f"rope scaling type {kind!r} is not supported (default, linear, llama3 are)")
+    if kind not in ("default", "linear", "llama3", "yarn"):
+        raise CheckpointError(f"rope scaling type {kind!r} is not supported (default, linear, llama3, yarn are)")
     rs = RopeScaling(kind=kind)
-    if kind != "default":
+    if kind in ("linear", "llama3"):
         rs.factor = float(scaling["factor"])
     if kind == "llama3":
         rs.low_freq_factor = float(scaling.get("low_freq_factor", 1.0))
         rs.high_freq_factor = float(scaling.get("high_freq_factor", 4.0))
         rs.original_max_position = int(scaling.get("original_max_position_embeddings", 8192))
+    if kind == "yarn":
+        if not MODEL_TYPES[name]["mla"]:  # (tested against transformers on DeepSeek's latent attention only)
+            raise CheckpointError(f"rope scaling type 'yarn' is supported for deepseek2 and deepseek3 only, not "
+                                  f"{name}")
+        _yarn(rs, scaling, cfg)
     return theta, rs
 
 
-def _moe(cfg: dict, traits: dict, path: str) -> Optional[MoeConfig]:
-    """Qwen3-MoE / Qwen2-MoE fields of config.json (None for a dense family)."""
+def _yarn(rs: RopeScaling, scaling: dict, cfg: dict) -> None:
+    """YaRN's settings as transformers reads them (standardize_rope_params and
+    _compute_yarn_parameters): original_max_position_embeddings from the top level first, then
+    the rope dict, else max_position_embeddings; a missing factor is max / original; beta_fast
+    and beta_slow fall back to 32 and 1 when absent or 0."""
+    original = cfg.get("original_max_position_embeddings", scaling.get("original_max_position_embeddings"))
+    rs.original_max_position = int(original or cfg.get("max_position_embeddings", 4096))
+    factor = scaling.get("factor")
+    rs.factor = float(factor) if factor is not None else cfg.get("max_position_embeddings", 4096) / rs.original_max_position
+    rs.beta_fast = float(scaling.get("beta_fast") or 32)
+    rs.beta_slow = float(scaling.get("beta_slow") or 1)
+    rs.mscale = float(scaling.get("mscale") or 0)
+    rs.mscale_all_dim = float(scaling.get("mscale_all_dim") or 0)
+    af = scaling.get("attention_factor")
+    rs.attention_factor = float(af) if af is not None else None
+    rs.truncate = bool(scaling.get("truncate", True))
+
+
+def _moe(cfg: dict, name: str, path: str) -> Optional[MoeConfig]:
+    """Qwen3-MoE / Qwen2-MoE fields of config.json (None for a dense family); DeepSeek's in
+    deepseek_config.py."""
+    traits = MODEL_TYPES[name]
     if not traits["moe"]:
         return None
+    if traits["mla"]:
+        return deepseek_moe(cfg, name, path)
     experts = cfg.get("num_experts", cfg.get("num_local_experts"))  # transformers 5 writes num_local_experts
     for key, value in (("num_experts", experts), ("num_experts_per_tok", cfg.get("num_experts_per_tok")),
                        ("moe_intermediate_size", cfg.get("moe_intermediate_size"))):
@@ -79,7 +108,8 @@ def read_hf_config(checkpoint_path: str, model_type: Optional[str] = None) -> Mo
     name = resolve_model_type(model_type, archs[0] if archs else cfg.get("model_type"), path)
     traits = MODEL_TYPES[name]
     heads = int(cfg["num_attention_heads"])
-    theta, scaling = _rope(cfg)
+    mla = mla_config(cfg, name, path) if traits["mla"] else None
+    theta, scaling = _rope(cfg, name)
     gen_path = os.path.join(checkpoint_path, "generation_config.json")
     gen = _read_json(gen_path) if os.path.exists(gen_path) else {}
     eos = _as_list(gen.get("eos_token_id")) or _as_list(cfg.get("eos_token_id"))
@@ -89,8 +119,8 @@ def read_hf_config(checkpoint_path: str, model_type: Optional[str] = None) -> Mo
         hidden_size=int(cfg["hidden_size"]),
         num_layers=int(cfg["num_hidden_layers"]),
         num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+        num_kv_heads=heads if mla else int(cfg.get("num_key_value_heads") or heads),
+        head_dim=mla.qk_rope_head_dim if mla else int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
         intermediate_size=int(cfg["intermediate_size"]),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=theta,
@@ -102,7 +132,8 @@ def read_hf_config(checkpoint_path: str, model_type: Optional[str] = None) -> Mo
         qk_norm=traits["qk_norm"],
         eos_token_ids=eos,
         bos_token_id=gen.get("bos_token_id", cfg.get("bos_token_id")),
-        moe=_moe(cfg, traits, path),
+        moe=_moe(cfg, name, path),
+        mla=mla,
     )
     config.validate()
     read_quant_config(checkpoint_path)  # at start-up: a quantization this loader cannot read is refused now
@@ -197,7 +228,7 @@ def load_hf_weights(checkpoint_path: str, config: ModelConfig, dtype: torch.dtyp
                 w = read_linear(index, qc, name[:-len(".weight")], wanted[name])
             else:
                 w = check_plain(name, index.get(name), qc)
-            weights[name] = w.to(dtype)
+            weights[name] = w.to(torch.float32 if fp32_weights(config, name) else dtype)
             bar.update(1)
         bar.close()
     if config.tie_word_embeddings and "lm_head.weight" in weights:

@@ -4,13 +4,17 @@ from typing import Dict, Optional
 
 # model_type -> architecture traits that differ between families ("moe": the MLP of some layers
 # is a mixture of experts, config.json's num_experts / moe_intermediate_size ...; "shared_expert":
-# those layers also run Qwen2-MoE's gated shared expert).
+# those layers also run Qwen2-MoE's gated shared expert; "mla": DeepSeek's multi-head latent
+# attention, grouped routing and ungated shared experts, model_loader/deepseek_config.py).
+_DENSE = {"qkv_bias": False, "qk_norm": False, "moe": False, "shared_expert": False, "mla": False}
 MODEL_TYPES: Dict[str, dict] = {
-    "qwen_3": {"qkv_bias": False, "qk_norm": True, "moe": False, "shared_expert": False},
-    "qwen_2": {"qkv_bias": True, "qk_norm": False, "moe": False, "shared_expert": False},
-    "llama": {"qkv_bias": False, "qk_norm": False, "moe": False, "shared_expert": False},
-    "qwen_3_moe": {"qkv_bias": False, "qk_norm": True, "moe": True, "shared_expert": False},
-    "qwen_2_moe": {"qkv_bias": True, "qk_norm": False, "moe": True, "shared_expert": True},
+    "qwen_3": dict(_DENSE, qk_norm=True),
+    "qwen_2": dict(_DENSE, qkv_bias=True),
+    "llama": dict(_DENSE),
+    "qwen_3_moe": dict(_DENSE, qk_norm=True, moe=True),
+    "qwen_2_moe": dict(_DENSE, qkv_bias=True, moe=True, shared_expert=True),
+    "deepseek2": dict(_DENSE, moe=True, mla=True),
+    "deepseek3": dict(_DENSE, moe=True, mla=True),
 }
 
 # config.json "architectures" / GGUF general.architecture -> model_type
@@ -32,20 +36,24 @@ _ALIASES = {
     "qwen_3_moe": "qwen_3_moe",
     "qwen3_coder_moe": "qwen_3_moe",  # upstream's name for Qwen3-Coder (Qwen3MoeForCausalLM)
     "qwen_2_moe": "qwen_2_moe",
+    "DeepseekV2ForCausalLM": "deepseek2",
+    "DeepseekV3ForCausalLM": "deepseek3",  # also Kimi-K2's architecture
+    "deepseek2": "deepseek2",  # (also GGUF's name: refused by the GGUF reader, as MoE files are)
+    "deepseek3": "deepseek3",
+    "deepseek_v2": "deepseek2",
+    "deepseek_v3": "deepseek3",
+    "kimi_k2": "deepseek3",     # upstream's names for DeepseekV3ForCausalLM checkpoints
+    "deepseek_v31": "deepseek3",
 }
 
-# Architectures known and not built yet: refused with what they are (issue 22 builds them).
-_NOT_YET = {
-    "deepseek2": "DeepSeek-V2 (multi-head latent attention, grouped top-k MoE)",
-    "deepseek3": "DeepSeek-V3 (multi-head latent attention, grouped top-k MoE)",
-    "DeepseekV2ForCausalLM": "DeepSeek-V2 (multi-head latent attention, grouped top-k MoE)",
-    "DeepseekV3ForCausalLM": "DeepSeek-V3 / Kimi-K2 (multi-head latent attention, grouped top-k MoE)",
-    "deepseek_v2": "DeepSeek-V2 (multi-head latent attention, grouped top-k MoE)",
-    "deepseek_v3": "DeepSeek-V3 (multi-head latent attention, grouped top-k MoE)",
+# Architectures known and not built yet: refused with what they are.
+_NOT_YET: Dict[str, str] = {
+    "DeepseekV32ForCausalLM": "DeepSeek-V3.2 (sparse attention over the latent cache)",
+    "deepseek_v32": "DeepSeek-V3.2 (sparse attention over the latent cache)",
 }
 
 _HF_NAMES = ("Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM, Qwen3MoeForCausalLM, "
-             "Qwen2MoeForCausalLM")
+             "Qwen2MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM")
 
 
 class UnsupportedModelError(ValueError):

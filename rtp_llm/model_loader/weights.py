@@ -22,11 +22,16 @@ def expected_weights(c: ModelConfig) -> Dict[str, Tuple[int, ...]]:
         shapes.update({
             p + "input_layernorm.weight": (c.hidden_size,),
             p + "post_attention_layernorm.weight": (c.hidden_size,),
-            p + "self_attn.q_proj.weight": (q, c.hidden_size),
-            p + "self_attn.k_proj.weight": (kv, c.hidden_size),
-            p + "self_attn.v_proj.weight": (kv, c.hidden_size),
-            p + "self_attn.o_proj.weight": (c.hidden_size, q),
         })
+        if c.mla is not None:
+            shapes.update(_mla_weights(c, p + "self_attn."))
+        else:
+            shapes.update({
+                p + "self_attn.q_proj.weight": (q, c.hidden_size),
+                p + "self_attn.k_proj.weight": (kv, c.hidden_size),
+                p + "self_attn.v_proj.weight": (kv, c.hidden_size),
+                p + "self_attn.o_proj.weight": (c.hidden_size, q),
+            })
         mlp = _moe_weights(c, i) if c.is_sparse(i) else _mlp_weights(p + "mlp.", c.intermediate_size, c.hidden_size)
         shapes.update(mlp)
         if c.qkv_bias:
@@ -34,6 +39,21 @@ def expected_weights(c: ModelConfig) -> Dict[str, Tuple[int, ...]]:
                            p + "self_attn.v_proj.bias": (kv,)})
         if c.qk_norm:
             shapes.update({p + "self_attn.q_norm.weight": (c.head_dim,), p + "self_attn.k_norm.weight": (c.head_dim,)})
+    return shapes
+
+
+def _mla_weights(c: ModelConfig, a: str) -> Dict[str, Tuple[int, ...]]:
+    """DeepSeek's latent attention (HF names as published), [out, in]."""
+    m, h, heads = c.mla, c.hidden_size, c.num_heads
+    shapes = {a + "kv_a_proj_with_mqa.weight": (m.kv_lora_rank + m.qk_rope_head_dim, h),
+              a + "kv_a_layernorm.weight": (m.kv_lora_rank,),
+              a + "kv_b_proj.weight": (heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+              a + "o_proj.weight": (h, heads * m.v_head_dim)}
+    if m.q_lora_rank is None:
+        shapes[a + "q_proj.weight"] = (heads * m.qk_head_dim, h)
+    else:
+        shapes.update({a + "q_a_proj.weight": (m.q_lora_rank, h), a + "q_a_layernorm.weight": (m.q_lora_rank,),
+                       a + "q_b_proj.weight": (heads * m.qk_head_dim, m.q_lora_rank)})
     return shapes
 
 
@@ -55,14 +75,29 @@ GATE_UP, DOWN = "mlp.experts.gate_up_proj", "mlp.experts.down_proj"
 def _moe_weights(c: ModelConfig, layer: int) -> Dict[str, Tuple[int, ...]]:
     m, h, p = c.moe, c.hidden_size, f"model.layers.{layer}."
     shapes = {p + "mlp.gate.weight": (m.num_experts, h)}  # the router
+    if m.routing == "noaux_tc":
+        shapes[p + "mlp.gate.e_score_correction_bias"] = (m.num_experts,)
     for e in range(m.num_experts):
         shapes.update({expert_name(layer, e, "gate_proj"): (m.intermediate_size, h),
                        expert_name(layer, e, "up_proj"): (m.intermediate_size, h),
                        expert_name(layer, e, "down_proj"): (h, m.intermediate_size)})
     if m.shared_expert_intermediate_size:
-        shapes.update(_mlp_weights(p + "mlp.shared_expert.", m.shared_expert_intermediate_size, h))
-        shapes[p + "mlp.shared_expert_gate.weight"] = (1, h)
+        shapes.update(_mlp_weights(p + shared_expert_prefix(m), m.shared_expert_intermediate_size, h))
+        if m.shared_expert_gate:
+            shapes[p + "mlp.shared_expert_gate.weight"] = (1, h)
     return shapes
+
+
+def shared_expert_prefix(m) -> str:
+    """Where a layer's shared expert MLP is published: Qwen2-MoE's one gated shared_expert,
+    DeepSeek's ungated shared_experts (one MLP of their summed width)."""
+    return "mlp.shared_expert." if m.shared_expert_gate else "mlp.shared_experts."
+
+
+def fp32_weights(c: ModelConfig, name: str) -> bool:
+    """Whether `name` stays fp32 in any run dtype: DeepSeek's router and its score correction
+    bias, which transformers keeps in fp32 (_keep_in_fp32_modules_strict) and routes with."""
+    return c.mla is not None and (name.endswith("mlp.gate.weight") or name.endswith("e_score_correction_bias"))
 
 
 def pack_experts(c: ModelConfig, weights: Dict[str, torch.Tensor]) -> None:

@@ -1,7 +1,8 @@
 """One decoder-only transformer covering Qwen3 (q/k norm), Qwen2 (q/k/v bias) and Llama
-(SmolLM2), and their mixture-of-experts kin Qwen3-MoE and Qwen2-MoE (the MLP of the sparse
-layers is models_py/moe.py's MoeMLP): GQA/MQA, tied or untied embeddings, rotary with theta
-and scaling. It runs on the paged KV cache through a DeviceBackend; shapes: T tokens in the
+(SmolLM2), their mixture-of-experts kin Qwen3-MoE and Qwen2-MoE (the MLP of the sparse
+layers is models_py/moe.py's MoeMLP), and DeepSeek-V2/V3 (multi-head latent attention,
+models_py/mla.py, and MoeMLP with grouped routing): GQA/MQA, tied or untied embeddings, rotary
+with theta and scaling. It runs on the paged KV cache through a DeviceBackend; shapes: T tokens in the
 step, H heads, Hkv KV heads, D head_dim, all of them this rank's shard under tensor
 parallelism (TPShard)."""
 
@@ -11,9 +12,10 @@ from typing import Dict, List, Optional
 import torch
 
 from rtp_llm.config.model_config import ModelConfig
-from rtp_llm.device.base import AttentionMetadata, DeviceBackend
+from rtp_llm.device.base import AttentionMetadata, DeviceBackend, KVCacheSpec
 from rtp_llm.distributed.tensor_parallel import TPShard
 from rtp_llm.model_loader.quantized import QuantizedTensor, cat_rows, take
+from rtp_llm.models_py.mla import MlaAttention, MlaLayer, load_mla
 from rtp_llm.models_py.moe import MoeMLP, load_moe_mlp
 from rtp_llm.models_py.rotary import cos_sin_table
 
@@ -24,16 +26,17 @@ class Layer:
     # pack_gate_up), applied with backend.linear (gate_up by gate_up_silu); shapes below are
     # HF's [out, in].
     input_norm: torch.Tensor
-    qkv: torch.Tensor            # [(H + 2 Hkv) D, hidden]: q, k and v projections fused
+    qkv: Optional[torch.Tensor]  # [(H + 2 Hkv) D, hidden]: q, k and v projections fused (None: mla)
     qkv_bias: Optional[torch.Tensor]
     q_norm: Optional[torch.Tensor]
     k_norm: Optional[torch.Tensor]
-    o_proj: torch.Tensor         # [hidden, H D]
+    o_proj: torch.Tensor         # [hidden, H D] (mla: [hidden, H v_head_dim])
     post_norm: torch.Tensor
     # The MLP: dense (gate_up [2 I, hidden], down [hidden, I]) or, in a sparse layer, moe.
     gate_up: Optional[torch.Tensor]
     down: Optional[torch.Tensor]
     moe: Optional[MoeMLP] = None
+    mla: Optional[MlaLayer] = None  # DeepSeek's latent attention instead of qkv
 
 
 class DecoderModel:
@@ -41,6 +44,8 @@ class DecoderModel:
                  max_positions: int, tp: Optional[TPShard] = None):
         self.config = c = config
         self.backend = backend
+        if c.mla is not None:
+            backend.check_mla()  # first: a device without MLA kernels refuses by name, before any packing
         self.tp = tp = tp or TPShard()
         dev = backend.device
         pack = backend.pack_linear
@@ -68,34 +73,54 @@ class DecoderModel:
         self.embed = vocab_slice("model.embed_tokens.weight")
         self.lm_head = backend.pack_lm_head(self.embed if c.tie_word_embeddings else vocab_slice("lm_head.weight"))
         self.final_norm = w("model.norm.weight")
+        self.mla = None
+        if c.mla is not None:
+            self.mla = MlaAttention(c, self.num_heads)
         self.layers: List[Layer] = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
-            bias = None
-            if c.qkv_bias:
-                bias = torch.cat([w(a + "q_proj.bias", q_rows), w(a + "k_proj.bias", kv_rows),
-                                  w(a + "v_proj.bias", kv_rows)])
+            if self.mla is not None:
+                dv = c.mla.v_head_dim
+                attn = dict(qkv=None, qkv_bias=None, q_norm=None, k_norm=None,
+                            mla=load_mla(c, a, w, backend, q0, self.num_heads),
+                            o_proj=pack(w(a + "o_proj.weight", cols=(q0 * dv, self.num_heads * dv))))
+            else:
+                attn = self._qkv_attention(a, w, q_rows, kv_rows)
             self.layers.append(Layer(
                 input_norm=w(p + "input_layernorm.weight"),
-                qkv=pack(cat_rows([w(a + "q_proj.weight", q_rows), w(a + "k_proj.weight", kv_rows),
-                                   w(a + "v_proj.weight", kv_rows)])),
-                qkv_bias=bias,
-                q_norm=w(a + "q_norm.weight") if c.qk_norm else None,
-                k_norm=w(a + "k_norm.weight") if c.qk_norm else None,
-                o_proj=pack(w(a + "o_proj.weight", cols=q_rows)),
                 post_norm=w(p + "post_attention_layernorm.weight"),
+                **attn,
                 **(dict(gate_up=None, down=None, moe=load_moe_mlp(c.moe, p, w, weights, backend, tp))
                    if c.is_sparse(i) else self._dense_mlp(p, w)),
             ))
         # The reference MoE path sizes its per-expert slices on the host (DeviceBackend.moe):
-        # such steps run eagerly, not from captured graphs.
-        self.graph_capturable = all(layer.moe is None for layer in self.layers)
+        # such steps run eagerly, not from captured graphs; nor does MLA have graph kernels.
+        self.graph_capturable = all(layer.moe is None and layer.mla is None for layer in self.layers)
         cos, sin = cos_sin_table(c, max_positions)
         self.cos, self.sin = cos.to(dev), sin.to(dev)
-        self.q_size = self.num_heads * D
+        self.q_size = self.num_heads * (c.mla.v_head_dim if c.mla else D)  # attention output width
         self.kv_size = self.num_kv_heads * D
         self.scale = D ** -0.5
+        # The cache a token fills per layer on this rank: K/V of this rank's KV heads, or MLA's
+        # latent and rope key (replicated across ranks).
+        self.kv_cache_spec = (KVCacheSpec(c.num_layers, latent_dim=c.mla.latent_dim) if c.mla else
+                              KVCacheSpec(c.num_layers, self.num_kv_heads, D))
+
+    def _qkv_attention(self, a: str, w, q_rows, kv_rows) -> dict:
+        """Attention prefix a's fused q/k/v projection (and bias, q/k norms) and o_proj, this
+        rank's heads."""
+        c, pack = self.config, self.backend.pack_linear
+        bias = None
+        if c.qkv_bias:
+            bias = torch.cat([w(a + "q_proj.bias", q_rows), w(a + "k_proj.bias", kv_rows),
+                              w(a + "v_proj.bias", kv_rows)])
+        return dict(qkv=pack(cat_rows([w(a + "q_proj.weight", q_rows), w(a + "k_proj.weight", kv_rows),
+                                       w(a + "v_proj.weight", kv_rows)])),
+                    qkv_bias=bias,
+                    q_norm=w(a + "q_norm.weight") if c.qk_norm else None,
+                    k_norm=w(a + "k_norm.weight") if c.qk_norm else None,
+                    o_proj=pack(w(a + "o_proj.weight", cols=q_rows)))
 
     def _dense_mlp(self, p: str, w) -> dict:
         """Layer prefix p's dense MLP, this rank's slice of the intermediate dimension."""
@@ -119,7 +144,7 @@ class DecoderModel:
                 kv_cache: torch.Tensor, sample_rows: Optional[torch.Tensor],
                 logits_out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """token_ids, positions: [T]; kv_cache: [L, 2, ...]; sample_rows: [N] rows whose next
-        token is wanted (None: all T). Returns logits [N, vocab] in fp32: logits_out[:N] when
+        token is wanted (None: all T); MLA: kv_cache [L, blocks, block_size, latent]. Returns logits [N, vocab] in fp32: logits_out[:N] when
         given ([>= N, vocab] fp32; captured graphs share one such buffer rather than each
         keeping its own output alive)."""
         c, be, tp = self.config, self.backend, self.tp
@@ -130,12 +155,16 @@ class DecoderModel:
         send = tp.send_buffer(T, residual.shape[1], residual.dtype)
         x = be.rms_norm(residual, self.layers[0].input_norm, c.rms_norm_eps)
         for i, layer in enumerate(self.layers):
-            qkv = be.linear(x, layer.qkv)
-            if layer.qkv_bias is not None:
-                qkv += layer.qkv_bias
-            q, k, v = be.qkv_to_cache(qkv, self.num_heads, self.num_kv_heads, c.head_dim, layer.q_norm, layer.k_norm,
-                                      c.rms_norm_eps, positions, self.cos, self.sin, kv_cache[i], meta)
-            o = be.attention(q, k, v, kv_cache[i], meta, self.scale)
+            if layer.mla is not None:
+                o = self.mla.forward(layer.mla, x, positions, self.cos, self.sin, kv_cache[i], meta, be)
+            else:
+                qkv = be.linear(x, layer.qkv)
+                if layer.qkv_bias is not None:
+                    qkv += layer.qkv_bias
+                q, k, v = be.qkv_to_cache(qkv, self.num_heads, self.num_kv_heads, c.head_dim, layer.q_norm,
+                                          layer.k_norm, c.rms_norm_eps, positions, self.cos, self.sin, kv_cache[i],
+                                          meta)
+                o = be.attention(q, k, v, kv_cache[i], meta, self.scale)
             attn = be.linear(o.reshape(T, self.q_size), layer.o_proj, out=send)  # row-parallel
             x = tp.all_reduce_add_rms_norm(attn, residual, layer.post_norm, c.rms_norm_eps, be)
             if layer.moe is not None:

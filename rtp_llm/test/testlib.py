@@ -49,18 +49,42 @@ TINY_MOE = {
                                                 moe_intermediate_size=64, shared_expert_intermediate_size=128,
                                                 decoder_sparse_step=2, norm_topk_prob=False)),
 }
+# DeepSeek-V2/V3 fixtures (mla_test.py): multi-head latent attention with and without q LoRA,
+# v_head_dim unlike qk_nope + qk_rope, interleaved and plain rope, YaRN with an attention factor
+# and mscale_all_dim's softmax scale; odd expert counts, top-k > 1, a dense first layer,
+# greedy, group-limited and noaux_tc routing, shared experts, routed_scaling_factor.
+_MLA = dict(num_attention_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20,
+            moe_intermediate_size=48, first_k_dense_replace=1, num_hidden_layers=3, tie_word_embeddings=False)
+_YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "beta_fast": 32, "beta_slow": 1}
+TINY_MLA = {
+    "deepseek_v2_grouped": ("DeepseekV2Config", dict(_MLA, q_lora_rank=None, n_routed_experts=9, num_experts_per_tok=3,
+                                                     topk_method="group_limited_greedy", n_group=3, topk_group=2,
+                                                     n_shared_experts=2, routed_scaling_factor=1.5,
+                                                     rope_scaling=dict(_YARN, mscale=0.707, mscale_all_dim=0.707))),
+    "deepseek_v2_greedy_qlora": ("DeepseekV2Config", dict(_MLA, q_lora_rank=48, n_routed_experts=5,
+                                                          num_experts_per_tok=2, topk_method="greedy",
+                                                          n_shared_experts=1)),
+    "deepseek_v3_noaux": ("DeepseekV3Config", dict(_MLA, q_lora_rank=48, n_routed_experts=9, num_experts_per_tok=3,
+                                                   n_group=3, topk_group=2, n_shared_experts=1, norm_topk_prob=True,
+                                                   routed_scaling_factor=2.5, rope_interleave=True,
+                                                   rope_scaling=dict(_YARN, mscale=1.0, mscale_all_dim=0.8))),
+    "deepseek_v3_plain_rope": ("DeepseekV3Config", dict(_MLA, q_lora_rank=None, n_routed_experts=7,
+                                                        num_experts_per_tok=2, n_group=1, topk_group=1,
+                                                        n_shared_experts=1, norm_topk_prob=False,
+                                                        routed_scaling_factor=1.0, rope_interleave=False)),
+}
 TINY_VOCAB = 512
 
 
 def make_tiny(name: str, root: str) -> str:
     """Writes the tiny HF checkpoint `name` (TINY: Qwen3, Qwen2, Llama; GQA, MQA, tied and
-    untied; TINY_MOE: Qwen3-MoE, Qwen2-MoE) under root and returns its directory. The weights
+    untied; TINY_MOE: Qwen3-MoE, Qwen2-MoE; TINY_MLA: DeepSeek-V2/V3) under root and returns its directory. The weights
     are scaled up so that greedy choices are decisive rather than near-ties; the seed is the
     name's, so a name always gives the same weights. (rtp_llm.tools.random_checkpoint writes benchmark-sized Qwen3 checkpoints whose
     values do not matter; these are for parity.)"""
     import transformers
 
-    cls_name, kwargs = TINY[name] if name in TINY else TINY_MOE[name]
+    cls_name, kwargs = {**TINY, **TINY_MOE, **TINY_MLA}[name]
     config = getattr(transformers, cls_name)(**{
         "vocab_size": TINY_VOCAB, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
         "max_position_embeddings": 512, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
@@ -75,6 +99,9 @@ def make_tiny(name: str, root: str) -> str:
                 p.normal_(0.0, 0.1)
             else:  # norm weights
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
+        for bname, b in model.named_buffers():  # DeepSeek-V3's routing bias: a buffer, saved
+            if bname.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.3)
     path = os.path.join(root, name)
     model.save_pretrained(path, safe_serialization=True)
     return path

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from rtp_llm.device.base import AttentionMetadata, DeviceBackend
+from rtp_llm.device.cpu import mla
 from rtp_llm.device.cpu.kquant import OPS_STEMS, KQuantLinear
 from rtp_llm.device.cpu.q8_0 import Q8_0Linear
 from rtp_llm.model_loader.quantized import Q4_KTensor, Q6_KTensor, Q8_0Tensor
@@ -31,6 +32,8 @@ class CpuAttentionMetadata(AttentionMetadata):
     # The other prompt chunks: (first row, rows, KV slots of the cached prefix or None). Long
     # ones are compute-bound, so they go to SDPA (GEMMs).
     chunks: List[Tuple[int, int, Optional[torch.Tensor]]] = field(default_factory=list)
+    # MLA: the decode rows' gather plan (mla.decode_plan), made by the step's first layer.
+    mla_plan: Optional[list] = None
 
 
 def _mkldnn_packing_works() -> bool:
@@ -48,6 +51,7 @@ class CpuBackend(DeviceBackend):
     name = "cpu"
     device = torch.device("cpu")
     block_sizes = (16, 32, 64)
+    supports_mla = True  # device/cpu/mla.py (torch ops)
     # Prompt chunks of at most this many (query token, key) pairs run on the paged kernel, the
     # others on SDPA; 0: every one on SDPA. Set by bind_model.
     paged_chunk_work = 0
@@ -59,13 +63,27 @@ class CpuBackend(DeviceBackend):
         self._bf16_gemm = self._ops.bf16_linear_supported()
         self._packed_bf16 = _mkldnn_packing_works()
         self._kv_format = (torch.float32, 0)  # (dtype, block_size) of the KV cache, once allocated
+        self._mla = False  # the cache is MLA's latent one (allocate_latent_cache)
 
     def allocate_kv_cache(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                           dtype: torch.dtype) -> torch.Tensor:
         self._kv_format = (dtype, block_size)  # for bind_model, which comes next
         return super().allocate_kv_cache(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype)
 
+    def allocate_latent_cache(self, num_layers, num_blocks, block_size, latent_dim, dtype):
+        self._mla = True  # for bind_model: MLA's prompt chunks stay off the paged path
+        return super().allocate_latent_cache(num_layers, num_blocks, block_size, latent_dim, dtype)
+
+    def write_latent(self, entry, cache, meta):
+        mla.write_latent(entry, cache, meta.slot_mapping)
+
+    def mla_attention(self, q_nope, q_pe, entry, cache, meta, w_uk, w_uv, kv_b, scale):
+        return mla.mla_attention(q_nope, q_pe, entry, cache, meta, w_uk, w_uv, kv_b, scale)
+
     def bind_model(self, num_heads: int, num_kv_heads: int, head_dim: int, max_batch_size: int, max_seq_len: int):
+        if self._mla:  # decode rows only on the paged (absorbed) path, every prompt chunk expanded
+            self.paged_chunk_work = 0
+            return
         # Prompt chunks go to the paged kernel where it beats SDPA (docs/benchmarks.md): bf16
         # through its vectorized kernel with scores by `vdpbf16ps` (CPUs with AVX512-BF16), up
         # to 512 x 512 query-key pairs; SDPA's GEMMs win on longer prompts.

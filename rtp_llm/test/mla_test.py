@@ -1,0 +1,207 @@
+"""DeepSeek-V2/V3 (deepseek2, deepseek3) on tiny random checkpoints (TINY_MLA: latent attention
+with and without q LoRA, interleaved and plain rope, YaRN with an attention factor and the
+mscale softmax scale, odd expert counts, top-k > 1, a dense first layer, greedy,
+group-limited and noaux_tc routing, shared experts): greedy tokens equal HF transformers'
+exactly in fp32 for a mixed-length batch, with chunked prefill, a prefix-cache hit, preemption
+and overlapped steps, and at TP=2; prefill logits within 1e-4; the KV cache holds layers x
+(kv_lora_rank + qk_rope_head_dim) elements per token; sharded and block-FP8 checkpoints load;
+fields transformers and DeepSeek's code read differently, devices without MLA kernels and GGUF
+files are refused by name."""
+
+import json
+import os
+import tempfile
+import unittest
+
+import torch
+
+from rtp_llm.llm import LLM
+from rtp_llm.test.testlib import TINY_MLA, assert_prefill_logits_match_hf, hf_greedy, hf_model, make_tiny
+from rtp_llm.test.testlib import random_prompts as prompts
+
+NEW_TOKENS = 32
+LOGIT_TOL = 1e-4
+CONFIG = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+BATCH = prompts(11, [3, 17, 40, 9, 64])
+
+
+def generate(path, batch, **engine_args):
+    llm = LLM(path, act_type="fp32", progress=False, max_seq_len=256, **engine_args)
+    try:
+        return [o.outputs[0].token_ids for o in llm.generate(batch, CONFIG)]
+    finally:
+        llm.close()
+
+
+class MlaParityTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.paths = {name: make_tiny(name, cls.tmp.name) for name in TINY_MLA}
+        cls.hf = {name: hf_model(path) for name, path in cls.paths.items()}
+        cls.ref = {name: [hf_greedy(cls.hf[name], p, NEW_TOKENS) for p in BATCH] for name in TINY_MLA}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def write_config(self, name: str, tag: str, **changes) -> str:
+        """A copy of fixture `name`'s config.json (no weights) with these keys changed."""
+        path = os.path.join(self.tmp.name, f"{name}-{tag}")
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(self.paths[name], "config.json")) as f:
+            cfg = json.load(f)
+        cfg.update(changes)
+        cfg = {k: v for k, v in cfg.items() if v is not None}
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        return path
+
+    def test_greedy_tokens_equal_hf(self):
+        for name in TINY_MLA:
+            for args in ({}, {"max_num_batched_tokens": 16}):  # whole prompts, then chunks of 16
+                with self.subTest(name, **args):
+                    self.assertEqual(generate(self.paths[name], BATCH, **args), self.ref[name])
+
+    def test_prefix_cache_preemption_and_overlap(self):
+        name = "deepseek_v3_noaux"
+        hf = self.hf[name]
+        # A shared prefix served by the prefix cache: the chunk after it reads the cached latents.
+        batch = prompts(4, [5, 11, 20], prefix=prompts(3, [48])[0])
+        llm = LLM(self.paths[name], act_type="fp32", progress=False, max_seq_len=256)
+        try:
+            outs = llm.generate(batch[:1], CONFIG) + llm.generate(batch[1:], CONFIG)
+            self.assertEqual([o.outputs[0].token_ids for o in outs], [hf_greedy(hf, p, NEW_TOKENS) for p in batch])
+            self.assertTrue(all(o.aux_info["reuse_len"] >= 48 for o in outs[1:]), [o.aux_info for o in outs])
+        finally:
+            llm.close()
+        # Preemption: 5 streams growing to ~70 tokens in 16 blocks of 16, in turn and overlapped.
+        batch = prompts(5, [30, 36, 25, 40, 31])
+        ref = [hf_greedy(hf, p, NEW_TOKENS) for p in batch]
+        for overlap in (False, True):
+            with self.subTest(overlap=overlap):
+                llm = LLM(self.paths[name], act_type="fp32", progress=False, max_seq_len=256, num_kv_blocks=16,
+                          warm_up=False, overlap_schedule=overlap)
+                try:
+                    self.assertEqual([o.outputs[0].token_ids for o in llm.generate(batch, CONFIG)], ref)
+                    self.assertGreater(llm.engine.core.stats()["preemptions"], 0)
+                finally:
+                    llm.close()
+
+    def test_prefill_logits_match(self):
+        for name in TINY_MLA:
+            with self.subTest(name):
+                assert_prefill_logits_match_hf(self.paths[name], self.hf[name], prompts(6, [37])[0], LOGIT_TOL)
+
+    def test_latent_cache_bytes_per_token(self):
+        # MLA's promise: per token and layer kv_lora_rank + qk_rope_head_dim elements (here 32 + 8),
+        # not 2 x heads x head dims (K 4 x 24 and V 4 x 20: 176).
+        name = "deepseek_v2_grouped"
+        layers, width = 3, 32 + 8
+        for act, size in (("fp32", 4), ("bf16", 2)):
+            with self.subTest(act):
+                llm = LLM(self.paths[name], act_type=act, progress=False, max_seq_len=256, kv_cache_mem_mb=1,
+                          warm_up=False)
+                try:
+                    kv, block = llm.engine.runner.kv_cache, llm.engine.runner.block_size
+                    self.assertEqual(tuple(kv.shape), (layers, llm.engine.num_blocks, block, width))
+                    per_token = kv.numel() * kv.element_size() // (llm.engine.num_blocks * block)
+                    self.assertEqual(per_token, layers * width * size)
+                    # the pool is sized by the same layout: the whole 1 MiB budget in blocks
+                    self.assertEqual(llm.engine.num_blocks, (1 << 20) // (per_token * block))
+                finally:
+                    llm.close()
+
+    def test_tp2_equals_hf(self):
+        # Heads split over two ranks (q_b / q_proj, kv_b, o_proj), the latent cache replicated;
+        # each expert's intermediate dimension and the shared and dense MLPs split.
+        for name, args in (("deepseek_v3_noaux", {"max_num_batched_tokens": 16}), ("deepseek_v2_grouped", {})):
+            with self.subTest(name):
+                self.assertEqual(generate(self.paths[name], BATCH[:3], tp_size=2, **args), self.ref[name][:3])
+
+    def test_sharded_checkpoint_packs_experts_as_hf(self):
+        from rtp_llm.model_loader import load_model
+
+        name = "deepseek_v2_greedy_qlora"
+        sharded = os.path.join(self.tmp.name, "sharded")
+        self.hf[name].save_pretrained(sharded, max_shard_size="100KB")
+        self.assertTrue(os.path.exists(os.path.join(sharded, "model.safetensors.index.json")))
+        loaded = load_model(sharded, progress=False)
+        m = loaded.config.moe
+        self.assertEqual((m.num_experts, m.top_k, m.intermediate_size, m.shared_expert_intermediate_size, m.routing),
+                         (5, 2, 48, 48, "greedy"))
+        self.assertEqual([loaded.config.is_sparse(i) for i in range(3)], [False, True, True])
+        for i in (1, 2):
+            experts = self.hf[name].model.layers[i].mlp.experts
+            torch.testing.assert_close(loaded.weights[f"model.layers.{i}.mlp.experts.gate_up_proj"],
+                                       experts.gate_up_proj.data, atol=0, rtol=0)
+            torch.testing.assert_close(loaded.weights[f"model.layers.{i}.mlp.experts.down_proj"],
+                                       experts.down_proj.data, atol=0, rtol=0)
+
+    def test_block_fp8_checkpoint_loads_dequantized(self):
+        # DeepSeek-V3's published format: e4m3 projections with [ceil(N / bn), ceil(K / bk)]
+        # weight_scale_inv (partial blocks here), routers and norms plain.
+        from rtp_llm.model_loader import load_model
+        from rtp_llm.test.quant_writers import write_quantized
+
+        name = "deepseek_v3_noaux"
+        qdir, rdir, dequantized = write_quantized(self.paths[name], self.tmp.name, "fp8_block", name="v3-fp8",
+                                                  shards=2, block=(32, 64))
+        self.assertIn("model.layers.1.self_attn.kv_b_proj.weight", dequantized)
+        ours, plain = load_model(qdir, progress=False).weights, load_model(rdir, progress=False).weights
+        self.assertEqual(sorted(ours), sorted(plain))
+        self.assertTrue(all(torch.equal(ours[k], plain[k]) for k in plain))
+        hf = hf_model(rdir)
+        self.assertEqual(generate(qdir, BATCH[:2]), [hf_greedy(hf, p, NEW_TOKENS) for p in BATCH[:2]])
+
+    def test_fields_read_differently_are_refused_by_name(self):
+        from rtp_llm.model_loader import CheckpointError
+        from rtp_llm.model_loader.hf_loader import read_hf_config
+
+        v2, v3 = "deepseek_v2_grouped", "deepseek_v3_noaux"
+        for name, changes, message in (
+                (v2, dict(norm_topk_prob=True), "norm_topk_prob=True is not supported"),
+                (v2, dict(moe_layer_freq=2), "moe_layer_freq=2 is not supported"),
+                (v2, dict(topk_method="noaux_tc"), "topk_method='noaux_tc' is not supported for deepseek2"),
+                (v3, dict(scoring_func="softmax"), "scoring_func='softmax' is not supported"),
+                (v3, dict(kv_lora_rank=None), "kv_lora_rank is missing"),
+                (v3, dict(attention_bias=True), "attention_bias=True is not supported"),
+                (v3, dict(rope_scaling={"type": "dynamic", "factor": 2.0}, rope_parameters=None),
+                 "rope scaling type 'dynamic'")):
+            with self.subTest(name, **changes):
+                with self.assertRaisesRegex(CheckpointError, message):
+                    read_hf_config(self.write_config(name, "bad", **changes))
+        with self.assertRaisesRegex(ValueError, r"n_group \(4\) must divide n_routed_experts \(9\)"):
+            read_hf_config(self.write_config(v3, "groups", n_group=4))
+
+    def test_devices_without_mla_kernels_gguf_and_v32_are_refused_by_name(self):
+        from rtp_llm.device import backend_class
+        from rtp_llm.model_loader import CheckpointError, UnsupportedModelError, load_model
+        from rtp_llm.model_loader.hf_loader import read_hf_config
+        from rtp_llm.models_py.decoder import DecoderModel
+
+        config = read_hf_config(self.paths["deepseek_v3_noaux"])
+        for device in ("cuda", "npu"):  # (never built: the refusal comes first)
+            with self.subTest(device):
+                backend = object.__new__(backend_class(device))
+                with self.assertRaisesRegex(ValueError, f"MLA kernels for {device.upper()} are not built yet"):
+                    DecoderModel(config, {}, backend, 16)
+        import gguf
+
+        path = os.path.join(self.tmp.name, "deepseek2.gguf")
+        writer = gguf.GGUFWriter(path, "deepseek2")
+        writer.add_block_count(1)
+        writer.add_token_list(["a", "b"])
+        writer.add_tensor("token_embd.weight", torch.zeros(2, 8).numpy())
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        with self.assertRaisesRegex(CheckpointError, "GGUF checkpoints of deepseek2 .*not supported yet"):
+            load_model(path, progress=False)
+        with self.assertRaisesRegex(UnsupportedModelError, "DeepseekV32ForCausalLM.*DeepSeek-V3.2.*not supported yet"):
+            read_hf_config(self.write_config("deepseek_v3_noaux", "v32", architectures=["DeepseekV32ForCausalLM"]))
+
+
+if __name__ == "__main__":
+    unittest.main()
