@@ -10,40 +10,28 @@ files are refused by name."""
 
 import json
 import os
-import tempfile
 import unittest
 
 import torch
 
 from rtp_llm.llm import LLM
-from rtp_llm.test.testlib import TINY_MLA, assert_prefill_logits_match_hf, hf_greedy, hf_model, make_tiny
+from rtp_llm.test.testlib import TINY_MLA, assert_prefill_logits_match_hf, hf_greedy, hf_model
+from rtp_llm.test.testlib import (PARITY_BATCH, TinyHfFixtures, assert_prefix_cache_and_preemption_match_hf,
+                                  fp32_greedy, greedy_config)
 from rtp_llm.test.testlib import random_prompts as prompts
 
 NEW_TOKENS = 32
 LOGIT_TOL = 1e-4
-CONFIG = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-BATCH = prompts(11, [3, 17, 40, 9, 64])
+CONFIG = greedy_config(NEW_TOKENS)
+BATCH = PARITY_BATCH
 
 
 def generate(path, batch, **engine_args):
-    llm = LLM(path, act_type="fp32", progress=False, max_seq_len=256, **engine_args)
-    try:
-        return [o.outputs[0].token_ids for o in llm.generate(batch, CONFIG)]
-    finally:
-        llm.close()
+    return fp32_greedy(path, batch, CONFIG, **engine_args)
 
 
-class MlaParityTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.paths = {name: make_tiny(name, cls.tmp.name) for name in TINY_MLA}
-        cls.hf = {name: hf_model(path) for name, path in cls.paths.items()}
-        cls.ref = {name: [hf_greedy(cls.hf[name], p, NEW_TOKENS) for p in BATCH] for name in TINY_MLA}
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
+class MlaParityTest(TinyHfFixtures, unittest.TestCase):
+    FIXTURES, NEW_TOKENS = TINY_MLA, NEW_TOKENS
 
     def write_config(self, name: str, tag: str, **changes) -> str:
         """A copy of fixture `name`'s config.json (no weights) with these keys changed."""
@@ -64,29 +52,9 @@ class MlaParityTest(unittest.TestCase):
                     self.assertEqual(generate(self.paths[name], BATCH, **args), self.ref[name])
 
     def test_prefix_cache_preemption_and_overlap(self):
+        # The chunk after the shared prefix reads the cached latents; 5 streams growing to ~70 tokens in 16 blocks.
         name = "deepseek_v3_noaux"
-        hf = self.hf[name]
-        # A shared prefix served by the prefix cache: the chunk after it reads the cached latents.
-        batch = prompts(4, [5, 11, 20], prefix=prompts(3, [48])[0])
-        llm = LLM(self.paths[name], act_type="fp32", progress=False, max_seq_len=256)
-        try:
-            outs = llm.generate(batch[:1], CONFIG) + llm.generate(batch[1:], CONFIG)
-            self.assertEqual([o.outputs[0].token_ids for o in outs], [hf_greedy(hf, p, NEW_TOKENS) for p in batch])
-            self.assertTrue(all(o.aux_info["reuse_len"] >= 48 for o in outs[1:]), [o.aux_info for o in outs])
-        finally:
-            llm.close()
-        # Preemption: 5 streams growing to ~70 tokens in 16 blocks of 16, in turn and overlapped.
-        batch = prompts(5, [30, 36, 25, 40, 31])
-        ref = [hf_greedy(hf, p, NEW_TOKENS) for p in batch]
-        for overlap in (False, True):
-            with self.subTest(overlap=overlap):
-                llm = LLM(self.paths[name], act_type="fp32", progress=False, max_seq_len=256, num_kv_blocks=16,
-                          warm_up=False, overlap_schedule=overlap)
-                try:
-                    self.assertEqual([o.outputs[0].token_ids for o in llm.generate(batch, CONFIG)], ref)
-                    self.assertGreater(llm.engine.core.stats()["preemptions"], 0)
-                finally:
-                    llm.close()
+        assert_prefix_cache_and_preemption_match_hf(self, self.paths[name], self.hf[name], CONFIG, 16)
 
     def test_prefill_logits_match(self):
         for name in TINY_MLA:

@@ -287,6 +287,75 @@ def assert_prefill_logits_match_hf(path: str, hf, prompt, tol: float) -> None:
     torch.testing.assert_close(ours, ref, atol=tol, rtol=tol)
 
 
+PARITY_BATCH = random_prompts(11, [3, 17, 40, 9, 64])
+
+
+def greedy_config(new_tokens: int) -> dict:
+    return {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+
+
+def fp32_greedy(path: str, batch, config: dict, **engine_args):
+    """Our fp32 greedy token ids of `batch` on `path` (an LLM made and closed for the call)."""
+    from rtp_llm.llm import LLM
+
+    llm = LLM(path, act_type="fp32", progress=False, max_seq_len=256, **engine_args)
+    try:
+        return [o.outputs[0].token_ids for o in llm.generate(batch, config)]
+    finally:
+        llm.close()
+
+
+class TinyHfFixtures:
+    """A TestCase mixin: setUpClass writes the tiny fixtures FIXTURES (make_tiny), loads their
+    HF models (cls.hf) and HF's greedy tokens of PARITY_BATCH (cls.ref); NEW_TOKENS of each."""
+
+    FIXTURES = ()
+    NEW_TOKENS = 32
+
+    @classmethod
+    def setUpClass(cls):
+        import tempfile
+
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.paths = {name: make_tiny(name, cls.tmp.name) for name in cls.FIXTURES}
+        cls.hf = {name: hf_model(path) for name, path in cls.paths.items()}
+        cls.ref = {name: [hf_greedy(cls.hf[name], p, cls.NEW_TOKENS) for p in PARITY_BATCH] for name in cls.FIXTURES}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+
+def assert_prefix_cache_and_preemption_match_hf(test, path: str, hf, config: dict, num_kv_blocks: int) -> None:
+    """fp32 greedy tokens of `path` equal HF's (`hf`) with `config`: four prompts sharing a
+    48-token prefix (the later three reuse it from the prefix cache), then five streams growing in
+    a cache of num_kv_blocks blocks of 16, small enough that they are preempted, in turn and
+    overlapped (overlapped steps wait rather than preempt, so the cache must be short enough
+    for those too)."""
+    from rtp_llm.llm import LLM
+
+    n = config["max_new_tokens"]
+    batch = random_prompts(4, [5, 11, 20], prefix=random_prompts(3, [48])[0])
+    llm = LLM(path, act_type="fp32", progress=False, max_seq_len=256)
+    try:
+        outs = llm.generate(batch[:1], config) + llm.generate(batch[1:], config)
+        test.assertEqual([o.outputs[0].token_ids for o in outs], [hf_greedy(hf, p, n) for p in batch])
+        test.assertTrue(all(o.aux_info["reuse_len"] >= 48 for o in outs[1:]), [o.aux_info for o in outs])
+    finally:
+        llm.close()
+    batch = random_prompts(5, [30, 36, 25, 40, 31])
+    ref = [hf_greedy(hf, p, n) for p in batch]
+    for overlap in (False, True):
+        with test.subTest(overlap=overlap):
+            llm = LLM(path, act_type="fp32", progress=False, max_seq_len=256, num_kv_blocks=num_kv_blocks,
+                      warm_up=False, overlap_schedule=overlap)
+            try:
+                test.assertEqual([o.outputs[0].token_ids for o in llm.generate(batch, config)], ref)
+                test.assertGreater(llm.engine.core.stats()["preemptions"], 0)
+            finally:
+                llm.close()
+
+
 def teacher_forced_agreement(path: str, tokenizer_path: str, prompts, new_tokens: int):
     """(share, positions): how often the bf16 path's next token equals the fp32 path's, after
     each prefix of the fp32 path's greedy continuation of each prompt (teacher-forced: the
