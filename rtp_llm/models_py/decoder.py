@@ -143,10 +143,10 @@ class DecoderModel:
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_cache: torch.Tensor, sample_rows: Optional[torch.Tensor],
                 logits_out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """token_ids, positions: [T]; kv_cache: [L, 2, ...]; sample_rows: [N] rows whose next
-        token is wanted (None: all T); MLA: kv_cache [L, blocks, block_size, latent]. Returns logits [N, vocab] in fp32: logits_out[:N] when
-        given ([>= N, vocab] fp32; captured graphs share one such buffer rather than each
-        keeping its own output alive)."""
+        """token_ids, positions: [T]; kv_cache: [L, 2, ...] (MLA: [L, blocks, block_size, latent]);
+        sample_rows: [N] rows whose next token is wanted (None: all T). Returns logits [N, vocab]
+        in fp32: logits_out[:N] when given ([>= N, vocab] fp32; captured graphs share one such
+        buffer rather than each keeping its own output alive)."""
         c, be, tp = self.config, self.backend, self.tp
         T = token_ids.shape[0]
         residual = self._embed(token_ids)  # [T, hidden]; every layer adds into it in place
