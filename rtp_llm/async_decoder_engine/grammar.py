@@ -161,6 +161,8 @@ class GrammarBook:
         self._lock = threading.Lock()
         self._streams: Dict[int, _Stream] = {}
         self._compiling: Dict[int, Tuple[str, float]] = {}  # stream id -> (field, when submitted)
+        self._settling = 0      # compiles done, not yet handed to the core
+        self._settled = False   # a compile was handed to the core since the last wait_for_compiles()
         words = -(-vocab_size // 32)
         # Host rows and row indices, filled each step and uploaded (pinned: the upload does not
         # block). One of each is enough: a step's mask is filled only after the step before it
@@ -208,14 +210,20 @@ class GrammarBook:
         with self._lock:
             if self._compiling.pop(sid, None) is None:
                 return  # timed out or ended meanwhile
+            self._settling += 1  # (until the core has it: the engine must not find no work meanwhile)
             error = f.exception() if not f.cancelled() else EngineError(INVALID_PARAMS, "cancelled")
             if error is None:
                 compiled, compile_us = f.result()
                 self._streams[sid] = _Stream(compiled)
-        if error is not None and not isinstance(error, EngineError):
-            log.error("grammar of stream %d failed to compile", sid, exc_info=error)
-            error = EngineError(INVALID_PARAMS, f"the grammar failed to compile: {error}")
-        self.core.grammar_done(sid, error, 0 if hit or error else compile_us, hit)
+        try:
+            if error is not None and not isinstance(error, EngineError):
+                log.error("grammar of stream %d failed to compile", sid, exc_info=error)
+                error = EngineError(INVALID_PARAMS, f"the grammar failed to compile: {error}")
+            self.core.grammar_done(sid, error, 0 if hit or error else compile_us, hit)
+        finally:
+            with self._lock:
+                self._settling -= 1
+                self._settled = True
 
     def _expire(self, now: float):
         timeout = self.compiler.options.timeout_s
@@ -229,16 +237,22 @@ class GrammarBook:
                                   f"{timeout:g}", field))
 
     def compiling(self) -> bool:
-        """A grammar is compiling (its stream waits; poll() must keep running for its timeout)."""
-        return bool(self._compiling)
+        """A grammar is compiling, or its result is on its way to the core (its stream waits;
+        poll() must keep running for its timeout)."""
+        return bool(self._compiling) or self._settling > 0
 
     def wait_for_compiles(self, timeout_ms: int = 10) -> bool:
-        """False when no grammar is compiling; else waits up to timeout_ms for work (a compile
-        that finishes wakes it) and returns True: the streams it holds back will run."""
-        if not self._compiling:
-            return False
-        self.core.wait_for_work(timeout_ms)
-        return True
+        """False when no grammar is compiling and none finished since the last call; else
+        True: the streams it held back will run (or fail) in a later step. While one compiles,
+        waits up to timeout_ms for work first (a compile that finishes wakes it). (A compile that
+        finished after the step was scheduled counts: without it an offline generate() could
+        stop with that stream still waiting.)"""
+        with self._lock:
+            busy = bool(self._compiling) or self._settling > 0
+            settled, self._settled = self._settled, False
+        if busy:
+            self.core.wait_for_work(timeout_ms)
+        return busy or settled
 
     # ---- sampling (engine thread)
 

@@ -27,11 +27,12 @@ DEFAULTS = dict(max_new_tokens=256, min_new_tokens=0, num_return_sequences=1, te
                 ignore_eos=False, stop_words_list=[], return_logprobs=False, top_logprobs=0, prompt_logprobs=None,
                 logit_bias={}, timeout_ms=0,
                 no_repeat_ngram_size=0, max_thinking_tokens=0, in_think_mode=False, end_think_token_ids=[],
-                response_format=None, json_schema=None, regex=None, ebnf=None, structural_tag=None)
+                response_format=None, json_schema=None, regex=None, ebnf=None, structural_tag=None,
+                force_disable_sp_run=False)
 OPENAI = {"max_new_tokens": "max_tokens", "random_seed": "seed", "num_return_sequences": "n"}
 NOT_IN_OPENAI = {"min_new_tokens", "timeout_ms", "stop_words_list", "return_logprobs", "top_logprobs",
                  "prompt_logprobs", "in_think_mode",
-                 "end_think_token_ids"}
+                 "end_think_token_ids", "force_disable_sp_run"}
 
 
 def beyond(name, bound, up):
@@ -75,7 +76,7 @@ class GenerateConfigTest(unittest.TestCase):
         with self.assertRaises(GenerateConfigError) as cm:
             GenerateConfig.from_dict({"max_new_tokens": 2, "top_q": 1})
         self.assertEqual(cm.exception.field, "top_q")
-        self.assertIn("unknown field (known: ebnf, end_think_token_ids, frequency_penalty, ignore_eos,", cm.exception.reason)
+        self.assertIn("unknown field (known: ebnf, end_think_token_ids, force_disable_sp_run, frequency_penalty, ignore_eos,", cm.exception.reason)
 
     def test_type_errors(self):
         cases = [("max_new_tokens", 1.5), ("max_new_tokens", "8"), ("max_new_tokens", True), ("top_k", None),
