@@ -15,13 +15,11 @@ import unittest
 import torch
 
 from rtp_llm.llm import LLM
-from rtp_llm.test.testlib import TINY_MLA, assert_prefill_logits_match_hf, hf_greedy, hf_model
+from rtp_llm.test.testlib import TINY_MLA, hf_greedy, hf_model
 from rtp_llm.test.testlib import (PARITY_BATCH, TinyHfFixtures, assert_prefix_cache_and_preemption_match_hf,
                                   fp32_greedy, greedy_config)
-from rtp_llm.test.testlib import random_prompts as prompts
 
 NEW_TOKENS = 32
-LOGIT_TOL = 1e-4
 CONFIG = greedy_config(NEW_TOKENS)
 BATCH = PARITY_BATCH
 
@@ -45,21 +43,10 @@ class MlaParityTest(TinyHfFixtures, unittest.TestCase):
             json.dump(cfg, f)
         return path
 
-    def test_greedy_tokens_equal_hf(self):
-        for name in TINY_MLA:
-            for args in ({}, {"max_num_batched_tokens": 16}):  # whole prompts, then chunks of 16
-                with self.subTest(name, **args):
-                    self.assertEqual(generate(self.paths[name], BATCH, **args), self.ref[name])
-
     def test_prefix_cache_preemption_and_overlap(self):
         # The chunk after the shared prefix reads the cached latents; 5 streams growing to ~70 tokens in 16 blocks.
         name = "deepseek_v3_noaux"
         assert_prefix_cache_and_preemption_match_hf(self, self.paths[name], self.hf[name], CONFIG, 16)
-
-    def test_prefill_logits_match(self):
-        for name in TINY_MLA:
-            with self.subTest(name):
-                assert_prefill_logits_match_hf(self.paths[name], self.hf[name], prompts(6, [37])[0], LOGIT_TOL)
 
     def test_latent_cache_bytes_per_token(self):
         # MLA's promise: per token and layer kv_lora_rank + qk_rope_head_dim elements (here 32 + 8),

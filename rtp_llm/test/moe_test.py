@@ -12,13 +12,11 @@ import unittest
 
 import torch
 
-from rtp_llm.test.testlib import TINY_MOE, assert_prefill_logits_match_hf
+from rtp_llm.test.testlib import TINY_MOE
 from rtp_llm.test.testlib import (PARITY_BATCH, TinyHfFixtures, assert_prefix_cache_and_preemption_match_hf,
                                   fp32_greedy, greedy_config)
-from rtp_llm.test.testlib import random_prompts as prompts
 
 NEW_TOKENS = 48
-LOGIT_TOL = 1e-4
 CONFIG = greedy_config(NEW_TOKENS)
 BATCH = PARITY_BATCH
 
@@ -30,21 +28,10 @@ def generate(path, batch, **engine_args):
 class MoeParityTest(TinyHfFixtures, unittest.TestCase):
     FIXTURES, NEW_TOKENS = TINY_MOE, NEW_TOKENS
 
-    def test_greedy_tokens_equal_hf(self):
-        for name in TINY_MOE:
-            for args in ({}, {"max_num_batched_tokens": 16}):  # whole prompts, then chunks of 16
-                with self.subTest(name, **args):
-                    self.assertEqual(generate(self.paths[name], BATCH, **args), self.ref[name])
-
     def test_prefix_cache_preemption_and_overlap(self):
         # Preemption: 5 streams growing to ~80 tokens (27 blocks of 16) in 20.
         name = "qwen2_moe_shared"
         assert_prefix_cache_and_preemption_match_hf(self, self.paths[name], self.hf[name], CONFIG, 20)
-
-    def test_prefill_logits_match(self):
-        for name in TINY_MOE:
-            with self.subTest(name):
-                assert_prefill_logits_match_hf(self.paths[name], self.hf[name], prompts(6, [37])[0], LOGIT_TOL)
 
     def test_tp2_equals_tp1(self):
         # Each expert's intermediate dimension (and the shared expert's, and the dense layers')

@@ -90,6 +90,19 @@ def _group_codes(wg: torch.Tensor, bits: int, sym: bool, min_zero: int):
     return scale, zero, codes
 
 
+def _quantize_groups(wt: torch.Tensor, group_of_k: torch.Tensor, groups: int, bits: int, sym: bool, min_zero: int):
+    """wt [K, N] quantized per group of input channels (group_of_k [K]): (codes [K, N] long,
+    zeros [G, N] long, scales [G, N] fp16), each group through _group_codes."""
+    k, n = wt.shape
+    codes = torch.empty(k, n, dtype=torch.long)
+    zeros = torch.empty(groups, n, dtype=torch.long)
+    scales = torch.empty(groups, n, dtype=torch.float16)
+    for g in range(groups):
+        rows = group_of_k == g
+        scales[g], zeros[g], codes[rows] = _group_codes(wt[rows], bits, sym, min_zero)
+    return codes, zeros, scales
+
+
 def _reference(codes, zeros, scales, group_of_k) -> torch.Tensor:
     """W^T [K, N] = (q - z) * s, group by group."""
     ref = torch.empty(codes.shape)
@@ -115,12 +128,7 @@ def gptq(w: torch.Tensor, bits: int, group_size: int, sym: bool = True, desc_act
         g_idx[perm] = torch.arange(k) // size  # inputs taken in perm's order, size of them a group
     else:
         g_idx = torch.arange(k) // size
-    codes = torch.empty(k, n, dtype=torch.long)
-    zeros = torch.empty(groups, n, dtype=torch.long)
-    scales = torch.empty(groups, n, dtype=torch.float16)
-    for g in range(groups):
-        rows = g_idx == g
-        scales[g], zeros[g], codes[rows] = _group_codes(wt[rows], bits, sym, min_zero=0 if v2 else 1)
+    codes, zeros, scales = _quantize_groups(wt, g_idx, groups, bits, sym, min_zero=0 if v2 else 1)
     stored_zeros = zeros - (0 if v2 else 1)
     qweight = sum(codes.view(k // per, per, n)[:, j] << (bits * j) for j in range(per))
     qzeros = sum(stored_zeros.view(groups, n // per, per)[:, :, j] << (bits * j) for j in range(per))
@@ -136,12 +144,7 @@ def awq(w: torch.Tensor, group_size: int) -> Tuple[Stored, torch.Tensor]:
     k, n = wt.shape
     groups = k // group_size
     group_of_k = torch.arange(k) // group_size
-    codes = torch.empty(k, n, dtype=torch.long)
-    zeros = torch.empty(groups, n, dtype=torch.long)
-    scales = torch.empty(groups, n, dtype=torch.float16)
-    for g in range(groups):
-        rows = group_of_k == g
-        scales[g], zeros[g], codes[rows] = _group_codes(wt[rows], 4, sym=False, min_zero=0)
+    codes, zeros, scales = _quantize_groups(wt, group_of_k, groups, 4, sym=False, min_zero=0)
 
     def pack(x):  # [R, N] -> [R, N / 8]
         cols = x.view(x.shape[0], n // 8, 8)

@@ -307,7 +307,9 @@ def fp32_greedy(path: str, batch, config: dict, **engine_args):
 
 class TinyHfFixtures:
     """A TestCase mixin: setUpClass writes the tiny fixtures FIXTURES (make_tiny), loads their
-    HF models (cls.hf) and HF's greedy tokens of PARITY_BATCH (cls.ref); NEW_TOKENS of each."""
+    HF models (cls.hf) and HF's greedy tokens of PARITY_BATCH (cls.ref); NEW_TOKENS of each.
+    Its tests: our fp32 greedy tokens equal HF's (whole prompts and chunks of 16), prefill logits
+    within 1e-4."""
 
     FIXTURES = ()
     NEW_TOKENS = 32
@@ -324,6 +326,18 @@ class TinyHfFixtures:
     @classmethod
     def tearDownClass(cls):
         cls.tmp.cleanup()
+
+    def test_greedy_tokens_equal_hf(self):
+        for name in self.FIXTURES:
+            for args in ({}, {"max_num_batched_tokens": 16}):  # whole prompts, then chunks of 16
+                with self.subTest(name, **args):
+                    self.assertEqual(fp32_greedy(self.paths[name], PARITY_BATCH, greedy_config(self.NEW_TOKENS), **args),
+                                     self.ref[name])
+
+    def test_prefill_logits_match(self):
+        for name in self.FIXTURES:
+            with self.subTest(name):
+                assert_prefill_logits_match_hf(self.paths[name], self.hf[name], random_prompts(6, [37])[0], 1e-4)
 
 
 def assert_prefix_cache_and_preemption_match_hf(test, path: str, hf, config: dict, num_kv_blocks: int) -> None:
