@@ -172,3 +172,28 @@ def test_sampler_request_paths_on_cuda(tiny, graphs):
             assert (seq[i], seq[i + 1]) not in set(zip(seq[:i], seq[1:i + 1])), i
     finally:
         llm.close()
+
+
+def test_host_gate_holds_the_stream_until_the_host_opens_it():
+    # What a grammar step relies on (mask_filler.py): work queued behind gate.wait(t) runs only
+    # after open(t) from the host; a wait for a ticket already opened passes at once.
+    import time
+
+    from rtp_llm.device.cuda.backend import CudaBackend
+
+    gate = CudaBackend().host_gate()
+    assert gate is not None, "this driver has no 64-bit stream waits"
+    x = torch.zeros(1, device="cuda")
+    ticket = gate.next()
+    gate.wait(ticket)
+    x.add_(1)
+    held = torch.cuda.Event()
+    held.record()
+    time.sleep(0.05)
+    assert not held.query()  # (x.item() here would wait forever: the stream is held)
+    gate.open(ticket)
+    held.synchronize()
+    gate.wait(ticket)
+    x.add_(1)
+    torch.cuda.synchronize()
+    assert x.item() == 2

@@ -19,6 +19,15 @@ step:
     host:   wait N, commit N | schedule, stage N+2 | sample N+1 | forward N+2 | wait N+1 ...
     filler:                  | mask N+1 ...........|
     device: ....... forward N+1 ......................................| sample N+1 | forward N+2
+
+Where the device has a gate (DeviceBackend.host_gate: CUDA), the host does not wait for the
+mask: it queues the mask's upload, the sampling and the next forward behind a wait on the
+device that the filler opens when the mask is done, so the device idles only if the fill
+outlasts the forward in flight:
+
+    host:   wait N, commit N | schedule, stage N+2 | gate, sample N+1, forward N+2 | wait N+1 ...
+    filler:                  | mask N+1 ........ open |
+    device: ....... forward N+1 ...........................| sample N+1 | forward N+2
 """
 
 import logging
@@ -135,7 +144,8 @@ class EngineLoop:
         if self.core is not None:
             grammar = make_grammar_book(self.core, loaded.tokenizer, c.vocab_size, list(c.eos_token_ids),
                                         args.max_batch_size, self.backend.device, self.runner.sampler.pin_host,
-                                        args.grammar, fill_thread=overlap)
+                                        args.grammar, fill_thread=overlap,
+                                        gate=self.backend.host_gate() if overlap else None)
             self.runner.grammar = grammar
         self._init_stepping(overlap, grammar)  # (ranks > 0 get the sampled tokens by broadcast: model_runner)
         if args.warm_up and self.core is not None:

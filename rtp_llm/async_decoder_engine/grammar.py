@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from rtp_llm.async_decoder_engine.mask_filler import FillJob, MaskFiller
+from rtp_llm.device.base import HostGate
 from rtp_llm.device.base import int32_bit
 from rtp_llm.ops.engine_core import EngineError
 
@@ -58,13 +59,19 @@ class TokenBitmask:
 
 class MaskFill:
     """A step's mask being filled (GrammarBook.fill; mask_filler.py: on a thread of its own
-    under overlap, else already filled). result() waits for it and queues its upload."""
+    under overlap, else already filled). result() queues its upload behind the fill: on the
+    device behind the gate the filler opens (then check() at the step's commit re-raises what
+    the fill raised), else on the host."""
 
     def __init__(self, book: "GrammarBook", g: int, job: Optional[FillJob]):
         self._book, self._g, self._job = book, g, job
 
-    def result(self) -> TokenBitmask:
+    def check(self):
         if self._job is not None:
+            self._job.check()
+
+    def result(self) -> TokenBitmask:
+        if self._job is not None and not self._job.ready_on_device():
             self._job.wait()  # (re-raises what the fill raised)
         book, g = self._book, self._g
         return TokenBitmask(book._host_rows[:g].to(book.device, non_blocking=True),
@@ -151,11 +158,12 @@ class GrammarBook:
     the compiler, fails those past the timeout and forgets streams that ended; fill() fills a
     step's rows; advance() applies its committed tokens. compiler None: every grammar fails
     with `unavailable` (naming its field). fill_thread: fill masks on a thread of their own
-    (mask_filler.py; an engine with host work to do meanwhile: overlapped scheduling)."""
+    (mask_filler.py; an engine with host work to do meanwhile: overlapped scheduling), and
+    with the device's `gate` the sampling waits for them on the device."""
 
     def __init__(self, core, compiler: Optional[GrammarCompiler], vocab_size: int, max_rows: int,
                  device: torch.device, pin: bool, stop_token_ids: Sequence[int], unavailable: str = "",
-                 fill_thread: bool = False):
+                 fill_thread: bool = False, gate: Optional[HostGate] = None):
         self.core, self.compiler, self.unavailable = core, compiler, unavailable
         self.device = device
         self._lock = threading.Lock()
@@ -174,7 +182,7 @@ class GrammarBook:
         for t in stop_token_ids:
             if 0 <= t < vocab_size:
                 self._stop_row[t // 32] |= int32_bit(t % 32)
-        self._filler = MaskFiller(fill_thread and compiler is not None)
+        self._filler = MaskFiller(fill_thread and compiler is not None, gate)
         self._ended_pending = False  # a grammar stream may have ended since the last take
 
     @classmethod
@@ -321,9 +329,11 @@ class GrammarBook:
 
 
 def make_grammar_book(core, tokenizer, vocab_size: int, eos_token_ids: List[int], max_rows: int,
-                      device: torch.device, pin: bool, options: GrammarOptions, fill_thread: bool = False) -> GrammarBook:
+                      device: torch.device, pin: bool, options: GrammarOptions, fill_thread: bool = False,
+                      gate: Optional[HostGate] = None) -> GrammarBook:
     """The engine's GrammarBook: one that compiles with the model's tokenizer, or (no tokenizer,
-    or xgrammar not installed) one that fails every grammar saying why. fill_thread: GrammarBook's."""
+    or xgrammar not installed) one that fails every grammar saying why. fill_thread, gate:
+    GrammarBook's."""
     reason = ""
     if tokenizer is None:
         reason = "grammars need the model's tokenizer, and this checkpoint has none: pass --tokenizer_path"
@@ -333,4 +343,4 @@ def make_grammar_book(core, tokenizer, vocab_size: int, eos_token_ids: List[int]
         if importlib.util.find_spec("xgrammar") is None:
             reason = "grammars need the xgrammar package, which is not installed"
     compiler = None if reason else GrammarCompiler(tokenizer, vocab_size, eos_token_ids, options)
-    return GrammarBook(core, compiler, vocab_size, max_rows, device, pin, eos_token_ids, reason, fill_thread)
+    return GrammarBook(core, compiler, vocab_size, max_rows, device, pin, eos_token_ids, reason, fill_thread, gate)

@@ -12,13 +12,23 @@ A few rows are filled one matcher at a time in the engine thread: xgrammar's bat
 its own pool of threads ("auto": half the cores), which costs more than a few rows take (a
 one-stream step under a schema took 1.8 ms instead of 0.85 that way).
 
+With a device gate (DeviceBackend.host_gate: CUDA) the engine thread does not wait for a
+threaded fill at all: the mask's upload and the sampling queue behind a gate wait that this
+thread opens once the fill is done, so the device goes from the forward before straight to the
+sampling, and the host launches both while xgrammar fills. Whether the fill succeeded is checked
+at the step's commit (FillJob.check): a failed fill fails the step, never a step sampled with a
+half-written mask.
+
 Invariant: at most one fill is in flight, and nothing else touches a matcher while it is (the
-engine takes its result before the next commit)."""
+engine checks its job before the next commit); a gated job opens its ticket however the fill
+ends."""
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import List, Optional
 
 import torch
+
+from rtp_llm.device.base import HostGate
 
 # From this many live rows the fill is one batch call (on the thread under overlap); below, one
 # call per matcher in the engine thread.
@@ -26,21 +36,33 @@ BATCH_MIN_ROWS = 8
 
 
 class FillJob:
-    """A fill in flight on the thread: wait() returns once it is done (re-raising what it raised)."""
+    """A fill in flight on the thread. ticket: the gate ticket it opens when done (0: none)."""
 
-    def __init__(self, future: Future):
-        self._future = future
+    def __init__(self, future: Future, gate: Optional[HostGate] = None, ticket: int = 0):
+        self._future, self._gate, self.ticket = future, gate, ticket
 
     def wait(self):
+        """Returns once the fill is done, re-raising what it raised."""
         self._future.result()
+
+    def ready_on_device(self) -> bool:
+        """Holds the device's stream until the fill is done (queues the gate's wait; the caller
+        queues what reads the mask next); False where there is no gate: wait() on the host."""
+        if self._gate is None:
+            return False
+        self._gate.wait(self.ticket)
+        return True
+
+    check = wait  # at the step's commit: a gated fill that failed fails its step
 
 
 class MaskFiller:
     """threaded: batch fills run on a thread of their own (an engine with host work to do
-    meanwhile); else in the caller's thread, at submit."""
+    meanwhile); else in the caller's thread, at submit. gate: the device's (threaded only)."""
 
-    def __init__(self, threaded: bool):
+    def __init__(self, threaded: bool, gate: Optional[HostGate] = None):
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rtp_llm-mask") if threaded else None
+        self._gate = gate if threaded else None
         self._batch = None  # xgrammar's BatchGrammarMatcher, made on first use
 
     def submit(self, live: list, host: torch.Tensor, rows: List[int]) -> Optional[FillJob]:
@@ -52,7 +74,15 @@ class MaskFiller:
         if self._pool is None:
             self._fill(live, host, rows)
             return None
-        return FillJob(self._pool.submit(self._fill, live, host, rows))
+        ticket = self._gate.next() if self._gate is not None else 0
+        return FillJob(self._pool.submit(self._fill_and_open, live, host, rows, ticket), self._gate, ticket)
+
+    def _fill_and_open(self, live: list, host: torch.Tensor, rows: List[int], ticket: int):
+        try:
+            self._fill(live, host, rows)
+        finally:
+            if ticket:
+                self._gate.open(ticket)
 
     def _fill(self, live: list, host: torch.Tensor, rows: List[int]):
         if self._batch is None:

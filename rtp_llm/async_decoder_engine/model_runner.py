@@ -93,8 +93,10 @@ class PendingStep:
         if self._ready is not None:
             self._ready.record()
         self.committed = False
-        # The grammar rows: (stream ids [G], their indices in the sampled rows [G]), or None.
+        # The grammar rows: (stream ids [G], their indices in the sampled rows [G]), and their
+        # mask's fill (checked at commit); None without grammar rows.
         self.grammar: Optional[Tuple[np.ndarray, np.ndarray]] = None
+        self.mask: Optional[MaskFill] = None
 
     def result(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(tokens [N] int32, log-probs [N] fp32 (0 where not asked), alternatives' ids [N, k]
@@ -266,7 +268,7 @@ class ModelRunner:
         slot = self._slots[self._slot]
         self._slot ^= 1
         step = PendingStep(samples, slot, self.model.tp.timeout_s if self.model.tp.size > 1 else 0.0, f.prompt)
-        step.grammar = f.grammar
+        step.grammar, step.mask = f.grammar, mask
         return step
 
     def launch(self, b: StepBatch) -> PendingStep:
@@ -279,6 +281,8 @@ class ModelRunner:
         if step.committed:
             return
         tokens, logprobs, top_ids, top_logprobs = step.result()
+        if step.mask is not None:
+            step.mask.check()  # (its tokens were sampled under a mask that a failed fill left unfinished)
         appended = core.commit(tokens, logprobs, top_ids, top_logprobs, step.prompt_rows())
         step.committed = True
         if step.grammar is not None:

@@ -50,6 +50,30 @@ class SmallAllReduce(ABC):
         every all-reduce)."""
 
 
+class HostGate(ABC):
+    """Lets the device's stream wait for the host: wait(ticket) queues, on the current stream, a
+    wait that holds everything queued behind it until open(ticket) (from any host thread, without
+    touching the device) or a later ticket is opened. Tickets come from next(), one per wait, in
+    the order they will be opened.
+
+    Invariant a user keeps: every ticket waited on is opened, even when the work it waits for
+    fails (else the device stops there for good), and its opener never depends on a thread that
+    blocks on this stream holding what the opener needs (the GIL: torch's ops, event waits, graph
+    replays and Triton launches release it)."""
+
+    @abstractmethod
+    def next(self) -> int:
+        ...
+
+    @abstractmethod
+    def wait(self, ticket: int) -> None:
+        ...
+
+    @abstractmethod
+    def open(self, ticket: int) -> None:
+        ...
+
+
 class AttentionMetadata:
     """Backend-specific, built by prepare_inputs() and shared by all layers of a step."""
 
@@ -135,6 +159,12 @@ class DeviceBackend(ABC):
     def host_copy_event(self) -> Any:
         """An event to record after a non-blocking device-to-host copy; its synchronize() waits
         for the copy. None where copies are synchronous."""
+        return None
+
+    def host_gate(self) -> Optional[HostGate]:
+        """A gate the device's stream can wait on until the host opens it (so work that needs
+        host data still being produced queues ahead of it); None where the device has none or
+        runs synchronously."""
         return None
 
     def resolve_placeholders(self, token_ids: torch.Tensor, prev_tokens: torch.Tensor) -> None:

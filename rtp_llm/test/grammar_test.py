@@ -2,11 +2,13 @@
 byte-level tokenizer (testlib): sampled output follows the grammar and ends with "stop", each
 matcher accepted exactly its stream's committed tokens (overlapped scheduling on and off),
 greedy output under a grammar that admits the unconstrained answer is that answer, and a
-grammar that does not compile fails only its request, naming the field."""
+grammar that does not compile fails only its request, naming the field; with a device gate
+(mask_filler.py) every ticket is opened and a failed fill fails its step."""
 
 import json
 import re
 import tempfile
+import threading
 import time
 import unittest
 from concurrent.futures import Future
@@ -15,6 +17,7 @@ import torch
 
 from rtp_llm.async_decoder_engine import mask_filler
 from rtp_llm.async_decoder_engine.grammar import GrammarBook, GrammarOptions
+from rtp_llm.device.base import HostGate
 from rtp_llm.ops.engine_core import EngineCore
 
 from rtp_llm.config.generate_config import GenerateConfig
@@ -45,6 +48,30 @@ def valid(doc) -> bool:
             and isinstance(doc["age"], int) and 0 <= doc["age"] <= 99 and doc["role"] in ("admin", "user")
             and 1 <= len(doc["tags"]) <= 2 and all(re.fullmatch("[a-z]{1,3}", t) for t in doc["tags"])
             and set(doc["home"]) == {"zip"} and re.fullmatch("[0-9]{3}", doc["home"]["zip"]) is not None)
+
+
+class BlockingGate(HostGate):
+    """A HostGate for a device without streams: wait() blocks the caller until its ticket opens
+    (at most 30 s: a ticket never opened fails the test instead of hanging it)."""
+
+    def __init__(self):
+        self.waited, self.opened, self._last = [], 0, 0
+        self._cv = threading.Condition()
+
+    def next(self) -> int:
+        self._last += 1
+        return self._last
+
+    def wait(self, ticket: int) -> None:
+        self.waited.append(ticket)
+        with self._cv:
+            if not self._cv.wait_for(lambda: self.opened >= ticket, timeout=30):
+                raise AssertionError(f"gate ticket {ticket} was never opened")
+
+    def open(self, ticket: int) -> None:
+        with self._cv:
+            self.opened = max(self.opened, ticket)
+            self._cv.notify_all()
 
 
 class GrammarTest(unittest.TestCase):
@@ -139,6 +166,33 @@ class GrammarTest(unittest.TestCase):
         # Prefill, then 11 steps scheduled ahead: each staged before the step before samples.
         self.assertEqual(turns.count("tao"), 11, calls)
         self.assertEqual(turns.count("a"), 12, calls)
+
+    def test_with_a_device_gate_the_sampling_waits_there_and_a_failed_fill_fails_its_step(self):
+        # The CPU has no stream to hold, so this gate holds the engine thread in wait() until the
+        # ticket opens (what was queued behind it runs only then, as on a device): every ticket
+        # waited on must be opened, by a fill that succeeds or fails, and a step whose fill failed
+        # must fail its requests at commit, not commit tokens sampled under an unfinished mask.
+        llm = self.llms[True]
+        filler = llm.engine.grammar._filler
+        gate = filler._gate = BlockingGate()
+        configs = [{"max_new_tokens": 120, "temperature": 1.0, "random_seed": s, "json_schema": SCHEMA}
+                   for s in range(3)]
+        try:
+            for o in self.generate(True, ["a b c"] * 3, configs):
+                self.assertTrue(valid(json.loads(o.outputs[0].text)), o.outputs[0].text)
+            self.assertGreater(len(gate.waited), 5)
+            self.assertEqual(gate.opened, gate.waited[-1])
+
+            def failing(*args):
+                raise RuntimeError("xgrammar failed")
+            filler._fill = failing
+            for o in self.generate(True, ["a b c"] * 3, configs):
+                self.assertIn("xgrammar failed", o.outputs[0].finish_reason)
+            self.assertEqual(gate.opened, gate.waited[-1])
+        finally:
+            filler._gate = None
+            filler.__dict__.pop("_fill", None)
+        self.assertEqual(self.generate(True, ["q"], {"max_new_tokens": 3, "regex": "ab"})[0].outputs[0].text, "ab")
 
     def test_regex_and_choice_fullmatch(self):
         for overlap in (False, True):

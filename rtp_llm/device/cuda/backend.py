@@ -14,6 +14,7 @@ from rtp_llm.device.base import (DeviceBackend, SmallAllReduce, StepInputs, acce
                                  sampled_token_rows)
 from rtp_llm.device.cuda import kernels as K
 from rtp_llm.device.cuda.graph_runner import CudaGraphRunner
+from rtp_llm.device.cuda.host_gate import CudaHostGate
 from rtp_llm.device.cuda.metadata import CudaAttentionMetadata, DecodeRows
 
 
@@ -57,9 +58,15 @@ class CudaBackend(DeviceBackend):
         # Outgrown workspaces stay allocated: a captured graph may still use their buffers (its
         # split counters must stay zeroed memory of its own).
         self._retired_ws = []
+        self._gate = CudaHostGate.create(self.device) if os.environ.get("RTP_LLM_HOST_GATE", "1") != "0" else None
 
     def host_copy_event(self):
         return torch.cuda.Event()
+
+    def host_gate(self):
+        """The backend's CudaHostGate (None where the driver has no 64-bit stream waits, or with
+        RTP_LLM_HOST_GATE=0: then a grammar step's sampling waits for its mask on the host)."""
+        return self._gate
 
     def resolve_placeholders(self, token_ids, prev_tokens):
         K.resolve_placeholders(token_ids, prev_tokens)

@@ -1,0 +1,76 @@
+"""A HostGate on CUDA (device/base.py): the stream waits on a 64-bit counter in pinned host
+memory (the driver's cuStreamWaitValue64, "greater or equal"), which the host raises with a
+plain store. Queueing work behind such a wait lets the host launch it before the data it needs
+exists (a grammar step's token mask, still being filled by xgrammar on another thread), so the
+device goes from the step before straight to it once the host opens the gate, instead of
+idling until the host has both filled the data and launched the work.
+
+The store needs no device call and no lock: one thread opens tickets in order (the mask
+filler's), the counter only goes up, and "greater or equal" lets a wait queued after a later
+ticket was opened pass at once. The mask's bytes are written before the counter by the same
+thread; the GIL that thread takes to store the counter orders them (a lock acquire and release),
+and x86 stores reach the device in program order anyway.
+
+Driver entry points through ctypes (which releases the GIL for the call): torch exposes none.
+"""
+
+import ctypes
+import logging
+from typing import Optional
+
+import torch
+
+from rtp_llm.device.base import HostGate
+
+log = logging.getLogger(__name__)
+
+_WAIT_GEQ = 0x0  # CU_STREAM_WAIT_VALUE_GEQ: (int64)(*addr - value) >= 0
+
+
+class CudaHostGate(HostGate):
+    def __init__(self, device: torch.device, wait_fn, dptr: int, flag: torch.Tensor):
+        self._device = device
+        self._wait_fn = wait_fn
+        self._dptr = dptr
+        self._flag = flag            # [1] int64, pinned: the counter the device reads
+        self._value = flag.numpy()   # the same memory, stored to by open()
+        self._last = 0
+
+    @classmethod
+    def create(cls, device: torch.device) -> Optional["CudaHostGate"]:
+        """The gate, or None (logged) where the driver lacks 64-bit stream waits."""
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            wait_fn = next(getattr(lib, n) for n in ("cuStreamWaitValue64_v2", "cuStreamWaitValue64")
+                           if hasattr(lib, n))
+            wait_fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
+            wait_fn.restype = ctypes.c_int
+            to_device = lib.cuMemHostGetDevicePointer_v2
+            to_device.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
+            to_device.restype = ctypes.c_int
+            flag = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+            dptr = ctypes.c_uint64(0)
+            rc = to_device(ctypes.byref(dptr), ctypes.c_void_p(flag.data_ptr()), 0)
+            if rc:
+                raise RuntimeError(f"cuMemHostGetDevicePointer returned {rc}")
+            gate = cls(device, wait_fn, dptr.value, flag)
+            gate.wait(0)  # already open: checks the call works here
+            torch.cuda.current_stream(device).synchronize()
+            return gate
+        except (OSError, StopIteration, AttributeError, RuntimeError) as e:
+            log.warning("no host gate on this CUDA driver (%s): a grammar step's sampling waits for its mask "
+                        "on the host", e)
+            return None
+
+    def next(self) -> int:
+        self._last += 1
+        return self._last
+
+    def wait(self, ticket: int) -> None:
+        stream = torch.cuda.current_stream(self._device).cuda_stream
+        rc = self._wait_fn(ctypes.c_void_p(stream), self._dptr, ticket, _WAIT_GEQ)
+        if rc:
+            raise RuntimeError(f"cuStreamWaitValue64 returned CUresult {rc}")
+
+    def open(self, ticket: int) -> None:
+        self._value[0] = ticket
