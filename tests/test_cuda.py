@@ -176,7 +176,11 @@ def test_sampler_request_paths_on_cuda(tiny, graphs):
 
 def test_host_gate_holds_the_stream_until_the_host_opens_it():
     # What a grammar step relies on (mask_filler.py): work queued behind gate.wait(t) runs only
-    # after open(t) from the host; a wait for a ticket already opened passes at once.
+    # after open(t) from another host thread; a wait for a ticket already opened passes at once.
+    # (The add kernel is loaded before the wait: CUDA loads kernels lazily, and a load waits for
+    # the context's streams, so this thread would wait for itself. The engine's kernels are
+    # loaded by warm-up; one loaded later waits for the fill thread to open the gate.)
+    import threading
     import time
 
     from rtp_llm.device.cuda.backend import CudaBackend
@@ -184,6 +188,8 @@ def test_host_gate_holds_the_stream_until_the_host_opens_it():
     gate = CudaBackend().host_gate()
     assert gate is not None, "this driver has no 64-bit stream waits"
     x = torch.zeros(1, device="cuda")
+    x.add_(1)
+    torch.cuda.synchronize()
     ticket = gate.next()
     gate.wait(ticket)
     x.add_(1)
@@ -191,9 +197,10 @@ def test_host_gate_holds_the_stream_until_the_host_opens_it():
     held.record()
     time.sleep(0.05)
     assert not held.query()  # (x.item() here would wait forever: the stream is held)
-    gate.open(ticket)
+    opener = threading.Timer(0.05, gate.open, args=(ticket,))
+    opener.start()
     held.synchronize()
     gate.wait(ticket)
     x.add_(1)
     torch.cuda.synchronize()
-    assert x.item() == 2
+    assert x.item() == 3

@@ -11,6 +11,16 @@ ticket was opened pass at once. The mask's bytes are written before the counter 
 thread; the GIL that thread takes to store the counter orders them (a lock acquire and release),
 and x86 stores reach the device in program order anyway.
 
+While a gate is closed, a kernel the driver has not loaded yet (CUDA loads them lazily: a new
+Triton specialization, a cuBLAS kernel for a new shape) waits for the context's streams before it
+loads, so the launching thread waits until the gate opens. The opener is another thread, and
+torch's ops and Triton's loader release the GIL while they wait, so this delays, never deadlocks;
+the engine's warm-up loads the steady state's kernels before any gate closes.
+
+Tried and slower (docs/serving_benchmarks.md, session 15): the wait and the mask's upload on a
+copy stream of their own, the compute stream waiting for it by event, so that the upload would
+overlap the forward in flight: a schema step took twice as long.
+
 Driver entry points through ctypes (which releases the GIL for the call): torch exposes none.
 """
 
