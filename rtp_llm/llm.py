@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from rtp_llm.async_decoder_engine.engine import EngineArgs, EngineLoop
 from rtp_llm.config.generate_config import GenerateConfig
+from rtp_llm.config import quantization as quantization_flag
 from rtp_llm.model_loader import load_model, parse_dtype
 from rtp_llm.ops.engine_core import EngineError, decode_output
 
@@ -44,22 +45,25 @@ class LLM:
 
     def __init__(self, checkpoint_path: str, model_type: Optional[str] = None, tokenizer_path: Optional[str] = None,
                  act_type: str = "fp32", progress: bool = True, tp_size: int = 1,
-                 dist_timeout_s: Optional[int] = None, **engine_args):
+                 dist_timeout_s: Optional[int] = None, quantization: Optional[str] = None, **engine_args):
         from rtp_llm.distributed.launch import set_rank_device, spawn_workers
         from rtp_llm.distributed.tensor_parallel import ParallelConfig, free_port, init_tensor_parallel
 
         self._workers = []
         tp = None
+        quantization = quantization_flag.scheme(quantization)
+        quantization_flag.check(quantization, EngineArgs(**engine_args).device, act_type)
         if tp_size > 1:
             # (dist_timeout_s None: ParallelConfig's default)
             timeout = {} if dist_timeout_s is None else {"dist_timeout_s": dist_timeout_s}
             parallel = ParallelConfig(tp_size=tp_size, world_size=tp_size, local_world_size=tp_size,
                                       master_port=free_port(), **timeout)
             load_args = dict(checkpoint_path=checkpoint_path, model_type=model_type, act_type=act_type,
-                             tokenizer_path=tokenizer_path)
+                             tokenizer_path=tokenizer_path, quantization=quantization)
             self._workers = spawn_workers(load_args, engine_args, parallel)
             tp = init_tensor_parallel(parallel, set_rank_device(EngineArgs(**engine_args).device, parallel))
-        self.loaded = load_model(checkpoint_path, model_type, parse_dtype(act_type), tokenizer_path, progress)
+        self.loaded = load_model(checkpoint_path, model_type, parse_dtype(act_type), tokenizer_path, progress,
+                                 quantization)
         self.tokenizer = self.loaded.tokenizer
         self.engine = EngineLoop(self.loaded, EngineArgs(**engine_args), tp)
 

@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass, field, fields
 from typing import List, Optional
 
+from rtp_llm.config import quantization as quantization_flag
 from rtp_llm.config.parallel_config import ParallelConfig
 from rtp_llm.config.output_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from rtp_llm.config.speculative import SpeculativeConfig
@@ -60,6 +61,10 @@ class ServerConfig:
     kv_cache_mem_mb: Optional[int] = None
     reuse_cache: bool = True
     act_type: str = "bf16"
+    # Weights quantized at load (model_loader/quantize_at_load.py): "int8" (upstream writes INT8;
+    # --int8_mode=1 is the same), on the CPU; "" keeps the checkpoint's dtype.
+    quantization: str = ""
+    int8_mode: int = 0
     device: str = "cpu"
     cuda_graph: bool = True                # decode and prefill steps replay captured CUDA graphs
     overlap_schedule: bool = True          # schedule step N+1 while the device runs step N (CUDA)
@@ -129,6 +134,8 @@ class ServerConfig:
         if not (math.isfinite(self.paced_engine_step_ms) and self.paced_engine_step_ms >= 0):
             raise ValueError(f"--paced_engine_step_ms must be a finite number >= 0, got {self.paced_engine_step_ms}")
         self.speculative().validate()
+        self.quantization = quantization_flag.scheme(self.quantization, self.int8_mode) or ""
+        quantization_flag.check(self.quantization or None, self.device, self.act_type)
         if self.paced_engine_step_ms and self.tp_size != 1:
             raise ValueError(f"--paced_engine_step_ms runs no model: it needs --tp_size=1, got {self.tp_size}")
         self.world_size = self.world_size or self.tp_size

@@ -164,11 +164,6 @@ UPSTREAM_GROUPS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
             "gen_timeline_num_steps", "gen_timeline_start_step", "gen_timeline_sync", "gen_timeline_trace_name",
             "hack_layer_num", "torch_cuda_profiler_dir", "trace_memory"
         )),
-    "quantization": ("quantizing weights at load is not implemented yet (pre-quantized checkpoints load as they are: "
-                     "FP8, GPTQ and AWQ HF checkpoints by their quantization_config, GGUF files)",
-        (
-            "int8_mode", "quantization"
-        )),
     "render": ("the chat template is the tokenizer's",
         (
             "default_chat_template_key", "default_tool_use_template_key", "llava_chat_template",

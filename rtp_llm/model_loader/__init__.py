@@ -63,7 +63,10 @@ def load_tokenizer(checkpoint_path: str, tokenizer_path: Optional[str] = None):
 
 
 def load_model(checkpoint_path: str, model_type: Optional[str] = None, dtype: torch.dtype = torch.float32,
-               tokenizer_path: Optional[str] = None, progress: bool = True) -> LoadedModel:
+               tokenizer_path: Optional[str] = None, progress: bool = True,
+               quantization: Optional[str] = None) -> LoadedModel:
+    """quantization: a quantize_at_load scheme (None: the checkpoint's dtypes), checked by the
+    caller against the device (quantize_at_load.check)."""
     if not os.path.exists(checkpoint_path):
         raise CheckpointError(f"checkpoint_path {checkpoint_path} does not exist")
     gguf_path = find_gguf(checkpoint_path)
@@ -76,6 +79,10 @@ def load_model(checkpoint_path: str, model_type: Optional[str] = None, dtype: to
 
         config = read_hf_config(checkpoint_path, model_type)
         weights = load_hf_weights(checkpoint_path, config, dtype, progress)
+    if quantization:
+        from rtp_llm.model_loader.quantize_at_load import quantize_weights
+
+        quantize_weights(weights, quantization, config)
     tokenizer = load_tokenizer(checkpoint_path, tokenizer_path)
     if not config.eos_token_ids and getattr(tokenizer, "eos_token_id", None) is not None:
         config.eos_token_ids = [int(tokenizer.eos_token_id)]

@@ -370,15 +370,16 @@ def assert_prefix_cache_and_preemption_match_hf(test, path: str, hf, config: dic
                 llm.close()
 
 
-def teacher_forced_agreement(path: str, tokenizer_path: str, prompts, new_tokens: int):
+def teacher_forced_agreement(path: str, tokenizer_path: str, prompts, new_tokens: int, **bf16_args):
     """(share, positions): how often the bf16 path's next token equals the fp32 path's, after
     each prefix of the fp32 path's greedy continuation of each prompt (teacher-forced: the
-    free-running greedy text of a random tiny model is chaotic, so it cannot be compared)."""
+    free-running greedy text of a random tiny model is chaotic, so it cannot be compared).
+    bf16_args: the bf16 LLM's extra arguments (e.g. quantization)."""
     from rtp_llm.llm import LLM
 
-    def llm(act_type):
+    def llm(act_type, **kw):
         return LLM(path, tokenizer_path=tokenizer_path, act_type=act_type, progress=False, max_seq_len=512,
-                   kv_cache_mem_mb=64)
+                   kv_cache_mem_mb=64, **kw)
 
     ref_llm = llm("fp32")
     ref = [o.outputs[0].token_ids for o in ref_llm.generate(prompts, {"max_new_tokens": new_tokens,
@@ -386,7 +387,7 @@ def teacher_forced_agreement(path: str, tokenizer_path: str, prompts, new_tokens
     ref_llm.close()
     forced = [p + r[:t] for p, r in zip(prompts, ref) for t in range(new_tokens)]
     want = [r[t] for r in ref for t in range(new_tokens)]
-    quant = llm("bf16")
+    quant = llm("bf16", **bf16_args)
     got = [o.outputs[0].token_ids[0] for o in quant.generate(forced, {"max_new_tokens": 1, "temperature": 0})]
     quant.close()
     return sum(a == b for a, b in zip(got, want)) / len(want), len(want)

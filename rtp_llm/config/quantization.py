@@ -1,0 +1,34 @@
+"""--quantization (upstream's flag; its --int8_mode=1 is the same as int8): the schemes that
+quantize a checkpoint's weights at load (model_loader/quantize_at_load.py does it), what each
+means and the devices that compute on it. check() refuses the rest, naming the flag, before
+anything loads."""
+
+from typing import Optional
+
+# --quantization value -> (what it is, the devices that compute on it)
+SCHEMES = {"int8": ("weight-only int8, fp16 scales per 32 inputs (GGUF Q8_0 blocks)", ("cpu",))}
+
+
+def scheme(quantization: Optional[str], int8_mode: int = 0) -> Optional[str]:
+    """The normalized scheme of the flags (upstream writes INT8), or None for none."""
+    value = (quantization or "").strip().lower()
+    if int8_mode and not value:
+        value = "int8"
+    return value or None
+
+
+def check(quantization: Optional[str], device: str, act_type: str) -> None:
+    """Refuses, naming the flag, a scheme we do not have or cannot run on `device`."""
+    if quantization is None:
+        return
+    if quantization not in SCHEMES:
+        raise ValueError(f"--quantization={quantization} is not supported; supported: "
+                         f"{', '.join(f'{k} ({v[0]})' for k, v in SCHEMES.items())}. Pre-quantized checkpoints "
+                         f"(FP8, GPTQ, AWQ, GGUF) load by their own format without the flag")
+    devices = SCHEMES[quantization][1]
+    if device not in devices:
+        raise ValueError(f"--quantization={quantization} runs on --device={'/'.join(devices)} only for now; "
+                         f"--device={device} has no kernels for it yet")
+    if act_type in ("fp32", "float32"):
+        raise ValueError(f"--quantization={quantization} needs --act_type=bf16 (its kernels take bf16 "
+                         f"activations), got --act_type={act_type}")

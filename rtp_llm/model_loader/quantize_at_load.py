@@ -1,0 +1,57 @@
+"""--quantization at load (upstream's flag; its --int8_mode=1 is the same as int8): a checkpoint's
+floating-point projection weights quantized as they are read, for the backends that compute on
+the result.
+
+int8 is weight-only: each row's blocks of 32 inputs share one fp16 scale (GGUF's Q8_0 layout,
+w = d * q, q in [-127, 127], d = the block's max |w| / 127), so the CPU computes on them with
+its Q8_0 kernels (device/cpu/q8_0.py). Blocks of 32 are finer than upstream's per-channel
+scales: the error per weight is at most d / 2 of its own block. What stays in its dtype: norms,
+biases, the embedding table and a tied LM head (looked up by row), weights whose inputs are not
+a multiple of 32, and tensors the checkpoint already quantized (GGUF blocks).
+
+The flag's values, what they mean and where they run are declared once, in
+config/quantization.py (checked before anything loads)."""
+
+from typing import Dict, Optional
+
+import torch
+
+from rtp_llm.model_loader.quantized import Q8_0Tensor
+
+_QUANTIZED_NAMES = ("_proj.weight", "lm_head.weight")
+_Q8_0_BLOCK = 32
+_Q8_0_MAX = 127
+
+
+def quantize_q8_0(w: torch.Tensor) -> Q8_0Tensor:
+    """w [N, K] (K a multiple of 32) as Q8_0 blocks: per row and 32 inputs an fp16 scale d then
+    32 int8 q with w ~ d * q (d rounded to fp16 first, so q is rounded against the stored d)."""
+    n, k = w.shape
+    blocks = w.float().reshape(n, k // _Q8_0_BLOCK, _Q8_0_BLOCK)
+    d = (blocks.abs().amax(-1) / _Q8_0_MAX).half()
+    inv = torch.where(d > 0, 1.0 / d.float(), torch.zeros_like(d, dtype=torch.float32))
+    q = torch.round(blocks * inv.unsqueeze(-1)).clamp_(-_Q8_0_MAX, _Q8_0_MAX).to(torch.int8)
+    raw = torch.cat([d.unsqueeze(-1).view(torch.uint8), q.view(torch.uint8)], dim=-1)
+    return Q8_0Tensor(raw.reshape(n, -1).contiguous(), (n, k), w.dtype)
+
+
+def _quantizable(name: str, t, tied_head: bool) -> bool:
+    return (isinstance(t, torch.Tensor) and t.dim() == 2 and t.is_floating_point() and name.endswith(_QUANTIZED_NAMES)
+            and t.shape[1] % _Q8_0_BLOCK == 0 and not (tied_head and name.endswith("lm_head.weight")))
+
+
+def quantize_weights(weights: Dict[str, object], quantization: Optional[str], config) -> int:
+    """Quantizes `weights` in place by the scheme (one tensor at a time: the widened copy goes as
+    its blocks arrive); returns how many tensors it quantized. MoE and MLA models are refused by
+    name: their expert stacks and absorbed projections take float weights only."""
+    if quantization is None:
+        return 0
+    if config.moe is not None or config.mla is not None:
+        raise ValueError(f"--quantization={quantization} is not supported for model_type {config.model_type} yet "
+                         f"(its experts and latent attention take float weights only)")
+    count = 0
+    for name in list(weights):
+        if _quantizable(name, weights[name], config.tie_word_embeddings):
+            weights[name] = quantize_q8_0(weights[name])
+            count += 1
+    return count

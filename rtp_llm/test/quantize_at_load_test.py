@@ -1,0 +1,88 @@
+"""--quantization=int8 (model_loader/quantize_at_load.py) on the CPU: the blocks it writes are
+GGUF Q8_0 as the gguf package decodes them, within half a quantization step of the weights; an
+HF checkpoint's projections reach the backend packed as Q8_0 (no bf16 copy), the embedding and a
+tied head stay bf16, and the next tokens follow the fp32 path; what we cannot run is refused by
+flag name."""
+
+import tempfile
+import unittest
+
+import numpy as np
+import torch
+
+from rtp_llm.test.testlib import add_tiny_tokenizer, make_tiny, random_prompts, teacher_forced_agreement
+
+MODELS = ("qwen3_gqa_untied", "qwen2_mqa_tied")
+
+
+class QuantizeAtLoadTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.paths = {name: add_tiny_tokenizer(make_tiny(name, cls.tmp.name)) for name in MODELS}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_blocks_are_q8_0_within_half_a_step(self):
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        from rtp_llm.model_loader.quantize_at_load import quantize_q8_0
+
+        w = torch.randn(24, 96) * torch.logspace(-3, 1, 24).unsqueeze(1)
+        w[3, 32:64] = 0  # an all-zero block: scale 0, weights 0
+        q = quantize_q8_0(w.to(torch.bfloat16))
+        self.assertEqual(q.blocks.shape, (24, 3 * 34))
+        decoded = torch.from_numpy(np.array(dequantize(q.blocks.numpy(), GGMLQuantizationType.Q8_0))).reshape(24, 96)
+        self.assertTrue(torch.equal(decoded.to(torch.bfloat16), q.dequantize()))  # (it widens to bf16)
+        ref = w.to(torch.bfloat16).float()
+        step = ref.reshape(24, 3, 32).abs().amax(-1, keepdim=True) / 127
+        err = (decoded.float() - ref).reshape(24, 3, 32).abs()
+        self.assertTrue(bool((err <= step * 0.5 * 1.01 + 1e-6).all()), float((err / step.clamp_min(1e-12)).max()))
+        self.assertTrue(bool((decoded[3, 32:64] == 0).all()))
+
+    def test_projections_reach_the_backend_as_q8_0(self):
+        from rtp_llm.device.cpu.q8_0 import Q8_0Linear
+        from rtp_llm.llm import LLM
+
+        for name, path in self.paths.items():
+            llm = LLM(path, act_type="bf16", quantization="INT8", progress=False, max_seq_len=128, kv_cache_mem_mb=16)
+            model = llm.engine.runner.model
+            packed = [l.qkv for l in model.layers] + [l.o_proj for l in model.layers] + \
+                     [l.gate_up for l in model.layers] + [l.down for l in model.layers]
+            self.assertTrue(all(isinstance(p, Q8_0Linear) for p in packed), name)
+            tied = llm.loaded.config.tie_word_embeddings
+            self.assertEqual(isinstance(model.lm_head, Q8_0Linear), not tied, name)
+            llm.close()
+
+    def test_next_tokens_follow_the_fp32_path(self):
+        # Teacher-forced as gguf_q8_0_test (a broken block or row order gives ~1/512).
+        prompts = random_prompts(3, [5, 40, 130])
+        for name, path in self.paths.items():
+            agree, n = teacher_forced_agreement(path, path, prompts, 32, quantization="int8")
+            print(f"{name}: int8 bf16 next tokens equal the fp32 path's at {agree:.1%} of {n} positions")
+            self.assertGreaterEqual(agree, 0.85, name)
+
+    def test_what_cannot_run_is_refused_by_flag_name(self):
+        from rtp_llm.config.server_config import parse_server_config
+        from rtp_llm.llm import LLM
+
+        path = self.paths["qwen3_gqa_untied"]
+        for kwargs, words in [(dict(quantization="fp8", act_type="bf16"), "--quantization=fp8 is not supported"),
+                              (dict(quantization="int8", act_type="bf16", device="cuda"), "--device=cuda"),
+                              (dict(quantization="int8", act_type="fp32"), "--act_type=bf16")]:
+            with self.assertRaises(ValueError) as e:
+                LLM(path, progress=False, **kwargs)
+            self.assertIn(words, str(e.exception))
+        config = parse_server_config(["--checkpoint_path", path, "--int8_mode", "1"])
+        config.validate()
+        self.assertEqual(config.quantization, "int8")
+        with self.assertRaises(ValueError) as e:
+            parse_server_config(["--checkpoint_path", path, "--quantization", "w4a8"]).validate()
+        self.assertIn("--quantization=w4a8", str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
