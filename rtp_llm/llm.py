@@ -45,7 +45,8 @@ class LLM:
 
     def __init__(self, checkpoint_path: str, model_type: Optional[str] = None, tokenizer_path: Optional[str] = None,
                  act_type: str = "fp32", progress: bool = True, tp_size: int = 1,
-                 dist_timeout_s: Optional[int] = None, quantization: Optional[str] = None, **engine_args):
+                 dist_timeout_s: Optional[int] = None, quantization: Optional[str] = None, load_format: str = "auto",
+                 **engine_args):
         from rtp_llm.distributed.launch import set_rank_device, spawn_workers
         from rtp_llm.distributed.tensor_parallel import ParallelConfig, free_port, init_tensor_parallel
 
@@ -59,11 +60,11 @@ class LLM:
             parallel = ParallelConfig(tp_size=tp_size, world_size=tp_size, local_world_size=tp_size,
                                       master_port=free_port(), **timeout)
             load_args = dict(checkpoint_path=checkpoint_path, model_type=model_type, act_type=act_type,
-                             tokenizer_path=tokenizer_path, quantization=quantization)
+                             tokenizer_path=tokenizer_path, quantization=quantization, load_format=load_format)
             self._workers = spawn_workers(load_args, engine_args, parallel)
             tp = init_tensor_parallel(parallel, set_rank_device(EngineArgs(**engine_args).device, parallel))
         self.loaded = load_model(checkpoint_path, model_type, parse_dtype(act_type), tokenizer_path, progress,
-                                 quantization)
+                                 quantization, load_format)
         self.tokenizer = self.loaded.tokenizer
         self.engine = EngineLoop(self.loaded, EngineArgs(**engine_args), tp)
 

@@ -37,7 +37,8 @@ def _model_engine(config: ServerConfig):
     parallel = config.parallel(config.world_rank)
     tp = init_tensor_parallel(parallel, set_rank_device(config.device, parallel))
     loaded = load_model(config.checkpoint_path, config.model_type, parse_dtype(config.act_type),
-                        config.tokenizer_path, progress=tp.rank == 0, quantization=config.quantization or None)
+                        config.tokenizer_path, progress=tp.rank == 0, quantization=config.quantization or None,
+                        load_format=config.load_format)
     return EngineLoop(loaded, _engine_args(config), tp)
 
 

@@ -4,6 +4,10 @@ from dataclasses import dataclass, field
 import math
 from typing import List, Optional, Tuple
 
+# --load_format: where the weights come from. "auto": the checkpoint's files; "dummy": random
+# weights of its config.json's shapes, for benchmarks (model_loader/dummy.py).
+LOAD_FORMATS = ("auto", "dummy")
+
 
 @dataclass
 class RopeScaling:

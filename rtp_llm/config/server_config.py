@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import List, Optional
 
 from rtp_llm.config import quantization as quantization_flag
+from rtp_llm.config.model_config import LOAD_FORMATS
 from rtp_llm.config.parallel_config import ParallelConfig
 from rtp_llm.config.output_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from rtp_llm.config.speculative import SpeculativeConfig
@@ -65,6 +66,9 @@ class ServerConfig:
     # --int8_mode=1 is the same), on the CPU; "" keeps the checkpoint's dtype.
     quantization: str = ""
     int8_mode: int = 0
+    # Where the weights come from (config/model_config.py LOAD_FORMATS): "dummy" makes random
+    # ones of config.json's shapes, for benchmarks only.
+    load_format: str = "auto"
     device: str = "cpu"
     cuda_graph: bool = True                # decode and prefill steps replay captured CUDA graphs
     overlap_schedule: bool = True          # schedule step N+1 while the device runs step N (CUDA)
@@ -134,6 +138,8 @@ class ServerConfig:
         if not (math.isfinite(self.paced_engine_step_ms) and self.paced_engine_step_ms >= 0):
             raise ValueError(f"--paced_engine_step_ms must be a finite number >= 0, got {self.paced_engine_step_ms}")
         self.speculative().validate()
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"--load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         self.quantization = quantization_flag.scheme(self.quantization, self.int8_mode) or ""
         quantization_flag.check(self.quantization or None, self.device, self.act_type)
         if self.paced_engine_step_ms and self.tp_size != 1:

@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from rtp_llm.config.model_config import ModelConfig
+from rtp_llm.config.model_config import LOAD_FORMATS, ModelConfig
 from rtp_llm.model_loader.registry import MODEL_TYPES, UnsupportedModelError  # noqa: F401
 from rtp_llm.model_loader.weights import CheckpointError
 
@@ -64,13 +64,24 @@ def load_tokenizer(checkpoint_path: str, tokenizer_path: Optional[str] = None):
 
 def load_model(checkpoint_path: str, model_type: Optional[str] = None, dtype: torch.dtype = torch.float32,
                tokenizer_path: Optional[str] = None, progress: bool = True,
-               quantization: Optional[str] = None) -> LoadedModel:
-    """quantization: a quantize_at_load scheme (None: the checkpoint's dtypes), checked by the
-    caller against the device (quantize_at_load.check)."""
+               quantization: Optional[str] = None, load_format: str = "auto") -> LoadedModel:
+    """quantization: a config/quantization.py scheme (None: the checkpoint's dtypes), checked by
+    the caller against the device. load_format: "auto" (the checkpoint's files) or "dummy"
+    (random weights of its config.json's shapes: dummy.py)."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"--load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
     if not os.path.exists(checkpoint_path):
         raise CheckpointError(f"checkpoint_path {checkpoint_path} does not exist")
     gguf_path = find_gguf(checkpoint_path)
-    if gguf_path:
+    if load_format == "dummy":
+        if gguf_path:
+            raise ValueError(f"--load_format=dummy makes weights from an HF config.json; {gguf_path} is a GGUF file")
+        from rtp_llm.model_loader.dummy import dummy_weights
+        from rtp_llm.model_loader.hf_loader import read_hf_config
+
+        config = read_hf_config(checkpoint_path, model_type)
+        weights = dummy_weights(config, dtype, progress)
+    elif gguf_path:
         from rtp_llm.model_loader.gguf_loader import load_gguf
 
         config, weights = load_gguf(gguf_path, model_type, dtype, progress)

@@ -18,7 +18,8 @@ from rtp_llm.config.server_config import ServerConfig, default_frontend_server_c
 NAMES = [f.name for f in fields(ServerConfig)]
 # Values that validate only with another flag set too: field -> (value, the other flags).
 NEEDS = {"world_rank": (1, {"tp_size": 2}), "reasoning_parser": ("qwen3", {}), "tool_call_parser": ("hermes", {}),
-         "sp_type": ("ngram", {}), "quantization": ("int8", {})}
+         "sp_type": ("ngram", {}), "quantization": ("int8", {}),
+         "load_format": ("dummy", {})}
 
 
 def _kind(name):
