@@ -8,7 +8,9 @@ Both sides get the same random prompts, greedy decoding and exactly gen_len new 
 (EOS ignored). Reported: output and total tokens/s (batch * gen_len, resp. batch *
 (prompt_len + gen_len), over the wall time, prefill included) and the ratio ours / HF.
 --latency adds batch-1 TTFT (a 1-token generation) and TPOT ((time of gen_len tokens - TTFT)
-/ (gen_len - 1)), medians of --repeats runs."""
+/ (gen_len - 1)), medians of --repeats runs. --llamacpp (a .gguf checkpoint) also runs llama.cpp
+on the same file with the same thread count (tools/llamacpp_peer.py) after ours, and prints
+batch-1 prefill and decode tok/s and the largest batch's output tok/s of both, with ratios."""
 
 import argparse
 import os
@@ -83,6 +85,27 @@ def cpu_bf16_peak_gflops() -> float:
     return float(ensure_compute_ops_loaded().cpu_bf16_peak_gflops())
 
 
+def print_latency(args, llm, hf, vocab: int, g: torch.Generator) -> dict:
+    """Batch-1 TTFT and TPOT of each side, printed; ours returned as {"ttft", "tpot"} (s)."""
+    # A new prompt for every run: a repeated one would be served from our prefix cache.
+    def prompt():
+        return torch.randint(100, vocab - 100, (1, args.prompt_len), generator=g).tolist()
+
+    sides = [("rtp_llm", lambda n: ours_run(llm, prompt(), n))]
+    if hf is not None:
+        sides.append(("HF", lambda n: hf_run(hf, prompt(), n)))
+    ours = {}
+    for name, run in sides:
+        run(4)  # warm-up
+        ttft = statistics.median(run(1) for _ in range(args.repeats))
+        full = statistics.median(run(args.gen_len) for _ in range(args.repeats))
+        tpot = (full - ttft) / (args.gen_len - 1)
+        print(f"latency {name:>8}: TTFT {ttft * 1e3:8.2f} ms  TPOT {tpot * 1e3:7.3f} ms", flush=True)
+        if name == "rtp_llm":
+            ours = dict(ttft=ttft, tpot=tpot)
+    return ours
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="HF directory or .gguf file")
@@ -96,7 +119,12 @@ def main():
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--latency", action="store_true", help="also batch-1 TTFT and TPOT")
     p.add_argument("--kv_cache_mem_mb", type=int, help="default: 1024 on the CPU, the backend's default on a GPU")
+    p.add_argument("--llamacpp", action="store_true", help="llama.cpp on the same .gguf too (implies --latency)")
     args = p.parse_args()
+    if args.llamacpp and not args.checkpoint.endswith(".gguf"):
+        p.error("--llamacpp needs a .gguf --checkpoint (llama.cpp runs the same file)")
+    args.latency = args.latency or args.llamacpp
+    ours = {}  # what --llamacpp compares: "ttft", "tpot" (s), batch -> output tok/s
     if args.threads:
         torch.set_num_threads(args.threads)
     from rtp_llm.llm import LLM
@@ -115,19 +143,7 @@ def main():
     print(f"model {os.path.basename(args.checkpoint.rstrip('/'))}  device {args.device}  dtype {args.act_type}  "
           f"prompt {args.prompt_len}  gen {args.gen_len}  torch threads {torch.get_num_threads()}")
     if args.latency:
-        # A new prompt for every run: a repeated one would be served from our prefix cache.
-        def prompt():
-            return torch.randint(100, vocab - 100, (1, args.prompt_len), generator=g).tolist()
-
-        sides = [("rtp_llm", lambda n: ours_run(llm, prompt(), n))]
-        if hf is not None:
-            sides.append(("HF", lambda n: hf_run(hf, prompt(), n)))
-        for name, run in sides:
-            run(4)  # warm-up
-            ttft = statistics.median(run(1) for _ in range(args.repeats))
-            full = statistics.median(run(args.gen_len) for _ in range(args.repeats))
-            print(f"latency {name:>8}: TTFT {ttft * 1e3:8.2f} ms  TPOT {(full - ttft) / (args.gen_len - 1) * 1e3:7.3f} ms",
-                  flush=True)
+        ours.update(print_latency(args, llm, hf, vocab, g))
     roof = best_gemm_gflops(llm.loaded.config, dtype) if args.device == "cpu" else None
     peak = cpu_bf16_peak_gflops() if roof and dtype == torch.bfloat16 else 0.0
     if roof:
@@ -145,9 +161,10 @@ def main():
                 for _ in range(args.repeats)]
         prompts = runs[0]
         ours_run(llm, [q[:8] for q in prompts], 4)  # warm-up
-        ours = statistics.median(ours_run(llm, r, args.gen_len) for r in runs)
-        ours_tps = batch * args.gen_len / ours
-        total_tps = batch * (args.prompt_len + args.gen_len) / ours
+        ours_s = statistics.median(ours_run(llm, r, args.gen_len) for r in runs)
+        ours_tps = batch * args.gen_len / ours_s
+        total_tps = batch * (args.prompt_len + args.gen_len) / ours_s
+        ours[batch] = ours_tps
         flops = projection_flops(llm.loaded.config, batch, args.prompt_len, args.gen_len)
         floor = flops / (roof * 1e9) if roof else None
         if hf is None:
@@ -162,6 +179,22 @@ def main():
         print(f"{batch:>5} {ours_tps:>18.1f} {total_tps:>12.1f} {hf_tps:>13.1f} {ours_tps / hf_tps:>6.2f}x{bound}",
               flush=True)
     llm.close()
+    if args.llamacpp:
+        print_llamacpp(args, ours, max_batch)
+
+
+def print_llamacpp(args, ours: dict, batch: int):
+    """llama.cpp on the same file, after ours (never beside it: they would share the cores)."""
+    from rtp_llm.tools.llamacpp_peer import measure
+
+    peer = measure(args.checkpoint, torch.get_num_threads(), args.prompt_len, args.gen_len, batch, max(args.repeats, 1))
+    rows = [("batch-1 prefill tok/s", args.prompt_len / ours["ttft"], peer.prefill_tps),
+            ("batch-1 decode tok/s", 1 / ours["tpot"], peer.decode_tps),
+            (f"batch-{batch} output tok/s", ours[batch], peer.batch_out_tps)]
+    print(f"llama.cpp (same file, {torch.get_num_threads()} threads; tools/llamacpp_peer.py)")
+    print(f"{'':>24} {'rtp_llm':>10} {'llama.cpp':>10} {'ratio':>7}")
+    for label, a, b in rows:
+        print(f"{label:>24} {a:>10.1f} {b:>10.1f} {a / b:>6.2f}x", flush=True)
 
 
 if __name__ == "__main__":
