@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 
+from rtp_llm.config.model_config import REFUSED_EXIT, ModelRefused
 from rtp_llm.config.server_config import ServerConfig, parse_server_config
 
 log = logging.getLogger("rtp_llm.backend")
@@ -72,7 +73,12 @@ def serve(config: ServerConfig) -> int:
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return serve(parse_server_config(argv, __doc__))
+    config = parse_server_config(argv, __doc__)
+    try:
+        return serve(config)
+    except ModelRefused as e:
+        log.error("cannot serve --checkpoint_path=%s: %s", config.checkpoint_path, e)
+        return REFUSED_EXIT
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from rtp_llm.config.model_config import REFUSED_EXIT
 from rtp_llm.config.server_config import parse_server_config
 
 log = logging.getLogger("rtp_llm.start_server")
@@ -72,8 +73,12 @@ def main(argv=None) -> int:
         dead = [(name, p) for name, p in children if p.poll() is not None]
         if dead:
             name, p = dead[0]
-            log.error("%s (pid %d) exited with code %s: stopping the server", name, p.pid, p.returncode)
-            code = 1
+            if p.returncode == REFUSED_EXIT:
+                log.error("%s refused the model (its error above): stopping the server", name)
+                code = REFUSED_EXIT
+            else:
+                log.error("%s (pid %d) exited with code %s: stopping the server", name, p.pid, p.returncode)
+                code = 1
             break
         time.sleep(0.2)
     for p in frontends:  # frontends first: they drain, then the engine goes

@@ -9,6 +9,15 @@ from typing import List, Optional, Tuple
 LOAD_FORMATS = ("auto", "dummy")
 
 
+class ModelRefused(ValueError):
+    """A model or checkpoint this server will not serve as asked; the message names the field,
+    flag or tensor at fault. The backend reports it in one line (no traceback: it is the user's
+    input, not a bug) and exits with REFUSED_EXIT, which the launcher passes on."""
+
+
+REFUSED_EXIT = 2
+
+
 @dataclass
 class RopeScaling:
     kind: str = "default"  # default | linear | llama3 | yarn

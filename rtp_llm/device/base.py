@@ -17,6 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rtp_llm.config.model_config import ModelRefused
+
 
 def accelerator_kv_cache_bytes(free_bytes: int) -> int:
     """An accelerator's default KV budget, asked once the weights are in place: 85% of what is
@@ -179,7 +181,7 @@ class DeviceBackend(ABC):
     def check_mla(self) -> None:
         """Raises, naming the device, where multi-head latent attention does not run."""
         if not self.supports_mla:
-            raise ValueError(f"MLA kernels for {self.name.upper()} are not built yet: DeepSeek-V2/V3 models "
+            raise ModelRefused(f"MLA kernels for {self.name.upper()} are not built yet: DeepSeek-V2/V3 models "
                              f"(deepseek2, deepseek3) run on --device=cpu only")
 
     def allocate_cache(self, spec: KVCacheSpec, num_blocks: int, block_size: int, dtype: torch.dtype) -> torch.Tensor:

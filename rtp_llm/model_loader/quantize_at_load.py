@@ -17,6 +17,7 @@ from typing import Dict, Optional
 import torch
 
 from rtp_llm.model_loader.quantized import Q8_0Tensor
+from rtp_llm.model_loader.registry import UnsupportedModelError
 
 _QUANTIZED_NAMES = ("_proj.weight", "lm_head.weight")
 _Q8_0_BLOCK = 32
@@ -47,7 +48,7 @@ def quantize_weights(weights: Dict[str, object], quantization: Optional[str], co
     if quantization is None:
         return 0
     if config.moe is not None or config.mla is not None:
-        raise ValueError(f"--quantization={quantization} is not supported for model_type {config.model_type} yet "
+        raise UnsupportedModelError(f"--quantization={quantization} is not supported for model_type {config.model_type} yet "
                          f"(its experts and latent attention take float weights only)")
     count = 0
     for name in list(weights):

@@ -2,6 +2,8 @@
 
 from typing import Dict, Optional
 
+from rtp_llm.config.model_config import ModelRefused
+
 # model_type -> architecture traits that differ between families ("moe": the MLP of some layers
 # is a mixture of experts, config.json's num_experts / moe_intermediate_size ...; "shared_expert":
 # those layers also run Qwen2-MoE's gated shared expert; "mla": DeepSeek's multi-head latent
@@ -56,8 +58,8 @@ _HF_NAMES = ("Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM, Qwen3MoeForC
              "Qwen2MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM")
 
 
-class UnsupportedModelError(ValueError):
-    pass
+class UnsupportedModelError(ModelRefused):
+    """A model type, or a model with a flag, that is not implemented (names which)."""
 
 
 def resolve_model_type(requested: Optional[str], detected: Optional[str], source: str) -> str:

@@ -5,10 +5,10 @@ from typing import Dict, Iterable, Tuple
 
 import torch
 
-from rtp_llm.config.model_config import ModelConfig
+from rtp_llm.config.model_config import ModelConfig, ModelRefused
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ModelRefused):
     """A checkpoint that does not fit the model: names the file or tensor at fault."""
 
 
