@@ -71,6 +71,15 @@ class QuantizedTensor:
         """Rows reordered: row i of the result is row index[i] (whole rows: blocks never span them)."""
         return type(self)(self.blocks[index].contiguous(), self.shape, self.dtype)
 
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` (int64 [T], on the CPU) widened to the run dtype: an embedding lookup that
+        reads only those rows' blocks; the same values as dequantize()[ids]."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        w = dequantize(self.blocks[ids].numpy(), GGMLQuantizationType[self.QTYPE])
+        return torch.from_numpy(np.array(w, dtype=np.float32).reshape(ids.shape[0], self.shape[1])).to(self.dtype)
+
     def dequantize(self) -> torch.Tensor:
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize

@@ -227,8 +227,9 @@ class CpuBackend(DeviceBackend):
 
     def pack_lm_head(self, weight):
         # A packed copy even for tied embeddings (the lookup needs the plain table): the LM
-        # head is the largest GEMV of a decode step (Qwen2.5-0.5B: 272 MB of ~1 GB). An untied
-        # head in a kept format stays quantized; a tied one is the widened embedding table.
+        # head is the largest GEMV of a decode step (Qwen2.5-0.5B: 272 MB of ~1 GB). A head in a
+        # kept format stays quantized, tied ones included (the loader keeps a GGUF embedding
+        # table in its blocks: the lookup widens the rows it reads, the head packs the table).
         if self.keeps_quantized(weight):
             return self._pack_quantized(weight)
         if weight.dtype == torch.bfloat16 and (self._bf16_gemm_packs(weight) or self._packed_bf16):
