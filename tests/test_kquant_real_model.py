@@ -1,13 +1,15 @@
 """GGUF Q4_K and Q6_K kept quantized on the CPU, on a real model: Qwen2.5-Coder-0.5B-Instruct
 Q4_K_M. In that file only ffn_down is Q4_K / Q6_K (12 layers each; its 896 hidden inputs are no
 multiple of 256, so llama.cpp wrote q/k/v/o/gate/up as Q5_0, some v as Q8_0, the head as Q8_0):
-the default bf16 run computes those on the packed blocks (activations quantized per 256) and
-widens the Q5_0 ones; the fp32 run widens everything and is the reference.
+the default bf16 run computes those on the packed blocks (activations quantized per 256), the
+Q5_0 / Q8_0 ones on the 32-block kernel; the fp32 run widens everything and is the reference.
 
 Measured greedy agreement with fp32 over these 64-token continuations (first differing token):
 k-quants kept 2, 64, 20, 64; the same file with every k-quant widened to bf16 (the previous
 release) 2, 64, 20, 64 (bf16 rounding alone departs as early), and the two bf16 runs agree on
-37, 64, 64, 64. Asserted: a prefix below each measured one, and the facts in the text."""
+37, 64, 64, 64. Since the Q5_0 projections and the embedding table are kept too (nothing but
+norms and biases widened; tests/test_block32_real_model.py): 64, 64, 20, 64. Asserted: a prefix
+below each measured one, and the facts in the text."""
 
 import gguf
 

@@ -51,8 +51,9 @@ def test_alternatives_equal_hf_log_softmax(model):
 
 @pytest.mark.parametrize("name", ["smollm2", "qwen25"])
 def test_capital_of_france_in_bf16(name, request):
-    # bf16 projections take the compute ops' AVX512-BF16 GEMM where the CPU has it, oneDNN's
-    # elsewhere: prefill steps of > 16 rows (the long prompt) and decode batches of 2.
+    # bf16 runs of these GGUF files compute on their quantized blocks (every projection and the
+    # LM head: the compute ops' 32-block and k-quant kernels, issue 24): prefill steps of > 16
+    # rows (the long prompt) and decode batches of 2.
     llm = LLM(request.getfixturevalue(name), act_type="bf16", progress=False, max_seq_len=512, kv_cache_mem_mb=256,
               max_num_batched_tokens=64)
     prompts = ["The capital of France is",

@@ -2,13 +2,12 @@
 llama.cpp's rotary permutation of q/k undone for llama-arch files, and the tokenizer (with its
 chat template) built from the same file.
 
-Tensors are dequantized to the run dtype, except Q8_0, Q4_K and Q6_K projection weights
-(q/k/v/o, gate/up/down, an untied LM head) in a run dtype other than fp32: those stay in the
-file's blocks (quantized.Q8_0Tensor, Q4_KTensor, Q6_KTensor) for the backend to compute on (the
-CPU's Q8_0 and k-quant kernels) or widen. fp32 runs widen everything: they are the exact
-reference. Other quantized types (Q4_0, Q4_1, Q5_0, Q5_K, ...) are widened, and so is the
-embedding table whatever its type (it is looked up by row; a tied LM head reads that widened
-table)."""
+Tensors are dequantized to the run dtype, except Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K
+projection weights (q/k/v/o, gate/up/down, an untied LM head) and embedding tables in a run dtype
+other than fp32: those stay in the file's blocks (quantized.KEPT_FORMATS) for the backend to
+compute on (the CPU's 32-block and k-quant kernels; the lookup widens only the rows it reads, a
+tied LM head packs the table) or widen. fp32 runs widen everything: they are the exact reference.
+Other quantized types (Q5_K, Q2_K, IQ*, ...) are widened."""
 
 import os
 from typing import Dict, Optional, Union
@@ -110,9 +109,9 @@ def _unpermute_rows(w: QuantizedTensor, n_heads: int) -> QuantizedTensor:
     return w.permute_rows(index)
 
 
-# Projection weights that may stay quantized (HF names' endings); norms, biases and the
-# embedding table (looked up by row) are always widened.
-_KEPT_QUANTIZED = ("_proj.weight", "lm_head.weight")
+# Weights that may stay quantized (HF names' endings): projections and the embedding table;
+# norms and biases are always widened.
+_KEPT_QUANTIZED = ("_proj.weight", "lm_head.weight", "embed_tokens.weight")
 
 
 def _kept_as(name: str, tensor_type, dtype: torch.dtype):

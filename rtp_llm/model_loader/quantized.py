@@ -1,8 +1,9 @@
-"""Checkpoint tensors kept quantized as stored: a GGUF Q8_0, Q4_K or Q6_K projection weight stays
-in the file's blocks (no bf16 copy) until a backend that computes on it packs it
-(DeviceBackend.keeps_quantized / pack_linear); elsewhere it is widened at that point. The
-formats' block sizes come from the gguf package (GGML_QUANT_SIZES), the one declaration on this
-side; the CPU kernels declare theirs in rtp_llm/cpp/ops/cpu/q8_0.h and kquant.h."""
+"""Checkpoint tensors kept quantized as stored: a GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K or Q6_K
+projection weight stays in the file's blocks (no bf16 copy) until a backend that computes on it
+packs it (DeviceBackend.keeps_quantized / pack_linear); elsewhere it is widened at that point.
+The formats' block sizes come from the gguf package (GGML_QUANT_SIZES), the one declaration on
+this side; the CPU kernels declare theirs (and the blocks' layouts) in rtp_llm/cpp/ops/cpu/q8_0.h
+and kquant.h."""
 
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Sequence, Tuple, Type, Union
@@ -70,6 +71,15 @@ class QuantizedTensor:
         """Rows reordered: row i of the result is row index[i] (whole rows: blocks never span them)."""
         return type(self)(self.blocks[index].contiguous(), self.shape, self.dtype)
 
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` (int64 [T], on the CPU) widened to the run dtype: an embedding lookup that
+        reads only those rows' blocks; the same values as dequantize()[ids]."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        w = dequantize(self.blocks[ids].numpy(), GGMLQuantizationType[self.QTYPE])
+        return torch.from_numpy(np.array(w, dtype=np.float32).reshape(ids.shape[0], self.shape[1])).to(self.dtype)
+
     def dequantize(self) -> torch.Tensor:
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
@@ -82,6 +92,69 @@ class Q8_0Tensor(QuantizedTensor):
     """Q8_0: per 32 weights an fp16 scale, then 32 int8 (w = scale * q); 34 bytes."""
 
     QTYPE = "Q8_0"
+
+
+class _NibbleTensor(QuantizedTensor):
+    """The 4- and 5-bit formats of 32-weight blocks (layouts: rtp_llm/cpp/ops/cpu/q8_0.h): fp16 d,
+    for _1 formats fp16 m, for Q5 formats a uint32 of 5th bits, then 16 bytes of nibbles (byte j:
+    weight j low, j + 16 high). Formats without a min (w = d * (q - ZERO)) are Q8_0 blocks
+    exactly (d, q - ZERO fits int8): to_q8_0()."""
+
+    HAS_MIN: ClassVar[bool] = False
+    HIGH_BITS: ClassVar[bool] = False
+    ZERO: ClassVar[int] = 0
+
+    def quants(self) -> np.ndarray:
+        """uint8 [out, in / 32, 32]: each weight's unsigned quant (w = d * (q - ZERO) (+ m))."""
+        block, nbytes = _sizes(self.QTYPE)
+        b = self.blocks.numpy().reshape(self.shape[0], -1, nbytes)
+        qs = b[..., nbytes - block // 2:]
+        q = np.concatenate([qs & 0xF, qs >> 4], axis=-1)
+        if self.HIGH_BITS:
+            start = 4 if self.HAS_MIN else 2
+            qh = np.ascontiguousarray(b[..., start:start + 4]).view("<u4")  # [out, nb, 1]
+            q |= (((qh >> np.arange(block, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
+        return q
+
+    def to_q8_0(self) -> "Q8_0Tensor":
+        """The same weights as Q8_0 blocks (the file's d, q - ZERO as int8): exact."""
+        if self.HAS_MIN:
+            raise ValueError(f"{self.QTYPE} has a min per block: not expressible as Q8_0")
+        _, nbytes = _sizes(self.QTYPE)
+        d = self.blocks.numpy().reshape(self.shape[0], -1, nbytes)[..., :2]
+        q = (self.quants().astype(np.int16) - self.ZERO).astype(np.int8).view(np.uint8)
+        blocks = np.concatenate([d, q], axis=-1).reshape(self.shape[0], -1)
+        return Q8_0Tensor(torch.from_numpy(blocks), self.shape, self.dtype)
+
+
+class Q4_0Tensor(_NibbleTensor):
+    """Q4_0: fp16 d, 16 bytes of nibbles (w = d * (q - 8)); 18 bytes per 32 weights."""
+
+    QTYPE = "Q4_0"
+    ZERO = 8
+
+
+class Q4_1Tensor(_NibbleTensor):
+    """Q4_1: fp16 d and m, 16 bytes of nibbles (w = d * q + m); 20 bytes per 32 weights."""
+
+    QTYPE = "Q4_1"
+    HAS_MIN = True
+
+
+class Q5_0Tensor(_NibbleTensor):
+    """Q5_0: fp16 d, 4 bytes of 5th bits, 16 of nibbles (w = d * (q - 16)); 22 bytes per 32."""
+
+    QTYPE = "Q5_0"
+    HIGH_BITS = True
+    ZERO = 16
+
+
+class Q5_1Tensor(_NibbleTensor):
+    """Q5_1: fp16 d and m, 4 bytes of 5th bits, 16 of nibbles (w = d * q + m); 24 bytes per 32."""
+
+    QTYPE = "Q5_1"
+    HAS_MIN = True
+    HIGH_BITS = True
 
 
 class Q4_KTensor(QuantizedTensor):
@@ -99,7 +172,8 @@ class Q6_KTensor(QuantizedTensor):
 
 
 # The formats a checkpoint tensor may stay in, by gguf type name.
-KEPT_FORMATS = {cls.QTYPE: cls for cls in (Q8_0Tensor, Q4_KTensor, Q6_KTensor)}
+KEPT_FORMATS = {cls.QTYPE: cls for cls in (Q8_0Tensor, Q4_0Tensor, Q4_1Tensor, Q5_0Tensor, Q5_1Tensor, Q4_KTensor,
+                                            Q6_KTensor)}
 
 
 def kept_format(qtype_name: str) -> Optional[Type[QuantizedTensor]]:
@@ -123,10 +197,23 @@ def take(t: Weight, rows: Optional[Tuple[int, int]] = None, cols: Optional[Tuple
     return t
 
 
+def _as_q8_0(p: Weight) -> Optional[Q8_0Tensor]:
+    """p as Q8_0 blocks where that is exact (Q8_0 itself, Q4_0, Q5_0), else None."""
+    if isinstance(p, Q8_0Tensor):
+        return p
+    if isinstance(p, _NibbleTensor) and not p.HAS_MIN:
+        return p.to_q8_0()
+    return None
+
+
 def cat_rows(parts: Sequence[Weight]) -> Weight:
     """Weights stacked along their output rows (fused q/k/v, gate/up): quantized when every part
-    is, in one format; widened otherwise (Q4_K_M files mix formats within q/k/v)."""
+    is, in one format, or when every part is exactly Q8_0 (Q4_K_M files of Qwen2.5 mix Q5_0 q/k
+    with Q8_0 v: stacked as Q8_0 blocks, the same 1.125 bytes a weight packed); widened otherwise."""
     if all(isinstance(p, QuantizedTensor) for p in parts) and len({type(p) for p in parts}) == 1:
         return type(parts[0])(torch.cat([p.blocks for p in parts]), (sum(p.shape[0] for p in parts), parts[0].shape[1]),
                               parts[0].dtype)
+    as_q8_0 = [_as_q8_0(p) for p in parts]
+    if all(q is not None for q in as_q8_0):
+        return cat_rows(as_q8_0)
     return torch.cat([p.dequantize() if isinstance(p, QuantizedTensor) else p for p in parts])

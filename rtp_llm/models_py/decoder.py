@@ -55,8 +55,8 @@ class DecoderModel:
 
         def w(name, rows=None, cols=None):
             """This rank's slice of a checkpoint tensor, on the device; a quantized one (GGUF
-            Q8_0 projections) stays quantized, for pack_linear, where the backend computes on
-            it, and is widened to the run dtype elsewhere."""
+            projections and embedding tables) stays quantized, for pack_linear and the lookup,
+            where the backend computes on it, and is widened to the run dtype elsewhere."""
             t = take(weights[name], rows, cols)
             if isinstance(t, QuantizedTensor):
                 return t if backend.keeps_quantized(t) else t.dequantize().to(dev)
@@ -129,14 +129,18 @@ class DecoderModel:
                                                                 w(p + "mlp.up_proj.weight", (i0, ni))])),
                     down=self.backend.pack_linear(w(p + "mlp.down_proj.weight", cols=(i0, ni))))
 
+    def _rows(self, ids: torch.Tensor) -> torch.Tensor:
+        # A quantized table (a GGUF one the backend keeps) widens only the rows it reads.
+        return self.embed.lookup(ids) if isinstance(self.embed, QuantizedTensor) else self.embed[ids]
+
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return self.embed[token_ids]
+            return self._rows(token_ids)
         # Vocab-parallel: each rank looks up the ids in its slice, zeros elsewhere; the sum of
         # one row and zeros is exact.
         local = token_ids - self.vocab_start
         mine = (local >= 0) & (local < self.embed.shape[0])
-        rows = self.embed[torch.where(mine, local, torch.zeros_like(local))]
+        rows = self._rows(torch.where(mine, local, torch.zeros_like(local)))
         return self.tp.all_reduce(rows * mine[:, None].to(rows.dtype))
 
     @torch.inference_mode()

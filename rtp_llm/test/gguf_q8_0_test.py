@@ -1,8 +1,10 @@
-"""GGUF Q8_0 kept quantized on the CPU, on the tiny fixtures written as Q8_0 GGUF files
-(testlib.write_gguf): the loader keeps the projections' blocks (q/k rows unpermuted as the
-widened path's), the backend's packed weights are the file's bytes (+1/17) with no bf16 copy,
-and the quantized bf16 path's next tokens follow the fp32 path on the same weights dequantized
-(the HF-parity reference)."""
+"""GGUF files of the 32-weight block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) kept quantized on the
+CPU, on the tiny fixtures written in each format (testlib.write_gguf, gguf's own quantizer): the
+loader keeps the projections' and the embedding table's blocks (q/k rows unpermuted as the
+widened path's; the lookup widens the rows it reads), the backend's
+packed weights are the file's bytes x the format's record ratio (rtp_llm/cpp/ops/cpu/q8_0.h)
+with no bf16 copy, and the quantized bf16 path's next tokens follow the fp32 path on the same
+weights dequantized (the HF-parity reference)."""
 
 import os
 import tempfile
@@ -13,19 +15,30 @@ import torch
 from rtp_llm.test.testlib import add_tiny_tokenizer, make_tiny, random_prompts, teacher_forced_agreement, write_gguf
 
 # Llama MHA untied: permuted q/k rows and a quantized LM head; Qwen2 MQA tied: q/k/v bias, the
-# LM head from the (widened) embedding table.
-MODELS = ("llama_mha_untied", "qwen2_mqa_tied")
+# LM head packed from the (quantized) embedding table. (model, format): packed bytes per file byte (one
+# 576- or 640-byte record per 16 columns x 32 weights).
+FILES = {
+    ("llama_mha_untied", "Q8_0"): 576 / (16 * 34),
+    ("qwen2_mqa_tied", "Q8_0"): 576 / (16 * 34),
+    ("llama_mha_untied", "Q4_0"): 576 / (16 * 18),
+    ("qwen2_mqa_tied", "Q4_1"): 640 / (16 * 20),
+    ("llama_mha_untied", "Q5_0"): 576 / (16 * 22),
+    ("qwen2_mqa_tied", "Q5_1"): 640 / (16 * 24),
+}
 NEW_TOKENS = 64
 
 
-class GgufQ8_0Test(unittest.TestCase):
+class GgufBlock32Test(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.files = {}
-        for name in MODELS:
-            hf = add_tiny_tokenizer(make_tiny(name, cls.tmp.name))
-            cls.files[name] = (write_gguf(hf, os.path.join(cls.tmp.name, name + ".q8_0.gguf")), hf)
+        hf = {}
+        for name, qtype in FILES:
+            if name not in hf:
+                hf[name] = add_tiny_tokenizer(make_tiny(name, cls.tmp.name))
+            path = os.path.join(cls.tmp.name, f"{name}.{qtype.lower()}.gguf")
+            cls.files[name, qtype] = (write_gguf(hf[name], path, qtype=qtype), hf[name])
 
     @classmethod
     def tearDownClass(cls):
@@ -33,18 +46,22 @@ class GgufQ8_0Test(unittest.TestCase):
 
     def test_loader_keeps_projections_quantized_and_unpermuted(self):
         from rtp_llm.model_loader import load_model
-        from rtp_llm.model_loader.quantized import Q8_0Tensor
+        from rtp_llm.model_loader.quantized import KEPT_FORMATS, QuantizedTensor
 
-        for name, (path, hf) in self.files.items():
+        for (name, qtype), (path, hf) in self.files.items():
             q = load_model(path, dtype=torch.bfloat16, tokenizer_path=hf, progress=False)
             ref = load_model(path, dtype=torch.float32, tokenizer_path=hf, progress=False)
-            kept = sorted(n for n, t in q.weights.items() if isinstance(t, Q8_0Tensor))
-            want = sorted(n for n in ref.weights if n.endswith("_proj.weight") or n == "lm_head.weight")
-            self.assertEqual(kept, want, name)
-            self.assertFalse(isinstance(q.weights["model.embed_tokens.weight"], Q8_0Tensor))
+            kept = sorted(n for n, t in q.weights.items() if isinstance(t, KEPT_FORMATS[qtype]))
+            want = sorted(n for n in ref.weights if n.endswith("_proj.weight") or n == "lm_head.weight"
+                          or n == "model.embed_tokens.weight")
+            self.assertEqual(kept, want, (name, qtype))
+            self.assertFalse(any(isinstance(t, QuantizedTensor) for n, t in q.weights.items() if n not in kept))
             for n in kept:  # the same weights as the fp32 (widened) load, q/k rows included
                 self.assertTrue(torch.equal(q.weights[n].dequantize().float(), ref.weights[n].to(torch.bfloat16).float()),
-                                f"{name} {n}")
+                                f"{name} {qtype} {n}")
+            # The lookup widens the rows it reads to the values of the widened table.
+            embed, ids = q.weights["model.embed_tokens.weight"], torch.tensor([3, 0, 3, 511])
+            self.assertTrue(torch.equal(embed.lookup(ids), ref.weights["model.embed_tokens.weight"][ids].to(torch.bfloat16)))
 
     def test_packed_weights_are_the_files_bytes(self):
         import gguf
@@ -52,30 +69,36 @@ class GgufQ8_0Test(unittest.TestCase):
         from rtp_llm.device.cpu.backend import CpuBackend
         from rtp_llm.device.cpu.q8_0 import Q8_0Linear
         from rtp_llm.model_loader import load_model
+        from rtp_llm.model_loader.quantized import KEPT_FORMATS
         from rtp_llm.models_py.decoder import DecoderModel
 
-        path, hf = self.files["llama_mha_untied"]
-        file_bytes = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors
-                         if t.tensor_type == gguf.GGMLQuantizationType.Q8_0 and t.name != "token_embd.weight")
-        loaded = load_model(path, dtype=torch.bfloat16, tokenizer_path=hf, progress=False)
-        model = DecoderModel(loaded.config, loaded.weights, CpuBackend(), 64)
-        packed = [l.qkv for l in model.layers] + [l.o_proj for l in model.layers] + \
-                 [l.gate_up for l in model.layers] + [l.down for l in model.layers] + [model.lm_head]
-        self.assertTrue(all(isinstance(p, Q8_0Linear) for p in packed))
-        # 36 bytes per 32 weights packed (int8, fp16 scale, int16 sum) vs the file's 34.
-        self.assertEqual(sum(p.nbytes for p in packed), file_bytes * 36 // 34)
+        for (name, qtype), (path, hf) in self.files.items():
+            loaded = load_model(path, dtype=torch.bfloat16, tokenizer_path=hf, progress=False)
+            tied = loaded.config.tie_word_embeddings
+            kind = gguf.GGMLQuantizationType[qtype]
+            # Packed: the projections and the LM head (a tied one from the embedding table, which
+            # the lookup reads as the file's blocks; an untied model's table is not packed).
+            file_bytes = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors
+                             if t.tensor_type == kind and (tied or t.name != "token_embd.weight"))
+            model = DecoderModel(loaded.config, loaded.weights, CpuBackend(), 64)
+            packed = [l.qkv for l in model.layers] + [l.o_proj for l in model.layers] + \
+                     [l.gate_up for l in model.layers] + [l.down for l in model.layers] + [model.lm_head]
+            self.assertIsInstance(model.embed, KEPT_FORMATS[qtype], (name, qtype))
+            self.assertTrue(all(isinstance(p, Q8_0Linear) and p.qtype == qtype for p in packed), (name, qtype))
+            self.assertEqual(sum(p.nbytes for p in packed), round(file_bytes * FILES[name, qtype]), (name, qtype))
 
     def test_next_tokens_follow_the_dequantized_fp32_path(self):
         # Teacher-forced: after each prefix of the fp32 path's greedy continuation, the quantized
         # bf16 path's next token. (Free-running greedy text of these random tiny models is
         # chaotic: bf16 rounding alone, with the weights widened, departs from fp32 within 0-18
-        # tokens. Measured teacher-forced agreement: Q8_0 90-95%, widened bf16 94-97%; a broken
-        # kernel or row order gives ~1/512. The real-model test is tests/test_q8_0_real_model.py.)
+        # tokens. Measured teacher-forced agreement: Q8_0 90-96%, Q4_0 92.2%, Q4_1 90.6%, Q5_0
+        # 92.7%, Q5_1 94.8-95.3%, widened bf16 94-97%; a broken kernel or row order gives ~1/512. The real-model tests are tests/test_q8_0_real_model.py
+        # and tests/test_block32_real_model.py.)
         prompts = random_prompts(7, [5, 40, 130])
-        for name, (path, hf) in self.files.items():
+        for (name, qtype), (path, hf) in self.files.items():
             agree, n = teacher_forced_agreement(path, hf, prompts, NEW_TOKENS)
-            print(f"{name}: Q8_0 bf16 next tokens equal the fp32 path's at {agree:.1%} of {n} positions")
-            self.assertGreaterEqual(agree, 0.85, name)
+            print(f"{name}: {qtype} bf16 next tokens equal the fp32 path's at {agree:.1%} of {n} positions")
+            self.assertGreaterEqual(agree, 0.85, (name, qtype))
 
 
 if __name__ == "__main__":

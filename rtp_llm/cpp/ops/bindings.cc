@@ -43,7 +43,16 @@ PYBIND11_MODULE(librtp_compute_ops, m) {
         "whether q8_0_linear runs its AVX-512 VNNI kernel here");
   m.def("pack_q8_0_linear", &rtp_llm::ops::pack_q8_0_linear,
         "a GGUF Q8_0 tensor's rows, uint8 [N, K / 32 * 34] -> q8_0_linear's packed weight", pybind11::arg("blocks"));
-  m.def("q8_0_linear", &rtp_llm::ops::q8_0_linear, "x: [M, K] fp32/bf16 @ packed Q8_0 weight of n columns -> [M, n]",
+  m.def("pack_q4_0_linear", &rtp_llm::ops::pack_q4_0_linear,
+        "a GGUF Q4_0 tensor's rows, uint8 [N, K / 32 * 18] -> q8_0_linear's packed weight", pybind11::arg("blocks"));
+  m.def("pack_q4_1_linear", &rtp_llm::ops::pack_q4_1_linear,
+        "a GGUF Q4_1 tensor's rows, uint8 [N, K / 32 * 20] -> q8_0_linear's packed weight", pybind11::arg("blocks"));
+  m.def("pack_q5_0_linear", &rtp_llm::ops::pack_q5_0_linear,
+        "a GGUF Q5_0 tensor's rows, uint8 [N, K / 32 * 22] -> q8_0_linear's packed weight", pybind11::arg("blocks"));
+  m.def("pack_q5_1_linear", &rtp_llm::ops::pack_q5_1_linear,
+        "a GGUF Q5_1 tensor's rows, uint8 [N, K / 32 * 24] -> q8_0_linear's packed weight", pybind11::arg("blocks"));
+  m.def("q8_0_linear", &rtp_llm::ops::q8_0_linear,
+        "x: [M, K] fp32/bf16 @ a packed 32-block weight (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) of n columns -> [M, n]",
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("n"), pybind11::arg("out") = pybind11::none(),
         pybind11::arg("portable") = false);
   m.def("pack_q4_k_linear", &rtp_llm::ops::pack_q4_k_linear,

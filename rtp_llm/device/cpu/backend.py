@@ -14,7 +14,7 @@ from rtp_llm.device.base import AttentionMetadata, DeviceBackend
 from rtp_llm.device.cpu import mla
 from rtp_llm.device.cpu.kquant import OPS_STEMS, KQuantLinear
 from rtp_llm.device.cpu.q8_0 import Q8_0Linear
-from rtp_llm.model_loader.quantized import Q4_KTensor, Q6_KTensor, Q8_0Tensor
+from rtp_llm.model_loader.quantized import KEPT_FORMATS, Q4_KTensor, Q6_KTensor, QuantizedTensor
 
 _QUANTIZED_LINEARS = (Q8_0Linear, KQuantLinear)
 
@@ -172,18 +172,20 @@ class CpuBackend(DeviceBackend):
         return (weight.dtype == torch.bfloat16 and self._bf16_gemm and weight.shape[0] % 16 == 0
                 and weight.shape[1] % 2 == 0)
 
-    # GGUF Q8_0, Q4_K and Q6_K projections stay quantized (Q8_0Linear, KQuantLinear): the
-    # compute ops' q8_0_linear / q4_k_linear / q6_k_linear, on AVX-512 VNNI where the CPU has
-    # it, portable C++ elsewhere; any row count (decode and prefill alike), activations
-    # quantized on the fly (per 32-block for Q8_0, per 256 for the k-quants).
+    # GGUF projections in the formats the compute ops have kernels for stay quantized
+    # (Q8_0Linear for the 32-block formats Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1, KQuantLinear for Q4_K
+    # and Q6_K): q8_0_linear / q4_k_linear / q6_k_linear, on AVX-512 VNNI where the CPU has it,
+    # portable C++ elsewhere; any row count (decode and prefill alike), activations quantized on
+    # the fly (per 32-block, per 256 for the k-quants).
     def keeps_quantized(self, weight):
-        return isinstance(weight, (Q8_0Tensor, Q4_KTensor, Q6_KTensor))
+        return isinstance(weight, QuantizedTensor) and KEPT_FORMATS.get(weight.QTYPE) is type(weight)
 
     def _pack_quantized(self, weight):
-        if isinstance(weight, Q8_0Tensor):
-            return Q8_0Linear(self._ops.pack_q8_0_linear(weight.blocks), *weight.shape)
-        stem = OPS_STEMS[type(weight).__name__]
-        return KQuantLinear(getattr(self._ops, f"pack_{stem}_linear")(weight.blocks), *weight.shape, stem)
+        if isinstance(weight, (Q4_KTensor, Q6_KTensor)):
+            stem = OPS_STEMS[type(weight).__name__]
+            return KQuantLinear(getattr(self._ops, f"pack_{stem}_linear")(weight.blocks), *weight.shape, stem)
+        pack = getattr(self._ops, f"pack_{weight.QTYPE.lower()}_linear")
+        return Q8_0Linear(pack(weight.blocks), *weight.shape, weight.QTYPE)
 
     def pack_linear(self, weight):
         if self.keeps_quantized(weight):
@@ -225,8 +227,9 @@ class CpuBackend(DeviceBackend):
 
     def pack_lm_head(self, weight):
         # A packed copy even for tied embeddings (the lookup needs the plain table): the LM
-        # head is the largest GEMV of a decode step (Qwen2.5-0.5B: 272 MB of ~1 GB). An untied
-        # Q8_0, Q4_K or Q6_K head stays quantized; a tied one is the widened embedding table.
+        # head is the largest GEMV of a decode step (Qwen2.5-0.5B: 272 MB of ~1 GB). A head in a
+        # kept format stays quantized, tied ones included (the loader keeps a GGUF embedding
+        # table in its blocks: the lookup widens the rows it reads, the head packs the table).
         if self.keeps_quantized(weight):
             return self._pack_quantized(weight)
         if weight.dtype == torch.bfloat16 and (self._bf16_gemm_packs(weight) or self._packed_bf16):

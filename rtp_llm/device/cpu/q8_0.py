@@ -1,6 +1,7 @@
-"""The CPU backend's packed GGUF Q8_0 projection weight: what pack_linear / pack_gate_up /
-pack_lm_head make of a model_loader.quantized.Q8_0Tensor and linear / gate_up_silu / lm_head
-consume (the compute ops' q8_0_linear)."""
+"""The CPU backend's packed GGUF projection weight of a 32-weight block format (Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1): what pack_linear / pack_gate_up / pack_lm_head make of a model_loader.quantized
+Q8_0Tensor, Q4_0Tensor, ... and linear / gate_up_silu / lm_head consume (the compute ops'
+q8_0_linear, which runs every one of them)."""
 
 from dataclasses import dataclass
 
@@ -9,14 +10,17 @@ import torch
 
 @dataclass
 class Q8_0Linear:
-    """HF's [out_features, in_features] weight in the Q8_0 kernels' layout (rtp_llm/cpp/ops/cpu/
-    q8_0.h): `packed` uint8 [ceil(out / 16), in / 32, 576], per 16 output columns and 32-block
-    of inputs their int8 weights (one `vpdpbusd` operand per 4 inputs), fp16 scales and int16
-    sums; the last group padded with zero columns. ~1.125 bytes a weight (the file: 1.0625)."""
+    """HF's [out_features, in_features] weight in the 32-block kernels' layout (rtp_llm/cpp/ops/
+    cpu/q8_0.h): `packed` uint8 [ceil(out / 16), in / 32, 576 or 640], per 16 output columns and
+    32-block of inputs their int8 weights (one `vpdpbusd` operand per 4 inputs), fp16 scales,
+    int16 sums and (Q4_1, Q5_1) fp16 mins; the last group padded with zero columns. Bytes per
+    weight: 1.125 (Q8_0 file: 1.0625; Q4_0: 0.5625; Q5_0: 0.6875) or, with mins, 1.25 (Q4_1
+    file: 0.625; Q5_1: 0.75). `qtype`: the file's format it was packed from."""
 
     packed: torch.Tensor
     out_features: int
     in_features: int
+    qtype: str = "Q8_0"
 
     @property
     def nbytes(self) -> int:

@@ -1,9 +1,10 @@
-// AVX-512 VNNI kernel of the Q8_0 projections (q8_0.h): activations quantized per row and
-// 32-block to int8 on the fly (llama.cpp's q8_0 x q8_0 dot), offset by +128 so they are the
-// unsigned operand of `vpdpbusd` (the packed weights' per-block sums take the offset back
-// out, exactly); per block and 16 columns one int32 sum, scaled by the weight's and the
-// activation's scales into an fp32 accumulator. Row tiles of up to 8 rows share each 64-byte
-// weight load. Called by q8_0_linear.cc where q8_0_vnni_supported().
+// AVX-512 VNNI kernel of the 32-block formats' projections (q8_0.h: Q8_0, and Q4_0, Q4_1, Q5_0,
+// Q5_1 unpacked to its int8 records): activations quantized per row and 32-block to int8 on the
+// fly (llama.cpp's q8_0 x q8_0 dot), offset by +128 so they are the unsigned operand of
+// `vpdpbusd` (the packed weights' per-block sums take the offset back out, exactly); per block
+// and 16 columns one int32 sum, scaled by the weight's and the activation's scales into an fp32
+// accumulator; records with a min add m x the activation block's sum of q. Row tiles of up to 8
+// rows share each 64-byte weight load. Called by q8_0_linear.cc where q8_0_vnni_supported().
 #include <algorithm>
 #include <array>
 #include <cstdlib>
@@ -28,36 +29,47 @@ using q8_0::kPackedBlockBytes;
 
 constexpr int kMaxTileRows = 8;  // int32 + fp32 accumulators per row: 16 of 32 registers at 8
 
-// One row of x (K floats) -> q + 128 as bytes [K] and the scales d [K / 32]: the portable
-// kernel's quantize_row exactly (max |x| is order-free; x * (1 / d) and round-to-nearest-even
-// by `vcvtps2dq` under the default MXCSR, as nearbyint).
-inline void quantize_row_u8(const float* x, int64_t K, uint8_t* q, float* d) {
+// One row of x (K floats) -> q + 128 as bytes [K], the scales d [K / 32] and the blocks' sums of
+// q, xs [K / 32]: the portable kernel's quantize_row exactly (max |x| and the integer sums are
+// order-free; x * (1 / d) and round-to-nearest-even by `vcvtps2dq` under the default MXCSR, as
+// nearbyint).
+inline void quantize_row_u8(const float* x, int64_t K, uint8_t* q, float* d, int32_t* xs) {
   const __m512i offset = _mm512_set1_epi32(128);
   for (int64_t b = 0; b < K / kBlock; b++) {
     const __m512 a0 = _mm512_loadu_ps(x + b * kBlock), a1 = _mm512_loadu_ps(x + b * kBlock + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a0), _mm512_abs_ps(a1)));
     const float db = amax / q8_0::kQMax;
     const __m512 id = _mm512_set1_ps(db != 0.f ? 1.f / db : 0.f);
-    const __m512i q0 = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a0, id)), offset);
-    const __m512i q1 = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a1, id)), offset);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kBlock), _mm512_cvtepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kBlock + 16), _mm512_cvtepi32_epi8(q1));
+    const __m512i s0 = _mm512_cvtps_epi32(_mm512_mul_ps(a0, id)), s1 = _mm512_cvtps_epi32(_mm512_mul_ps(a1, id));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kBlock), _mm512_cvtepi32_epi8(_mm512_add_epi32(s0, offset)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kBlock + 16), _mm512_cvtepi32_epi8(_mm512_add_epi32(s1, offset)));
     d[b] = db;
+    xs[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(s0, s1));
   }
 }
 
-// MR rows (quantized, row stride K; scales [MR][nb]) x one group's nb packed records -> out's
-// 16 columns (`cols`: those that exist). Records stream once per tile, prefetched 4 ahead.
-template <int MR>
-void tile(const uint8_t* xq, int64_t K, const float* xd, int64_t nb, const uint8_t* wg, float* out, int64_t ldo,
-          __mmask16 cols) {
+// A tile's rows of the quantized activations: row r's q + 128 at q + r * K, its block scales at
+// d + r * nb and sums of q at xs + r * nb.
+struct Rows {
+  const uint8_t* q;
+  const float* d;
+  const int32_t* xs;
+  int64_t K, nb;
+};
+
+// MR rows x one group's nb packed records (kPackedMinBlockBytes with m when kMins) -> out's 16
+// columns (`cols`: those that exist). Records stream once per tile, prefetched 4 ahead.
+template <int MR, bool kMins>
+void tile(const Rows& x, const uint8_t* wg, float* out, int64_t ldo, __mmask16 cols) {
+  constexpr int kRecord = kMins ? q8_0::kPackedMinBlockBytes : kPackedBlockBytes;
+  const int64_t K = x.K, nb = x.nb;
   __m512 acc[MR];
   for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b++) {
-    const uint8_t* rec = wg + b * kPackedBlockBytes;
+    const uint8_t* rec = wg + b * kRecord;
     // (An address, not a pointer: it may lie past the buffer's end; prefetches never fault.)
-    const uintptr_t ahead = reinterpret_cast<uintptr_t>(rec) + 4 * kPackedBlockBytes;
-    for (int l = 0; l < kPackedBlockBytes / 64; l++) _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * l), _MM_HINT_T0);
+    const uintptr_t ahead = reinterpret_cast<uintptr_t>(rec) + 4 * kRecord;
+    for (int l = 0; l < kRecord / 64; l++) _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * l), _MM_HINT_T0);
     __m512i s[MR];
     for (int r = 0; r < MR; r++) s[r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
@@ -65,7 +77,7 @@ void tile(const uint8_t* xq, int64_t K, const float* xd, int64_t nb, const uint8
       const __m512i w = _mm512_loadu_si512(rec + 64 * t);
       for (int r = 0; r < MR; r++) {
         int32_t quad;
-        std::memcpy(&quad, xq + r * K + b * kBlock + 4 * t, sizeof(quad));
+        std::memcpy(&quad, x.q + r * K + b * kBlock + 4 * t, sizeof(quad));
         s[r] = _mm512_dpbusd_epi32(s[r], _mm512_set1_epi32(quad), w);
       }
     }
@@ -74,41 +86,54 @@ void tile(const uint8_t* xq, int64_t K, const float* xd, int64_t nb, const uint8
         _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + q8_0::kSumsOffset))), 7);
     for (int r = 0; r < MR; r++)
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s[r], comp)),
-                               _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b])), acc[r]);
+                               _mm512_mul_ps(dw, _mm512_set1_ps(x.d[r * nb + b])), acc[r]);
+    if constexpr (kMins) {
+      const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + q8_0::kMinsOffset)));
+      for (int r = 0; r < MR; r++)
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_set1_epi32(x.xs[r * nb + b])),
+                                 _mm512_mul_ps(dm, _mm512_set1_ps(x.d[r * nb + b])), acc[r]);
+    }
   }
   for (int r = 0; r < MR; r++) _mm512_mask_storeu_ps(out + r * ldo, cols, acc[r]);
 }
 
-using Tile = void (*)(const uint8_t*, int64_t, const float*, int64_t, const uint8_t*, float*, int64_t, __mmask16);
+using Tile = void (*)(const Rows&, const uint8_t*, float*, int64_t, __mmask16);
 
-template <int... MR>
+template <bool kMins, int... MR>
 constexpr std::array<Tile, sizeof...(MR)> tiles(std::integer_sequence<int, MR...>) {
-  return {&tile<MR + 1>...};
+  return {&tile<MR + 1, kMins>...};
 }
 
 void gemm_impl(const q8_0::Gemm& g) {
   const int64_t nb = g.K / kBlock, groups = (g.N + q8_0::kGroupCols - 1) / q8_0::kGroupCols;
   thread_local std::vector<uint8_t> xq;
   thread_local std::vector<float> xd;
+  thread_local std::vector<int32_t> xsum;
   if (static_cast<int64_t>(xq.size()) < g.M * g.K) xq.resize(g.M * g.K);
   if (static_cast<int64_t>(xd.size()) < g.M * nb) xd.resize(g.M * nb);
+  if (static_cast<int64_t>(xsum.size()) < g.M * nb) xsum.resize(g.M * nb);
+  // Plain pointers for the lambdas: on torch's worker threads the thread_local names are theirs.
   uint8_t* q = xq.data();
   float* d = xd.data();
+  int32_t* xs = xsum.data();
   at::parallel_for(0, g.M, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; m++) quantize_row_u8(g.x + m * g.ldx, g.K, q + m * g.K, d + m * nb);
+    for (int64_t m = begin; m < end; m++) quantize_row_u8(g.x + m * g.ldx, g.K, q + m * g.K, d + m * nb, xs + m * nb);
   });
-  static constexpr auto kTiles = tiles(std::make_integer_sequence<int, kMaxTileRows>{});
+  static constexpr auto kPlain = tiles<false>(std::make_integer_sequence<int, kMaxTileRows>{});
+  static constexpr auto kWithMins = tiles<true>(std::make_integer_sequence<int, kMaxTileRows>{});
+  const auto& tile_fns = g.mins ? kWithMins : kPlain;
+  const int64_t record = g.mins ? q8_0::kPackedMinBlockBytes : kPackedBlockBytes;
   const int64_t panels = (g.M + q8_0::kPanelRows - 1) / q8_0::kPanelRows;
   at::parallel_for(0, panels * groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; unit++) {
       const int64_t grp = unit % groups, m0 = unit / groups * q8_0::kPanelRows;
       const int64_t m1 = std::min(g.M, m0 + q8_0::kPanelRows);
       const __mmask16 cols = tail_mask(g.N - grp * q8_0::kGroupCols);
-      const uint8_t* wg = g.w + grp * nb * kPackedBlockBytes;
+      const uint8_t* wg = g.w + grp * nb * record;
       float* o = g.out + grp * q8_0::kGroupCols;
       for (int64_t m = m0; m < m1; m += kMaxTileRows) {
         const int64_t rows = std::min<int64_t>(kMaxTileRows, m1 - m);
-        kTiles[rows - 1](q + m * g.K, g.K, d + m * nb, nb, wg, o + m * g.ldo, g.ldo, cols);
+        tile_fns[rows - 1](Rows{q + m * g.K, d + m * nb, xs + m * nb, g.K, nb}, wg, o + m * g.ldo, g.ldo, cols);
       }
     }
   });

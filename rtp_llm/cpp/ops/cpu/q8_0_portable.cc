@@ -1,7 +1,8 @@
-// The portable Q8_0 kernel (q8_0.h): plain C++ for CPUs without AVX-512 VNNI (AVX2, aarch64)
-// and for RTP_LLM_CPU_AVX512=0. The same arithmetic as avx512_q8_0.cc: activations quantized
-// per row and 32-block to int8, exact int32 sums per (row, column, block), then
-// acc = fma(sum, d_w * d_x, acc) block by block, so the two kernels agree to the last bit.
+// The portable kernel of the 32-block formats (q8_0.h): plain C++ for CPUs without AVX-512 VNNI
+// (AVX2, aarch64) and for RTP_LLM_CPU_AVX512=0. The same arithmetic as avx512_q8_0.cc:
+// activations quantized per row and 32-block to int8, exact int32 sums per (row, column, block),
+// then acc = fma(sum, d_w * d_x, acc) (and, with a min, acc = fma(sum of x's q, m * d_x, acc))
+// block by block, so the two kernels agree to the last bit.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,25 +16,39 @@
 namespace rtp_llm::ops::q8_0 {
 namespace {
 
-// One row of x (K floats) -> q [K] in [-127, 127] and the scales d [K / 32].
-void quantize_row(const float* x, int64_t K, int8_t* q, float* d) {
+float fp16_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, sizeof(bits));
+  return c10::detail::fp16_ieee_to_fp32_value(bits);
+}
+
+// One row of x (K floats) -> q [K] in [-127, 127], the scales d [K / 32] and the blocks' sums
+// of q, xs [K / 32].
+void quantize_row(const float* x, int64_t K, int8_t* q, float* d, int32_t* xs) {
   for (int64_t b = 0; b < K / kBlock; b++) {
     const float* xb = x + b * kBlock;
     float amax = 0.f;
     for (int j = 0; j < kBlock; j++) amax = std::max(amax, std::fabs(xb[j]));
     const float db = amax / kQMax;
     const float id = db != 0.f ? 1.f / db : 0.f;
-    for (int j = 0; j < kBlock; j++) q[b * kBlock + j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
+    int32_t sum = 0;
+    for (int j = 0; j < kBlock; j++) {
+      q[b * kBlock + j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
+      sum += q[b * kBlock + j];
+    }
     d[b] = db;
+    xs[b] = sum;
   }
 }
 
-// One row's 16 columns of a group (cols of them exist): xq [K], xd [nb], wg the group's nb
-// packed records.
-void group_row(const int8_t* xq, const float* xd, int64_t nb, const uint8_t* wg, float* out, int64_t cols) {
+// One row's 16 columns of a group (cols of them exist): xq [K], xd and xs [nb], wg the group's
+// nb packed records (of `record` bytes; with mins when kPackedMinBlockBytes).
+void group_row(const int8_t* xq, const float* xd, const int32_t* xs, int64_t nb, const uint8_t* wg, int record,
+               float* out, int64_t cols) {
   float acc[kGroupCols] = {};
+  const bool mins = record == kPackedMinBlockBytes;
   for (int64_t b = 0; b < nb; b++) {
-    const uint8_t* rec = wg + b * kPackedBlockBytes;
+    const uint8_t* rec = wg + b * record;
     const int8_t* qs = reinterpret_cast<const int8_t*>(rec);
     const int8_t* xb = xq + b * kBlock;
     int32_t sum[kGroupCols] = {};
@@ -41,10 +56,8 @@ void group_row(const int8_t* xq, const float* xd, int64_t nb, const uint8_t* wg,
       for (int c = 0; c < kGroupCols; c++)
         for (int j = 0; j < 4; j++) sum[c] += xb[4 * t + j] * qs[64 * t + 4 * c + j];
     for (int c = 0; c < kGroupCols; c++) {
-      uint16_t bits;
-      std::memcpy(&bits, rec + kScalesOffset + 2 * c, sizeof(bits));
-      const float dw = c10::detail::fp16_ieee_to_fp32_value(bits);
-      acc[c] = std::fma(static_cast<float>(sum[c]), dw * xd[b], acc[c]);
+      acc[c] = std::fma(static_cast<float>(sum[c]), fp16_at(rec + kScalesOffset + 2 * c) * xd[b], acc[c]);
+      if (mins) acc[c] = std::fma(static_cast<float>(xs[b]), fp16_at(rec + kMinsOffset + 2 * c) * xd[b], acc[c]);
     }
   }
   std::memcpy(out, acc, cols * sizeof(float));
@@ -56,16 +69,19 @@ void gemm_portable(const Gemm& g) {
   const int64_t nb = g.K / kBlock, groups = (g.N + kGroupCols - 1) / kGroupCols;
   std::vector<int8_t> xq(g.M * g.K);
   std::vector<float> xd(g.M * nb);
+  std::vector<int32_t> xs(g.M * nb);
   at::parallel_for(0, g.M, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; m++) quantize_row(g.x + m * g.ldx, g.K, xq.data() + m * g.K, xd.data() + m * nb);
+    for (int64_t m = begin; m < end; m++)
+      quantize_row(g.x + m * g.ldx, g.K, xq.data() + m * g.K, xd.data() + m * nb, xs.data() + m * nb);
   });
+  const int record = g.mins ? kPackedMinBlockBytes : kPackedBlockBytes;
   const int64_t panels = (g.M + kPanelRows - 1) / kPanelRows;
   at::parallel_for(0, panels * groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; unit++) {
       const int64_t grp = unit % groups, m0 = unit / groups * kPanelRows, m1 = std::min(g.M, m0 + kPanelRows);
       const int64_t cols = std::min<int64_t>(kGroupCols, g.N - grp * kGroupCols);
       for (int64_t m = m0; m < m1; m++)
-        group_row(xq.data() + m * g.K, xd.data() + m * nb, nb, g.w + grp * nb * kPackedBlockBytes,
+        group_row(xq.data() + m * g.K, xd.data() + m * nb, xs.data() + m * nb, nb, g.w + grp * nb * record, record,
                   g.out + m * g.ldo + grp * kGroupCols, cols);
     }
   });
