@@ -40,13 +40,14 @@ bool has_penalties(const GenerateConfig& c) {
          c.no_repeat_ngram_size > 0;
 }
 
-// Whether every position of a verification step would be sampled as the plain step samples its
-// one: greedily (the sampler's argmax rows: temperature 0 or top_k 1) from the logits alone.
-// Sampling at temperature > 0 needs rejection sampling (not built yet), the rest per-token state.
+// Whether every position of a verification step samples from the distribution the plain step
+// would: the logits alone, processed per row by temperature / top-k / top-p / min-p (greedy rows
+// compare their argmax with the draft; the others verify it by rejection sampling, which keeps
+// that distribution: models_py/rejection_sampler.py). Penalties, logit_bias, grammars, thinking
+// budgets and prompt log-probs depend on per-token state the verify rows do not carry yet.
 bool may_draft(const GenerateStream* s) {
   const GenerateConfig& c = s->config();
-  const bool greedy = c.temperature == 0.0f || c.top_k == 1;
-  return greedy && !c.force_disable_sp_run && !has_penalties(c) && c.logit_bias.empty() && c.grammar.empty() &&
+  return !c.force_disable_sp_run && !has_penalties(c) && c.logit_bias.empty() && c.grammar.empty() &&
          !s->wants_prompt_logprobs() && !(c.in_think_mode && c.max_thinking_tokens > 0);
 }
 }  // namespace

@@ -209,25 +209,30 @@ TEST_F(SpecTest, DraftsStayWithinMaxNewTokens) {
   EXPECT_EQ(s->finish_reason(), "length");
 }
 
-TEST_F(SpecTest, OnlyGreedyRowsFromTheLogitsAloneDraft) {
+// Rows sampled at temperature > 0 draft too (rejection sampling verifies them); rows whose
+// sampling reads more than the logits do not.
+TEST_F(SpecTest, OnlyRowsSampledFromTheLogitsAloneDraft) {
   SetUp(64, 4, 256, 4, std::make_unique<OracleDrafter>(*model_, 1 << 20));
   GenerateConfig sampled = Greedy(6), penalized = Greedy(6), opted_out = Greedy(6), biased = Greedy(6);
   sampled.temperature = 0.7f;
   penalized.repetition_penalty = 1.2f;
   opted_out.force_disable_sp_run = true;
   biased.logit_bias = {{3, 1.0f}};
-  for (const GenerateConfig& c : {sampled, penalized, opted_out, biased}) Add({1, 2, 3}, c);
+  for (const GenerateConfig& c : {penalized, opted_out, biased}) Add({1, 2, 3}, c);
   GenerateStream* greedy = Add({1, 2, 3}, Greedy(6));
-  int drafted = 0;
+  GenerateStream* at_temperature = Add({1, 2, 3}, sampled);
+  int drafted[2] = {0, 0};  // greedy's, at_temperature's
   for (int i = 0; i < 20 && sched_->num_running() + sched_->num_waiting() > 0; ++i) {
     Step();
     for (int r = 0; r < batch_.num_streams; ++r) {
       const bool is_greedy = batch_.stream_ids[r] == greedy->id();
-      EXPECT_TRUE(is_greedy || batch_.draft_lens[r] == 0);
-      drafted += batch_.draft_lens[r];
+      const bool is_sampled = batch_.stream_ids[r] == at_temperature->id();
+      EXPECT_TRUE(is_greedy || is_sampled || batch_.draft_lens[r] == 0);
+      if (is_greedy || is_sampled) drafted[is_sampled ? 1 : 0] += batch_.draft_lens[r];
     }
   }
-  EXPECT_GT(drafted, 0);
+  EXPECT_GT(drafted[0], 0);
+  EXPECT_GT(drafted[1], 0);
 }
 
 TEST_F(SpecTest, ADraftingStreamIsPreemptedAndRecomputedExactly) {
