@@ -22,7 +22,8 @@ sampling parameter and num_generated [N] of the rows sampled, named as in
 rtp_llm/cpp/engine/step_batch_fields.h, and the penalized rows' token history (prompt, then
 generated): history_tokens[history_starts[r] +: history_lens[r]]; the rows' logit_bias entries
 (bias_tokens / bias_values[bias_starts[r] +: bias_lens[r]]) and forced_tokens (-1: none); in a
-step with drafts, draft_tokens [N] (else None)."""
+step with drafts, draft_tokens [N] (else None), and each row's history and num_generated count
+the drafts before it (rtp_llm/ops/draft_rows.py), so its penalties are the plain step's."""
 
 from typing import Callable, NamedTuple, Optional
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2 as pb
 from rtp_llm.ops import NativeLibraryError, ensure_engine_ops_loaded
+from rtp_llm.ops.draft_rows import with_draft_positions
 
 _i32p = ctypes.POINTER(ctypes.c_int32)
 _i64p = ctypes.POINTER(ctypes.c_int64)
@@ -118,9 +119,8 @@ def used_lengths(b) -> Dict[int, int]:
 class SamplingRows(SimpleNamespace):
     """The sampler's rows: every SAMPLE and PARAM array of a step batch (step_batch_fields.h),
     [S] arrays masked to the rows sampled ([N]), history_tokens [H] whole. In a step with drafts
-    (StepBatch.rows: with_draft_positions) also draft_tokens [N] int32: the drafted token row r
-    verifies (-1: none, the row after a stream's last draft), and num_generated counts the
-    drafts before the row (the index of the token it samples); else draft_tokens is None."""
+    also draft_tokens [N] int32, and each row's num_generated and penalty history count the
+    drafts before it (ops/draft_rows.py); else draft_tokens is None."""
 
     draft_tokens = None
 
@@ -152,22 +152,8 @@ class StepBatch:
             return SamplingRows(**{name: d[name] for name, _ in self._row_spec})
         rows = SamplingRows(**{name: d[name][mask] if masked else d[name] for name, masked in self._row_spec})
         if mask.dtype != np.bool_ and self.num_draft_tokens:
-            self.with_draft_positions(rows, mask)
+            with_draft_positions(self, rows, mask)
         return rows
-
-    def with_draft_positions(self, rows: SamplingRows, streams: np.ndarray):
-        """Sets rows' draft_tokens and advances num_generated past the drafts before each row.
-        streams: sampled_streams()' index [N] (each drafting stream's 1 + d rows together, in
-        position order). Row j of a stream with d drafts verifies its draft j (j < d), whose
-        token is at query position j + 1 of its last 1 + d, i.e. token_ids[query_starts[i + 1] - d + j]."""
-        n = len(streams)
-        first = np.r_[True, streams[1:] != streams[:-1]]
-        j = np.arange(n) - np.maximum.accumulate(np.where(first, np.arange(n), 0))
-        d = self.draft_lens[streams]
-        has = j < d
-        rows.draft_tokens = np.full(n, -1, np.int32)
-        rows.draft_tokens[has] = self.token_ids[(self.query_starts[streams + 1] - d + j)[has]]
-        rows.num_generated = rows.num_generated + j.astype(rows.num_generated.dtype)
 
 
 def rows_spec(fields: List[Field]) -> Tuple[Tuple[str, bool], ...]:

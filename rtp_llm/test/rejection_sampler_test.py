@@ -195,19 +195,35 @@ class ContinuationTest(unittest.TestCase):
 
 
 class DraftPositionsTest(unittest.TestCase):
-    def test_rows_name_their_draft_and_position(self):
-        """Streams: 0 decodes with 2 drafts, 1 runs a prompt chunk (no sample), 2 decodes plainly."""
+    """StepBatch.rows in a step with drafts (ops/draft_rows.py)."""
+
+    def batch(self, history_lens):
+        """Streams: 0 decodes with 2 drafts, 1 runs a prompt chunk (no sample), 2 decodes plainly;
+        histories (prompt, then generated) [1, 2, 10] and [3, 30] where history_lens says."""
         arrays = dict(do_sample=np.array([1, 0, 1], np.int32), draft_lens=np.array([2, 0, 0], np.int32),
                       query_starts=np.array([0, 3, 7, 8], np.int32),
                       token_ids=np.array([10, 11, 12, 20, 21, 22, 23, 30], np.int32),
-                      num_generated=np.array([5, 0, 9], np.int32))
-        b = StepBatch((("num_generated", True),), {"num_draft_tokens": 2}, arrays)
+                      num_generated=np.array([5, 0, 9], np.int32), history_starts=np.array([0, 3, 3], np.int32),
+                      history_lens=np.asarray(history_lens, np.int32),
+                      history_tokens=np.array([1, 2, 10, 3, 30], np.int32))
+        spec = (("num_generated", True), ("history_starts", True), ("history_lens", True), ("history_tokens", False))
+        return StepBatch(spec, {"num_draft_tokens": 2}, arrays)
+
+    def test_rows_name_their_draft_and_position(self):
+        b = self.batch([0, 0, 0])
         streams = b.sampled_streams()
         self.assertEqual(streams.tolist(), [0, 0, 0, 2])
         r = b.rows(streams)
         self.assertEqual(r.draft_tokens.tolist(), [11, 12, -1, -1])
         self.assertEqual(r.num_generated.tolist(), [5, 6, 7, 9])
         self.assertIsNone(b.rows(b.do_sample == 1).draft_tokens)
+
+    def test_penalized_rows_count_the_drafts_before_them(self):
+        b = self.batch([3, 0, 2])
+        r = b.rows(b.sampled_streams())
+        history = [r.history_tokens[s:s + n].tolist() for s, n in zip(r.history_starts, r.history_lens)]
+        self.assertEqual(history, [[1, 2, 10], [1, 2, 10, 11], [1, 2, 10, 11, 12], [3, 30]])
+        self.assertEqual(b.history_tokens.tolist(), [1, 2, 10, 3, 30])  # the batch's own arrays untouched
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 tokens (and log-probs) are those of the plain engine, with chunked prefill, the prefix cache,
 stop words and overlap; drafts really get accepted (fewer engine steps: iter_count); rows
 sampled at temperature > 0 draft too (rejection sampling: their distribution is
-rejection_sampler_test's), seeded ones the same text run to run; rows that may not draft
-(force_disable_sp_run, penalties) do not.
+rejection_sampler_test's), seeded ones the same text run to run; so do penalized and biased
+rows, with the plain greedy text; rows that may not draft (force_disable_sp_run, a thinking
+budget) do not.
 
 The tiny fixtures' random weights seldom repeat themselves, so drafts are seldom right there
 (their text is still compared); "loopy" is qwen3_gqa_untied with its attention outputs scaled
@@ -137,10 +138,27 @@ class SpeculativeTest(unittest.TestCase):
         steps = [sum(o.aux_info["iter_count"] for o in outs[0]) for outs in (plain, spec)]
         self.assertLess(steps[1], steps[0], f"iter_count without / with: {steps}")
 
+    def test_penalized_and_biased_rows_draft_with_the_plain_greedy_text(self):
+        """Each verify row's penalties count the drafts before it as generated tokens, so the
+        text is the plain engine's token for token (compare()); and drafts do get accepted."""
+        prompts = repetitive_prompts()
+        base = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+        plain, _ = self.run_engine("loopy", [prompts[:1]], base, SpeculativeConfig())
+        out = plain[0][0].outputs[0].token_ids
+        for extra in ({"repetition_penalty": 1.05}, {"presence_penalty": 0.2, "frequency_penalty": 0.1},
+                      {"no_repeat_ngram_size": 6}, {"logit_bias": {out[3]: 0.5, out[9]: -0.5}},
+                      {"repetition_penalty": 1.02, "frequency_penalty": 0.05, "logit_bias": {out[5]: 0.3},
+                       "stop_words_list": [out[30:32]]}):
+            with self.subTest(extra):
+                _, _, stats, steps = self.compare("loopy", [prompts], {**base, **extra})
+                self.assertGreater(stats["spec_accepted_tokens"], 0, stats)
+                self.assertLess(steps[1], steps[0], f"iter_count with / without: {steps}")
+
     def test_rows_that_may_not_draft_decode_as_before(self):
         prompts = repetitive_prompts()[:2]
         for config in ({"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "force_disable_sp_run": True},
-                       {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "repetition_penalty": 1.2}):
+                       {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "in_think_mode": True,
+                        "max_thinking_tokens": 8, "end_think_token_ids": [7, 8]}):
             with self.subTest(config):
                 _, spec, stats, steps = self.compare("loopy", [prompts], config)
                 self.assertEqual(stats["spec_draft_rounds"], 0)

@@ -25,9 +25,10 @@
 // at most max_prompt_rows tokens a step (a second budget, beside the step's).
 //
 // Speculative decoding (max_drafts > 0 and a Drafter, engine_core.h): a running decode stream
-// whose tokens are all known (nothing of it in flight) and which samples from the logits alone
-// (no penalties, logit_bias, grammar, thinking budget or prompt log-probs; not
-// force_disable_sp_run) gets up to max_drafts drafted tokens after its last one: each counts
+// whose tokens are all known (nothing of it in flight), without a grammar, thinking budget or
+// prompt log-probs and not force_disable_sp_run, gets up to max_drafts drafted tokens after its
+// last one (its penalty history holds its tokens; the sampler adds the drafts before each row,
+// ops/draft_rows.py): each counts
 // against the step's budget; accepting them all plus the token after stays within max_new_tokens
 // and max_seq_len; and drafts never preempt (a stream short of blocks for them runs without).
 // The step runs its 1 + d positions and samples each (greedily, or by rejection sampling, whose
