@@ -2,7 +2,8 @@
 prompt the greedy text is identical with and without --sp_type=ngram, and the engine takes
 fewer steps (iter_count) because the model's copy is drafted from the prompt. Sampled at
 temperature > 0 with a seed (rejection sampling), the text is valid and the same run to run, the
-copy still takes fewer steps, and the accepted drafts are reported."""
+copy still takes fewer steps, and the accepted drafts are reported. With penalties and
+logit_bias (each verify row counts the drafts before it) the greedy text is the plain one."""
 
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.llm import LLM
@@ -48,3 +49,12 @@ def test_copy_prompt_sampled_with_a_seed(smollm2):
     accepted = spec[0].aux_info["speculative_accepted_tokens_per_pos"]
     assert spec[0].aux_info["speculative_draft_rounds"] > 0 and sum(accepted) > 0, spec[0].aux_info
     assert stats["spec_accepted_tokens"] == sum(sum(o.aux_info["speculative_accepted_tokens_per_pos"]) for o in spec)
+
+
+def test_penalized_and_biased_greedy_text_is_the_plain_one(smollm2):
+    config = {**CONFIG, "repetition_penalty": 1.1, "frequency_penalty": 0.1, "logit_bias": {578: 1.0, 253: -1.0}}
+    plain, _ = run(smollm2, SpeculativeConfig(), config)
+    spec, stats = run(smollm2, SpeculativeConfig("ngram", 5), config)
+    for a, b in zip(plain, spec):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids, (a.outputs[0].text, b.outputs[0].text)
+    assert stats["spec_draft_rounds"] > 0 and stats["spec_accepted_tokens"] > 0, stats
