@@ -1,6 +1,9 @@
 """Speculative decoding by prompt lookup on a real model (SmolLM2-135M, fp32): on a copy-style
 prompt the greedy text is identical with and without --sp_type=ngram, and the engine takes
-fewer steps (iter_count) because the model's copy is drafted from the prompt."""
+fewer steps (iter_count) because the model's copy is drafted from the prompt. Sampled at
+temperature > 0 with a seed (rejection sampling), the text is valid and the same run to run, the
+copy still takes fewer steps, and the accepted drafts are reported. With penalties and
+logit_bias (each verify row counts the drafts before it) the greedy text is the plain one."""
 
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.llm import LLM
@@ -9,12 +12,13 @@ PASSAGE = ("The quick brown fox jumps over the lazy dog. The dog did not move, b
            "afternoon sun, dreaming of the long walks it used to take by the river when it was young.")
 COPY_PROMPT = f"Text: {PASSAGE}\nThe same text, copied exactly:\nText: The quick brown"
 CONFIG = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+SAMPLED = {**CONFIG, "temperature": 0.7, "top_p": 0.95, "random_seed": 11}
 
 
-def run(path, spec):
+def run(path, spec, config=CONFIG):
     llm = LLM(path, act_type="fp32", progress=False, max_seq_len=512, kv_cache_mem_mb=256, speculative=spec)
     try:
-        out = llm.generate([COPY_PROMPT, "Water boils at a temperature of"], CONFIG)
+        out = llm.generate([COPY_PROMPT, "Water boils at a temperature of"], config)
         return out, llm.engine.core.stats()
     finally:
         llm.close()
@@ -29,3 +33,28 @@ def test_copy_prompt_same_text_fewer_steps(smollm2):
     assert copy_spec * 1.5 <= copy_plain, (copy_plain, copy_spec, spec[0].outputs[0].text)
     assert stats["spec_accepted_tokens"] > 0
     assert spec[0].aux_info["speculative_draft_rounds"] > 0
+
+
+def test_copy_prompt_sampled_with_a_seed(smollm2):
+    plain, _ = run(smollm2, SpeculativeConfig(), SAMPLED)
+    spec, stats = run(smollm2, SpeculativeConfig("ngram", 5), SAMPLED)
+    again, _ = run(smollm2, SpeculativeConfig("ngram", 5), SAMPLED)
+    for a, b in zip(spec, again):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids, (a.outputs[0].text, b.outputs[0].text)
+        assert len(a.outputs[0].token_ids) == SAMPLED["max_new_tokens"] and a.outputs[0].text.strip()
+    # Fewer steps, though fewer saved than greedily: sampled, the model strays from the copy (48
+    # vs 23 steps at this seed; 36 and 42 at seeds 12 and 13).
+    copy_plain, copy_spec = plain[0].aux_info["iter_count"], spec[0].aux_info["iter_count"]
+    assert copy_spec < copy_plain, (copy_plain, copy_spec, spec[0].outputs[0].text)
+    accepted = spec[0].aux_info["speculative_accepted_tokens_per_pos"]
+    assert spec[0].aux_info["speculative_draft_rounds"] > 0 and sum(accepted) > 0, spec[0].aux_info
+    assert stats["spec_accepted_tokens"] == sum(sum(o.aux_info["speculative_accepted_tokens_per_pos"]) for o in spec)
+
+
+def test_penalized_and_biased_greedy_text_is_the_plain_one(smollm2):
+    config = {**CONFIG, "repetition_penalty": 1.1, "frequency_penalty": 0.1, "logit_bias": {578: 1.0, 253: -1.0}}
+    plain, _ = run(smollm2, SpeculativeConfig(), config)
+    spec, stats = run(smollm2, SpeculativeConfig("ngram", 5), config)
+    for a, b in zip(plain, spec):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids, (a.outputs[0].text, b.outputs[0].text)
+    assert stats["spec_draft_rounds"] > 0 and stats["spec_accepted_tokens"] > 0, stats

@@ -1,8 +1,9 @@
 """Speculative decoding's flags (upstream's names), declared once: ServerConfig carries them as
 flags, EngineArgs as this object, the engine core gets gen_num_per_cycle and the n-gram sizes
-(RTP_LLM_ENGINE_CONFIG). Built: prompt lookup (`ngram`, upstream's `deterministic`), greedy
-rows only (rtp_llm/cpp/engine/scheduler.h); the draft-model and MTP/EAGLE kinds are refused by
-name at start-up."""
+(RTP_LLM_ENGINE_CONFIG). Built: prompt lookup (`ngram`, upstream's `deterministic`), for rows
+sampled from the logits alone, greedy or by rejection sampling (rtp_llm/cpp/engine/scheduler.h,
+rtp_llm/models_py/rejection_sampler.py); the draft-model and MTP/EAGLE kinds are refused by name
+at start-up."""
 
 from dataclasses import dataclass
 

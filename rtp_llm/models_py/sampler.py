@@ -10,13 +10,20 @@ its masked tokens get -inf, which JSON cannot carry, and alternatives the trunca
 would all read -inf.
 
 A seeded row draws from its own generator seeded by (seed, tokens generated so far), so its
-samples do not depend on which other requests share the batch.
+samples do not depend on which other requests share the batch (rejection_sampler.RowDraws).
+
+Speculative decoding: a row verifying a drafted token (draft_tokens[r] >= 0) that does not
+sample greedily keeps it or resamples by rejection sampling from the same distribution the
+plain row draws from (rejection_sampler.py); a greedy row's argmax is compared with its draft by
+the core, as the plain greedy step's.
 
 `rows` is a step batch's SamplingRows (StepBatch.rows: rtp_llm/ops/engine_core.py): every
 sampling parameter and num_generated [N] of the rows sampled, named as in
 rtp_llm/cpp/engine/step_batch_fields.h, and the penalized rows' token history (prompt, then
 generated): history_tokens[history_starts[r] +: history_lens[r]]; the rows' logit_bias entries
-(bias_tokens / bias_values[bias_starts[r] +: bias_lens[r]]) and forced_tokens (-1: none)."""
+(bias_tokens / bias_values[bias_starts[r] +: bias_lens[r]]) and forced_tokens (-1: none); in a
+step with drafts, draft_tokens [N] (else None), and each row's history and num_generated count
+the drafts before it (rtp_llm/ops/draft_rows.py), so its penalties are the plain step's."""
 
 from typing import Callable, NamedTuple, Optional
 
@@ -24,15 +31,12 @@ import numpy as np
 import torch
 
 from rtp_llm.device.base import apply_token_bitmask as torch_token_bitmask
+from rtp_llm.models_py.rejection_sampler import RowDraws, sample_rows
 
 _MASK = -float("inf")
 # Temperatures below this sample greedily, the limit they tend to (vLLM's cut-off as well):
 # dividing logits by, say, 1e-38 would overflow to inf and make the probabilities NaN.
 _GREEDY_TEMPERATURE = 1e-5
-
-
-def _seed(seed: int, step: int) -> int:
-    return (int(seed) * 6364136223846793005 + int(step) * 1442695040888963407 + 1) & ((1 << 63) - 1)
 
 
 def _repeated_ngram_ends(seq: np.ndarray, n: int) -> np.ndarray:
@@ -101,17 +105,10 @@ class Sampler:
         return self._with_logprobs(logits, tokens, rows)
 
     def _draw(self, probs: torch.Tensor, rows, s: np.ndarray) -> torch.Tensor:
-        """One token per row of probs [len(s), V] (rows s): seeded rows from their own generator."""
-        seeded = rows.random_seed[s] >= 0
-        picked = torch.empty(len(s), dtype=torch.int64, device=probs.device)
-        if (~seeded).any():
-            u = self._upload(np.nonzero(~seeded)[0])
-            picked[u] = torch.multinomial(probs[u], 1).squeeze(1)
-        for j in np.nonzero(seeded)[0]:
-            r = s[j]
-            gen = torch.Generator(device=probs.device).manual_seed(_seed(rows.random_seed[r], rows.num_generated[r]))
-            picked[j] = torch.multinomial(probs[j], 1, generator=gen)[0]
-        return picked
+        """One token per row of probs [len(s), V] (rows s); rows verifying a draft by rejection
+        sampling (rejection_sampler.py)."""
+        drafts = None if rows.draft_tokens is None else rows.draft_tokens[s]
+        return sample_rows(probs, drafts, RowDraws(rows, s, probs.device, self._upload))
 
     @staticmethod
     def _with_logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows) -> Sampled:

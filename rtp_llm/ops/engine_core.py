@@ -16,6 +16,7 @@ import numpy as np
 
 from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2 as pb
 from rtp_llm.ops import NativeLibraryError, ensure_engine_ops_loaded
+from rtp_llm.ops.draft_rows import with_draft_positions
 
 _i32p = ctypes.POINTER(ctypes.c_int32)
 _i64p = ctypes.POINTER(ctypes.c_int64)
@@ -117,7 +118,11 @@ def used_lengths(b) -> Dict[int, int]:
 
 class SamplingRows(SimpleNamespace):
     """The sampler's rows: every SAMPLE and PARAM array of a step batch (step_batch_fields.h),
-    [S] arrays masked to the rows sampled ([N]), history_tokens [H] whole."""
+    [S] arrays masked to the rows sampled ([N]), history_tokens [H] whole. In a step with drafts
+    also draft_tokens [N] int32, and each row's num_generated and penalty history count the
+    drafts before it (ops/draft_rows.py); else draft_tokens is None."""
+
+    draft_tokens = None
 
 
 class StepBatch:
@@ -145,7 +150,10 @@ class StepBatch:
         d = self.__dict__
         if mask.dtype == np.bool_ and mask.all():  # (every stream samples one row, as in decode: the arrays themselves)
             return SamplingRows(**{name: d[name] for name, _ in self._row_spec})
-        return SamplingRows(**{name: d[name][mask] if masked else d[name] for name, masked in self._row_spec})
+        rows = SamplingRows(**{name: d[name][mask] if masked else d[name] for name, masked in self._row_spec})
+        if mask.dtype != np.bool_ and self.num_draft_tokens:
+            with_draft_positions(self, rows, mask)
+        return rows
 
 
 def rows_spec(fields: List[Field]) -> Tuple[Tuple[str, bool], ...]:

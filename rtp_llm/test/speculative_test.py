@@ -1,12 +1,18 @@
 """Speculative decoding by prompt lookup (--sp_type=ngram) on the tiny fixture models: greedy
 tokens (and log-probs) are those of the plain engine, with chunked prefill, the prefix cache,
-stop words and overlap; drafts really get accepted (fewer engine steps: iter_count); rows that
-may not draft (temperature > 0, force_disable_sp_run, penalties) do not.
+stop words and overlap; drafts really get accepted (fewer engine steps: iter_count); rows
+sampled at temperature > 0 draft too (rejection sampling: their distribution is
+rejection_sampler_test's), seeded ones the same text run to run; so do penalized and biased
+rows, with the plain greedy text; rows that may not draft (force_disable_sp_run, a thinking
+budget) do not.
 
 The tiny fixtures' random weights seldom repeat themselves, so drafts are seldom right there
 (their text is still compared); "loopy" is qwen3_gqa_untied with its attention outputs scaled
 down (o_proj x 0.05): its greedy text falls into short loops and escapes them (attention still
-matters), so drafts are accepted and rejected both."""
+matters), so drafts are accepted and rejected both. "sharp" is loopy with its logits scaled up
+(lm_head x 4), so that sampling at temperature > 0 loops as well."""
+
+import json
 
 import glob
 import os
@@ -29,11 +35,14 @@ def repetitive_prompts():
     return [b * 4 for b in blocks] + random_prompts(8, [20, 9])
 
 
-def make_loopy(root: str) -> str:
-    path = make_tiny("qwen3_gqa_untied", os.path.join(root, "loopy"))
+def make_loopy(root: str, name: str = "loopy", logit_scale: float = 1.0) -> str:
+    path = make_tiny("qwen3_gqa_untied", os.path.join(root, name))
     f = glob.glob(os.path.join(path, "*.safetensors"))[0]
     w = load_file(f)
-    save_file({k: v * 0.05 if k.endswith("o_proj.weight") else v for k, v in w.items()}, f, metadata={"format": "pt"})
+
+    def scale(k: str) -> float:
+        return 0.05 if k.endswith("o_proj.weight") else logit_scale if k == "lm_head.weight" else 1.0
+    save_file({k: v * scale(k) if scale(k) != 1.0 else v for k, v in w.items()}, f, metadata={"format": "pt"})
     return path
 
 
@@ -43,6 +52,7 @@ class SpeculativeTest(unittest.TestCase):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.paths = {name: make_tiny(name, cls.tmp.name) for name in TINY}
         cls.paths["loopy"] = make_loopy(cls.tmp.name)
+        cls.paths["sharp"] = make_loopy(cls.tmp.name, "sharp", logit_scale=4.0)
 
     @classmethod
     def tearDownClass(cls):
@@ -107,11 +117,48 @@ class SpeculativeTest(unittest.TestCase):
         _, _, stats, steps = self.compare("loopy", [repetitive_prompts()], config, overlap_schedule=True)
         self.assertGreater(stats["spec_accepted_tokens"], 0)
 
+    def test_sampled_rows_draft_and_repeat_their_seeded_text(self):
+        config = {"max_new_tokens": NEW_TOKENS, "temperature": 0.8, "top_p": 0.9, "random_seed": 5, "ignore_eos": True}
+        prompts = repetitive_prompts()
+        plain, _ = self.run_engine("sharp", [prompts], config, SpeculativeConfig())
+        spec, stats = self.run_engine("sharp", [prompts], config)
+        again, _ = self.run_engine("sharp", [prompts], config)
+        with open(os.path.join(self.paths["sharp"], "config.json")) as f:
+            vocab = json.load(f)["vocab_size"]
+        for a, b in zip(spec[0], again[0]):
+            self.assertEqual(a.outputs[0].token_ids, b.outputs[0].token_ids)  # seeded: run to run
+            self.assertEqual(len(a.outputs[0].token_ids), NEW_TOKENS)
+            self.assertEqual(a.outputs[0].finish_reason, "length")
+            self.assertTrue(all(0 <= t < vocab for t in a.outputs[0].token_ids))
+        rounds = sum(o.aux_info["speculative_draft_rounds"] for o in spec[0])
+        accepted = sum(sum(o.aux_info["speculative_accepted_tokens_per_pos"]) for o in spec[0])
+        self.assertEqual((rounds, accepted), (stats["spec_draft_rounds"], stats["spec_accepted_tokens"]))
+        self.assertGreater(stats["spec_accepted_tokens"], 0, stats)
+        self.assertLess(stats["spec_accepted_tokens"], stats["spec_draft_tokens"], stats)
+        steps = [sum(o.aux_info["iter_count"] for o in outs[0]) for outs in (plain, spec)]
+        self.assertLess(steps[1], steps[0], f"iter_count without / with: {steps}")
+
+    def test_penalized_and_biased_rows_draft_with_the_plain_greedy_text(self):
+        """Each verify row's penalties count the drafts before it as generated tokens, so the
+        text is the plain engine's token for token (compare()); and drafts do get accepted."""
+        prompts = repetitive_prompts()
+        base = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+        plain, _ = self.run_engine("loopy", [prompts[:1]], base, SpeculativeConfig())
+        out = plain[0][0].outputs[0].token_ids
+        for extra in ({"repetition_penalty": 1.05}, {"presence_penalty": 0.2, "frequency_penalty": 0.1},
+                      {"no_repeat_ngram_size": 6}, {"logit_bias": {out[3]: 0.5, out[9]: -0.5}},
+                      {"repetition_penalty": 1.02, "frequency_penalty": 0.05, "logit_bias": {out[5]: 0.3},
+                       "stop_words_list": [out[30:32]]}):
+            with self.subTest(extra):
+                _, _, stats, steps = self.compare("loopy", [prompts], {**base, **extra})
+                self.assertGreater(stats["spec_accepted_tokens"], 0, stats)
+                self.assertLess(steps[1], steps[0], f"iter_count with / without: {steps}")
+
     def test_rows_that_may_not_draft_decode_as_before(self):
         prompts = repetitive_prompts()[:2]
-        for config in ({"max_new_tokens": 24, "temperature": 0.8, "random_seed": 5, "ignore_eos": True},
-                       {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "force_disable_sp_run": True},
-                       {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "repetition_penalty": 1.2}):
+        for config in ({"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "force_disable_sp_run": True},
+                       {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "in_think_mode": True,
+                        "max_thinking_tokens": 8, "end_think_token_ids": [7, 8]}):
             with self.subTest(config):
                 _, spec, stats, steps = self.compare("loopy", [prompts], config)
                 self.assertEqual(stats["spec_draft_rounds"], 0)

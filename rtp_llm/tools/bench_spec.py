@@ -1,8 +1,9 @@
 """Speculative decoding by prompt lookup, with and without (a tool, not a test): engine steps
 (iter_count per stream) and TPOT on a copy-style prompt and a plain one, at batch 1 and 16, and
-whether the greedy text came out the same.
+whether the greedy text came out the same (sampled, --temperature > 0: rejection sampling keeps
+the distribution, not the draws, so the column reads n/a).
 
-    python -m rtp_llm.tools.bench_spec --checkpoint PATH [--act_type bf16] [--batch 1,16]
+    python -m rtp_llm.tools.bench_spec --checkpoint PATH [--act_type bf16] [--batch 1,16] [--temperature 0.7]
 """
 
 import argparse
@@ -21,8 +22,8 @@ PROMPTS = {
 }
 
 
-def measure(llm, prompt, batch, new_tokens):
-    config = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+def measure(llm, prompt, batch, new_tokens, temperature=0.0, top_p=1.0):
+    config = {"max_new_tokens": new_tokens, "temperature": temperature, "top_p": top_p, "ignore_eos": True}
     t0 = time.perf_counter()
     outs = llm.generate([prompt] * batch, config)
     wall = time.perf_counter() - t0
@@ -39,6 +40,8 @@ def main(argv=None):
     p.add_argument("--batch", default="1,16")
     p.add_argument("--new_tokens", type=int, default=96)
     p.add_argument("--gen_num_per_cycle", type=int, default=5)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top_p", type=float, default=1.0)
     a = p.parse_args(argv)
     results = {}
     for label, spec in (("off", SpeculativeConfig()), ("ngram", SpeculativeConfig("ngram", a.gen_num_per_cycle))):
@@ -47,7 +50,7 @@ def main(argv=None):
             llm.generate("warm up", {"max_new_tokens": 4, "temperature": 0})
             for name, prompt in PROMPTS.items():
                 for batch in map(int, a.batch.split(",")):
-                    results[label, name, batch] = measure(llm, prompt, batch, a.new_tokens)
+                    results[label, name, batch] = measure(llm, prompt, batch, a.new_tokens, a.temperature, a.top_p)
         finally:
             llm.close()
     print(f"{'prompt':<6} {'batch':>5} | {'steps off':>9} {'steps ngram':>11} {'ratio':>6} | "
@@ -57,7 +60,7 @@ def main(argv=None):
             t0, s0, p0, _ = results["off", name, batch]
             t1, s1, p1, _ = results["ngram", name, batch]
             print(f"{name:<6} {batch:>5} | {s0:>9.1f} {s1:>11.1f} {s0 / s1:>6.2f} | {p0:>11.1f} {p1:>13.1f} "
-                  f"{p0 / p1:>7.2f} | {t0 == t1}")
+                  f"{p0 / p1:>7.2f} | {t0 == t1 if a.temperature == 0 else 'n/a'}")
 
 
 if __name__ == "__main__":

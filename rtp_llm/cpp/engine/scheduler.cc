@@ -40,14 +40,17 @@ bool has_penalties(const GenerateConfig& c) {
          c.no_repeat_ngram_size > 0;
 }
 
-// Whether every position of a verification step would be sampled as the plain step samples its
-// one: greedily (the sampler's argmax rows: temperature 0 or top_k 1) from the logits alone.
-// Sampling at temperature > 0 needs rejection sampling (not built yet), the rest per-token state.
+// Whether every position of a verification step samples from the distribution the plain step
+// would: the logits processed per row by penalties (each row's history counts the drafts before
+// it: ops/draft_rows.py), logit_bias, temperature, top-k, top-p and min-p (greedy rows compare
+// their argmax with the draft; the others verify it by rejection sampling, which keeps that
+// distribution: models_py/rejection_sampler.py). Grammars (the matcher advances at commit),
+// thinking budgets (a forced token depends on the tokens before) and prompt log-probs do not
+// draft.
 bool may_draft(const GenerateStream* s) {
   const GenerateConfig& c = s->config();
-  const bool greedy = c.temperature == 0.0f || c.top_k == 1;
-  return greedy && !c.force_disable_sp_run && !has_penalties(c) && c.logit_bias.empty() && c.grammar.empty() &&
-         !s->wants_prompt_logprobs() && !(c.in_think_mode && c.max_thinking_tokens > 0);
+  return !c.force_disable_sp_run && c.grammar.empty() && !s->wants_prompt_logprobs() &&
+         !(c.in_think_mode && c.max_thinking_tokens > 0);
 }
 }  // namespace
 

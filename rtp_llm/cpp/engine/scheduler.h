@@ -25,14 +25,17 @@
 // at most max_prompt_rows tokens a step (a second budget, beside the step's).
 //
 // Speculative decoding (max_drafts > 0 and a Drafter, engine_core.h): a running decode stream
-// whose tokens are all known (nothing of it in flight) and which samples greedily from the
-// logits alone (no penalties, logit_bias, grammar, thinking budget or prompt log-probs; not
-// force_disable_sp_run) gets up to max_drafts drafted tokens after its last one: each counts
+// whose tokens are all known (nothing of it in flight), without a grammar, thinking budget or
+// prompt log-probs and not force_disable_sp_run, gets up to max_drafts drafted tokens after its
+// last one (its penalty history holds its tokens; the sampler adds the drafts before each row,
+// ops/draft_rows.py): each counts
 // against the step's budget; accepting them all plus the token after stays within max_new_tokens
 // and max_seq_len; and drafts never preempt (a stream short of blocks for them runs without).
-// The step runs its 1 + d positions and samples each. Commit appends the sampled tokens in
-// order while the drafts equal them, plus the first that differs (1 .. d + 1 tokens), each
-// through the stop criteria (tokens after a stop are dropped). Rejected drafts leave no trace:
+// The step runs its 1 + d positions and samples each (greedily, or by rejection sampling, whose
+// row for draft j yields that draft exactly when it is accepted: models_py/rejection_sampler.py).
+// Commit appends the sampled tokens in order while the drafts equal them, plus the first that
+// differs (1 .. d + 1 tokens), each through the stop criteria (tokens after a stop are
+// dropped). Rejected drafts leave no trace:
 // num_computed counts only positions whose tokens were kept (the rejected ones' KV slots are
 // written again next step), blocks past the stream's tokens are freed, and publish_computed
 // sees only computed, hence verified, tokens. A stream that may draft does not run ahead of its
