@@ -144,8 +144,7 @@ class EngineLoop:
         if self.core is not None:
             grammar = make_grammar_book(self.core, loaded.tokenizer, c.vocab_size, list(c.eos_token_ids),
                                         args.max_batch_size, self.backend.device, self.runner.sampler.pin_host,
-                                        args.grammar, fill_thread=overlap,
-                                        gate=self.backend.host_gate() if overlap else None)
+                                        args.grammar, fill_thread=overlap, gate=self.backend.host_gate())
             self.runner.grammar = grammar
         self._init_stepping(overlap, grammar)  # (ranks > 0 get the sampled tokens by broadcast: model_runner)
         if args.warm_up and self.core is not None:
