@@ -25,11 +25,11 @@ T0=$(date +%s); t() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 DEVICE=${DEVICE:-cuda} W=/tmp/gsv TOK=/tmp/gsv/tok SJ=$OUT/serve.jsonl CKPT=/tmp/ckpt_$ARCH
 mkdir -p $W && cd /tmp
 # in:out:concurrency:prompts
-POINTS=${POINTS:-"128:1024:64:128 128:1024:256:512 128:1024:1024:1024 1024:128:64:256 1024:128:256:1024 1024:128:1024:2048"}
+POINTS=${POINTS-"128:1024:64:128 128:1024:256:512 128:1024:1024:1024 1024:128:64:256 1024:128:256:1024 1024:128:1024:2048"}
 # Structured output (issue 20): each point unconstrained, then every request under bench_serve's
 # "long" JSON schema (an array of strings that stays open for any output length); "" skips them.
 SCHEMA_POINTS=${SCHEMA_POINTS-"128:256:1:8 128:256:64:128 128:256:256:512"}
-MAXC=$(echo $POINTS | tr " " "\n" | cut -d: -f3 | sort -n | tail -1)
+MAXC=$(echo $POINTS $SCHEMA_POINTS | tr " " "\n" | cut -d: -f3 | sort -n | tail -1)  # (either list may be "")
 OURS="env PYTHONPATH=/tmp/ours python3"
 
 row() {  # label report.json: one line of serve.jsonl
