@@ -9,7 +9,11 @@ compute on (the CPU's 32-block and k-quant kernels; the lookup widens only the r
 tied LM head packs the table) or widen. fp32 runs widen everything: they are the exact reference.
 Other quantized types (Q5_K, Q2_K, IQ*, ...) are widened."""
 
+import hashlib
+import logging
 import os
+import shutil
+import tempfile
 from typing import Dict, Optional, Union
 
 import numpy as np
@@ -17,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from rtp_llm.config.model_config import ModelConfig, RopeScaling
+from rtp_llm.model_loader.gguf_file import GGUFFile
 from rtp_llm.model_loader.quantized import QuantizedTensor, kept_format
 from rtp_llm.model_loader.registry import MODEL_TYPES, resolve_model_type
 from rtp_llm.model_loader.weights import CheckpointError, check_weights
@@ -37,25 +42,24 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+log = logging.getLogger(__name__)
+
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                  "output.weight": "lm_head.weight"}
 
 
-def _reader(path: str):
-    import gguf
-
+def _reader(path: str) -> GGUFFile:
     try:
-        return gguf.GGUFReader(path)
-    except Exception as e:
+        return GGUFFile(path)
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"cannot read GGUF file {path}: {e}") from e
 
 
-def _field(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
+def _field(reader: GGUFFile, key: str, default=None):
+    return reader.fields.get(key, default)
 
 
-def read_gguf_config(path: str, model_type: Optional[str] = None, reader=None) -> ModelConfig:
+def read_gguf_config(path: str, model_type: Optional[str] = None, reader: Optional[GGUFFile] = None) -> ModelConfig:
     reader = reader or _reader(path)
     arch = _field(reader, "general.architecture")
     name = resolve_model_type(model_type, arch, path)
@@ -76,7 +80,7 @@ def read_gguf_config(path: str, model_type: Optional[str] = None, reader=None) -
         scaling = RopeScaling(kind="linear", factor=float(_field(reader, f"{a}.rope.scaling.factor")))
     config = ModelConfig(
         model_type=name,
-        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
+        vocab_size=len(_field(reader, "tokenizer.ggml.tokens", ())),
         hidden_size=hidden,
         num_layers=int(_field(reader, f"{a}.block_count")),
         num_heads=heads,
@@ -169,9 +173,53 @@ def load_gguf(path: str, model_type: Optional[str], dtype: torch.dtype, progress
 
 
 def load_gguf_tokenizer(path: str):
+    """transformers' tokenizer converted from the file's vocabulary, cached: the conversion parses
+    the whole header twice through gguf-py (~25 s for a Qwen vocabulary on 2 cores, in every
+    process that serves the file: the backend and each frontend), so the first one is saved
+    (save_pretrained) under a key of the file's path, size and mtime and transformers' version,
+    and later loads read that. No cache where it cannot be written."""
     from transformers import AutoTokenizer
 
+    cached = _tokenizer_cache(path)
+    if cached is not None and os.path.isdir(cached):
+        try:
+            return AutoTokenizer.from_pretrained(cached)
+        except Exception as e:  # (a cache another version left unreadable: convert again)
+            log.warning("ignoring the cached tokenizer %s of %s: %s", cached, path, e)
     try:
-        return AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path))
+        tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),
+                                                  gguf_file=os.path.basename(path))
     except Exception as e:
         raise CheckpointError(f"cannot build the tokenizer from {path}: {e}") from e
+    if cached is not None:
+        _save_tokenizer(tokenizer, cached)
+    return tokenizer
+
+
+def _tokenizer_cache(path: str) -> Optional[str]:
+    import transformers
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    root = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "rtp_llm", "gguf_tokenizers")
+    return os.path.join(root, hashlib.sha256(key.encode()).hexdigest()[:32])
+
+
+def _save_tokenizer(tokenizer, cached: str):
+    """Written to a directory of its own, then renamed into place: processes converting the same
+    file at once (a server's frontends) each write whole copies, and the first rename wins."""
+    tmp = None
+    try:
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=os.path.dirname(cached), prefix=".tmp-")
+        tokenizer.save_pretrained(tmp)
+        os.rename(tmp, cached)  # (fails where another process's copy is already in place)
+        tmp = None
+    except Exception as e:  # serving goes on without the cache
+        log.debug("tokenizer not cached at %s (%s)", cached, e)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
