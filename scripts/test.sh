@@ -35,5 +35,5 @@ scripts/check_wheel.sh "$VENV"
 step "integration tests (tests/) against the installed wheel"
 "$VENV/bin/python" -m pip install -q -r deps/requirements_test.txt
 PYTHON="$VENV/bin/python" scripts/fetch_models.sh >/dev/null
-(cd /tmp && "$VENV/bin/python" -m pytest -q "$ROOT/tests")
+(cd /tmp && "$VENV/bin/python" -m pytest -q --durations=20 "$ROOT/tests")  # (the slowest 20: where CI time goes)
 step "all tests passed"

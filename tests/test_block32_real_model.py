@@ -12,6 +12,7 @@ Asserted: a prefix below each measured one, and the facts in the text. (Qwen2.5'
 now with its Q5_0 projections quantized too, is tests/test_kquant_real_model.py's.)"""
 
 import gguf
+from testlib import bf16_fp32_agreement
 
 from rtp_llm.llm import LLM
 
@@ -75,24 +76,8 @@ def test_qwen25_q5_0_projections_stay_quantized(qwen25):
         llm.close()
 
 
-def _agreement(path):
-    config = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-    runs = {}
-    for act in ("bf16", "fp32"):
-        llm = _llm(path, act)
-        try:
-            runs[act] = llm.generate(PROMPTS, config)
-        finally:
-            llm.close()
-    agree = []
-    for a, b in zip(runs["bf16"], runs["fp32"]):
-        x, y = a.outputs[0].token_ids, b.outputs[0].token_ids
-        agree.append(next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(y)))
-        print(f"{a.prompt!r}: quantized bf16 agrees with fp32 on {agree[-1]} of {len(y)} tokens")
-    return agree, [r.outputs[0].text for r in runs["bf16"]]
-
-
 def test_smollm2_greedy_tokens_follow_the_dequantized_fp32_path(smollm2):
-    agree, text = _agreement(smollm2)
+    agree, bf16, _ = bf16_fp32_agreement(smollm2, PROMPTS, NEW_TOKENS, "quantized bf16")
+    text = [r.outputs[0].text for r in bf16]
     assert all(a >= least for a, least in zip(agree, MIN_AGREEMENT_SMOLLM2)), (agree, text)
     assert "Paris" in text[0] and "return" in text[1] and "boiling" in text[2] and "blue" in text[3], text

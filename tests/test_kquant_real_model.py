@@ -12,6 +12,7 @@ norms and biases widened; tests/test_block32_real_model.py): 64, 64, 20, 64. Ass
 below each measured one, and the facts in the text."""
 
 import gguf
+from testlib import bf16_fp32_agreement
 
 from rtp_llm.llm import LLM
 
@@ -46,19 +47,9 @@ def test_down_projections_stay_quantized(qwen25):
 
 
 def test_greedy_tokens_follow_the_dequantized_fp32_path(qwen25):
-    config = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-    runs = {}
-    for act in ("bf16", "fp32"):
-        llm = _llm(qwen25, act)
-        try:
-            runs[act] = llm.generate(PROMPTS, config)
-        finally:
-            llm.close()
-    for a, b, least in zip(runs["bf16"], runs["fp32"], MIN_AGREEMENT):
-        x, y = a.outputs[0].token_ids, b.outputs[0].token_ids
-        agree = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(y))
-        print(f"{a.prompt!r}: k-quant bf16 agrees with fp32 on {agree} of {len(y)} tokens")
-        assert agree >= least, (a.prompt, a.outputs[0].text, b.outputs[0].text)
-    text = [r.outputs[0].text for r in runs["bf16"]]
+    agree, bf16, fp32 = bf16_fp32_agreement(qwen25, PROMPTS, NEW_TOKENS, "k-quant bf16")
+    for a, b, n, least in zip(bf16, fp32, agree, MIN_AGREEMENT):
+        assert n >= least, (a.prompt, a.outputs[0].text, b.outputs[0].text)
+    text = [r.outputs[0].text for r in bf16]
     assert "Paris" in text[0] and "100" in text[2] and "blue" in text[3], text
     assert "return" in text[1], text

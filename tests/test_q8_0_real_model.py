@@ -7,7 +7,7 @@ same weights widened to bf16 19, 53, 33, 8 (bf16 rounding alone departs as early
 asserted is the shorter prefix both keep."""
 
 import pytest
-from testlib import requantize_gguf
+from testlib import bf16_fp32_agreement, requantize_gguf
 
 from rtp_llm.llm import LLM
 
@@ -20,14 +20,6 @@ COMMON_PREFIX = 8
 @pytest.fixture(scope="module")
 def smollm2_q8_0(smollm2, tmp_path_factory):
     return requantize_gguf(smollm2, str(tmp_path_factory.mktemp("q8_0") / "smollm2.q8_0.gguf"))
-
-
-def _generate(path, act_type, prompts, config):
-    llm = LLM(path, act_type=act_type, progress=False, max_seq_len=512, kv_cache_mem_mb=256)
-    try:
-        return llm.generate(prompts, config)
-    finally:
-        llm.close()
 
 
 def test_q8_0_weights_stay_quantized(smollm2_q8_0):
@@ -44,11 +36,6 @@ def test_q8_0_weights_stay_quantized(smollm2_q8_0):
 
 
 def test_greedy_tokens_follow_the_dequantized_fp32_path(smollm2_q8_0):
-    config = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-    q8 = _generate(smollm2_q8_0, "bf16", PROMPTS, config)
-    ref = _generate(smollm2_q8_0, "fp32", PROMPTS, config)
-    for a, b in zip(q8, ref):
-        x, y = a.outputs[0].token_ids, b.outputs[0].token_ids
-        agree = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(y))
-        print(f"{a.prompt!r}: Q8_0 bf16 agrees with fp32 on {agree} of {len(y)} tokens")
-        assert agree >= COMMON_PREFIX, (a.prompt, a.outputs[0].text, b.outputs[0].text)
+    agree, q8, ref = bf16_fp32_agreement(smollm2_q8_0, PROMPTS, NEW_TOKENS, "Q8_0 bf16", kv_cache_mem_mb=256)
+    for a, b, n in zip(q8, ref, agree):
+        assert n >= COMMON_PREFIX, (a.prompt, a.outputs[0].text, b.outputs[0].text)

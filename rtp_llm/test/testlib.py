@@ -8,6 +8,7 @@ pytest against the installed wheel, which does not ship rtp_llm/test) import it 
 which tests/conftest.py loads from this file. So it imports nothing of its own package
 relatively, and `rtp_llm` only from the installed (or bazel-built) package, lazily."""
 
+import functools
 import json
 import os
 import signal
@@ -242,10 +243,13 @@ def requantize_gguf(src: str, dst: str, qtype: str = "Q8_0") -> str:
 
 # ------------------------------------------------------------------ HF references
 
+@functools.lru_cache(maxsize=1)
 def hf_model(path: str, dtype=torch.float32, device: str = "cpu"):
     """HF transformers' model of an HF checkpoint directory or a .gguf file (dequantized), in
     eval mode, with EOS an ordinary token to its generate() like the engine's ignore_eos: the
-    package's own loader (the offline benchmark's reference side)."""
+    package's own loader (the offline benchmark's reference side). The last one made is kept
+    and shared (read only: callers generate and score with it): consecutive test modules ask for
+    the same reference, which takes a minute to load from a GGUF on 2 cores."""
     from rtp_llm.tools.bench_offline import load_hf
 
     return load_hf(path, dtype, device)
@@ -391,6 +395,28 @@ def teacher_forced_agreement(path: str, tokenizer_path: str, prompts, new_tokens
     got = [o.outputs[0].token_ids[0] for o in quant.generate(forced, {"max_new_tokens": 1, "temperature": 0})]
     quant.close()
     return sum(a == b for a, b in zip(got, want)) / len(want), len(want)
+
+
+def bf16_fp32_agreement(path: str, prompts, new_tokens: int, label: str, kv_cache_mem_mb: int = 128):
+    """(agree, bf16 outputs, fp32 outputs): the default bf16 path's greedy continuations of
+    `prompts` on `path` against the fp32 path's (a quantized file's reference: every weight
+    widened), ignore_eos; agree[i]: the index of prompt i's first differing token (new_tokens
+    where none differs). Prints each reading, `label` naming the bf16 side."""
+    from rtp_llm.llm import LLM
+
+    runs = {}
+    for act_type in ("bf16", "fp32"):
+        llm = LLM(path, act_type=act_type, progress=False, max_seq_len=512, kv_cache_mem_mb=kv_cache_mem_mb)
+        try:
+            runs[act_type] = llm.generate(prompts, greedy_config(new_tokens))
+        finally:
+            llm.close()
+    agree = []
+    for a, b in zip(runs["bf16"], runs["fp32"]):
+        x, y = a.outputs[0].token_ids, b.outputs[0].token_ids
+        agree.append(next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(y)))
+        print(f"{a.prompt!r}: {label} agrees with fp32 on {agree[-1]} of {len(y)} tokens")
+    return agree, runs["bf16"], runs["fp32"]
 
 
 def hf_tokenizer(path: str):
