@@ -25,7 +25,7 @@ def _engine_args(config: ServerConfig):
                       seq_size_per_block=config.seq_size_per_block, kv_cache_mem_mb=config.kv_cache_mem_mb,
                       reuse_cache=config.reuse_cache, cuda_graph=config.cuda_graph,
                       overlap_schedule=None if config.overlap_schedule else False, grammar=grammar,
-                      speculative=config.speculative())
+                      speculative=config.speculative(), host_profile=config.host_profile)
 
 
 def _model_engine(config: ServerConfig):

@@ -9,6 +9,8 @@
 #     SCHEMA_POINTS at the last);
 #   run(command="bash scripts/gpu_serve_vs_vllm.sh vllm ARCH")
 #     vLLM's server (--max-num-batched-tokens 8192, its H200 default) with the same client.
+# SERVER_ARGS: more flags for our server (e.g. --host_profile=1: its log then holds the engine
+# thread's host time by phase, a line per point).
 # Results: $OUT/serve.jsonl (a line per server x budget x point), $OUT/ours_offline.jsonl, logs.
 #
 # Here, before the calls: the vLLM peer staged as ../shared/bench/vllm_peer/README.md says
@@ -73,7 +75,7 @@ if [ "$PHASE" = ours ]; then
   BUDGETS=${BUDGETS:-8192}; LAST=${BUDGETS##* }
   for B in $BUDGETS; do
     t our server, budget $B; $OURS -m rtp_llm.start_server --checkpoint_path=$CKPT --model_type=qwen_3 --start_port=30000 \
-      --device=$DEVICE --max_batch_size=$MAXC --max_seq_len=2176 --max_num_batched_tokens=$B > $OUT/ours_server_$B.log 2>&1 & OP=$!
+      --device=$DEVICE --max_batch_size=$MAXC --max_seq_len=2176 --max_num_batched_tokens=$B ${SERVER_ARGS:-} > $OUT/ours_server_$B.log 2>&1 & OP=$!
     if wait_up 30000 health $OP; then
       $OURS -m rtp_llm.tools.bench_serve --base_url http://127.0.0.1:30000 --num_prompts 8 --input_len 64 --output_len 8 --concurrency 4 >/dev/null 2>&1
       t ours up; our_client ours_b$B 30000 $([ $B = $LAST ] && echo schema); vllm_client vllm_client@ours_b$B 30000

@@ -30,6 +30,7 @@ outlasts the forward in flight:
     device: ....... forward N+1 ...........................| sample N+1 | forward N+2
 """
 
+import json
 import logging
 import os
 import threading
@@ -39,6 +40,7 @@ from typing import Optional
 import torch
 
 from rtp_llm.async_decoder_engine.grammar import GrammarBook, GrammarOptions, make_grammar_book
+from rtp_llm.async_decoder_engine.host_profile import HostProfile
 from rtp_llm.async_decoder_engine.model_runner import Forwarded, ModelRunner, PendingStep, StagedStep
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.device import get_backend
@@ -65,6 +67,7 @@ class EngineArgs:
     overlap_schedule: Optional[bool] = None  # default: on where the device runs asynchronously (CUDA)
     grammar: GrammarOptions = None          # default: GrammarOptions()
     speculative: SpeculativeConfig = None   # default: off (config/speculative.py)
+    host_profile: bool = False              # log the engine thread's host time by phase per burst (host_profile.py)
 
     def validate(self) -> None:
         for name in ("max_batch_size", "max_num_batched_tokens", "seq_size_per_block"):
@@ -149,6 +152,7 @@ class EngineLoop:
         self._init_stepping(overlap, grammar)  # (ranks > 0 get the sampled tokens by broadcast: model_runner)
         if args.warm_up and self.core is not None:
             self.warm_up()
+        self.host_profile = HostProfile(self) if args.host_profile and self.core is not None else None
 
     def _init_stepping(self, overlap: bool, grammar: Optional[GrammarBook] = None):
         """The stepping state, once self.core and self.runner exist. grammar: rank 0's (None:
@@ -319,6 +323,9 @@ class EngineLoop:
                 # timeout runs in step().)
                 if self._in_flight() or self.core.wait_for_work(100) or self.grammar.compiling():
                     self.step()
+                elif self.host_profile is not None and self.host_profile.counts:
+                    log.info("host profile of the burst: %s", json.dumps(self.host_profile.report()))
+                    self.host_profile.reset()
             self.drain()
         except BaseException:
             # A failing step only fails its requests (step()); anything else that escapes must not

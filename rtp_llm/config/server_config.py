@@ -105,6 +105,9 @@ class ServerConfig:
     # Benchmark only (async_decoder_engine/paced.py): > 0 runs no model; every engine step sleeps
     # this long and emits a fixed text's tokens, to measure the serving path without a GPU.
     paced_engine_step_ms: float = 0.0
+    # Diagnostics: the engine logs its thread's host time by phase (schedule, stage, sample,
+    # device wait, commit, grammar work) once per burst of load (async_decoder_engine/host_profile.py).
+    host_profile: bool = False
     # Speculative decoding (upstream's flags; config/speculative.py): --sp_type=ngram (or
     # deterministic) drafts up to gen_num_per_cycle tokens per greedy stream by prompt lookup.
     sp_type: str = ""

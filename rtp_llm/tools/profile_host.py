@@ -1,8 +1,9 @@
-"""Where the engine loop's host time goes, per step: times the model runner's stage / forward /
-fill_mask / sample / commit (commit split into waiting for the device and the rest; sample's
-wait for the mask, filled on the grammar book's thread under overlap, as mask_wait) and the
-grammar book's matcher advance, for B streams of N new tokens, unconstrained and then every
-stream under a JSON schema (bench_serve's "long" one by default, which never closes).
+"""Where the engine loop's host time goes, per step, offline: the phases of
+rtp_llm/async_decoder_engine/host_profile.py (the runner's stage / forward / fill_mask / sample /
+commit, the device wait, the mask wait, the matchers' advance, the core's schedule and commit),
+for B streams of N new tokens, unconstrained and then every stream under a JSON schema
+(bench_serve's "long" one by default, which never closes). The server logs the same per burst
+of load with --host_profile.
 
     python -m rtp_llm.tools.profile_host --checkpoint DIR [--device cuda] [--act_type bf16] [--batch 64]
         [--new_tokens 256] [--prompt_len 128] [--temperature 0] [--json_schema FILE]
@@ -13,51 +14,15 @@ the time the host spent blocked on the device: near zero means the host is the b
 """
 
 import argparse
-import contextlib
 import json
 import time
-from collections import defaultdict
 
 import torch
 
 
-@contextlib.contextmanager
-def _timers(engine, totals):
-    """Times the runner's and grammar book's calls into `totals` (seconds by name) while open;
-    commit's wait for the device also goes to "wait"."""
-    from rtp_llm.async_decoder_engine.grammar import MaskFill
-
-    runner, book = engine.runner, engine.grammar
-    patched = [(runner, n) for n in ("stage", "forward", "fill_mask", "sample", "commit")] + [(book, "advance")]
-
-    def timer(name, call):
-        def timed(*args):
-            t = time.perf_counter()
-            try:
-                return call(*args)
-            finally:
-                totals[name] += time.perf_counter() - t
-        return timed
-    for obj, name in patched:
-        setattr(obj, name, timer(name, getattr(obj, name)))
-    result = MaskFill.result
-    MaskFill.result = timer("mask_wait", result)  # (sample's wait for the mask, and its upload)
-    commit = runner.commit
-
-    def commit_waits(core, step):
-        step.result = timer("wait", step.result)
-        return commit(core, step)
-    runner.commit = commit_waits
-    try:
-        yield
-    finally:
-        MaskFill.result = result
-        for obj, name in patched:
-            delattr(obj, name)
-
-
 def run(llm, prompts, new_tokens, schema, temperature=0.0):
-    """(steps, wall seconds, host seconds by phase) of generating new_tokens for every prompt."""
+    """(steps, wall seconds, HostProfile.report()) of generating new_tokens for every prompt."""
+    from rtp_llm.async_decoder_engine.host_profile import HostProfile
     from rtp_llm.config.generate_config import GenerateConfig
 
     engine, core = llm.engine, llm.engine.core
@@ -68,15 +33,17 @@ def run(llm, prompts, new_tokens, schema, temperature=0.0):
     sids = [core.enqueue(p, cfg) for p in prompts]
     while engine.grammar.compiling() or core.stats()["running"] < len(prompts):  # admitted, prompts run
         engine.step()
-    totals = defaultdict(float)
-    with _timers(engine, totals):
+    profile = HostProfile(engine)
+    try:
         steps, t0 = 0, time.perf_counter()
         while engine.step():
             steps += 1
         wall = time.perf_counter() - t0
+    finally:
+        profile.detach()
     for sid in sids:
         core.release(sid)
-    return steps, wall, dict(totals)
+    return steps, wall, profile.report()
 
 
 def _profiled(path, call, lines=45):
@@ -119,12 +86,11 @@ def main():
     prompts = torch.randint(100, vocab - 100, (a.batch, a.prompt_len), generator=g).tolist()
     run(llm, prompts[:2], 8, schema)  # warm-up: compiles the grammar
     for label, s in (("free", None), ("schema", schema)):
-        steps, wall, t = run(llm, prompts, a.new_tokens, s, a.temperature)
+        steps, wall, report = run(llm, prompts, a.new_tokens, s, a.temperature)
         if s is not None and a.cprofile:  # a second run, profiled (cProfile slows the Python it times)
             _profiled(a.cprofile, lambda: run(llm, prompts, a.new_tokens, s, a.temperature))
-        per = {k: round(v / max(steps, 1) * 1e3, 3) for k, v in sorted(t.items())}
         print(json.dumps({"case": label, "batch": a.batch, "steps": steps, "step_ms": round(wall / max(steps, 1) * 1e3, 3),
-                          "host_ms_per_step": per}))
+                          **report}))
     llm.close()
 
 

@@ -20,13 +20,19 @@ class ProfileHostTest(unittest.TestCase):
                 schema = {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,4}$"},
                           "minItems": 1000}
                 profile_host.run(llm, prompts[:1], 2, schema)  # compiles it
-                steps, wall, free = profile_host.run(llm, prompts, 8, None)
+                steps, wall, report = profile_host.run(llm, prompts, 8, None)
                 self.assertGreaterEqual(steps, 7)
-                self.assertTrue({"stage", "forward", "sample", "commit", "wait"} <= set(free), free)
+                free = report["host_ms_per_step"]
+                self.assertTrue({"stage", "forward", "sample", "commit", "wait", "core_commit", "schedule",
+                                 "turn"} <= set(free), free)
                 self.assertFalse({"fill_mask", "mask_wait", "advance"} & set(free))
-                steps, wall, constrained = profile_host.run(llm, prompts, 8, schema)
+                self.assertEqual((report["steps"], report["streams"], report["grammar_steps"]), (7, 21, 0))
+                steps, wall, report = profile_host.run(llm, prompts, 8, schema)
+                constrained = report["host_ms_per_step"]
                 self.assertTrue({"fill_mask", "mask_wait", "advance"} <= set(constrained), constrained)
-                self.assertNotIn("stage", vars(llm.engine.runner))  # the timers are gone
+                self.assertEqual(report["grammar_steps"], report["steps"])
+                for obj in (llm.engine.runner, llm.engine.core, llm.engine.grammar, llm.engine):
+                    self.assertFalse({"stage", "commit", "schedule_ahead", "advance", "step"} & set(vars(obj)))
                 self.assertEqual(MaskFill.result.__qualname__, "MaskFill.result")
                 self.assertEqual(llm.engine.core.stats()["running"], 0)
             finally:
