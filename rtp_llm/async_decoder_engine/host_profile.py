@@ -8,7 +8,11 @@ and "core_commit" (the core's bookkeeping and output delivery); inside sample, "
 (matchers) and "poll" (compiles, ended streams); the core's "schedule". Counts: turns of the
 loop (steps), the streams and tokens they scheduled, how many had grammar rows or prompt tokens
 (mixed steps), and the wall time of the turns. Nothing is synchronized beyond what the loop
-waits for itself, so "wait" near zero means the host is the bottleneck.
+waits for itself, so "wait" near zero means the host is the bottleneck. And the thread's own
+scheduling (Linux, /proc/thread-self): its CPU time, the time it sat runnable but not running
+(run_delay: other threads had its core) and how often it was preempted, over the same span: a
+host phase that takes longer than its work may be waiting for a core, or for the GIL (then
+neither CPU time nor run_delay counts it).
 
 Used by `python -m rtp_llm.tools.profile_host` (offline) and by the server with --host_profile,
 which logs one line per burst of work (EngineLoop: a line when the engine goes idle), so a load
@@ -16,19 +20,34 @@ test's point and the offline profile of the same step compare phase by phase."""
 
 import time
 from collections import defaultdict
-from typing import Dict
+from typing import Dict, Tuple
 
 from rtp_llm.async_decoder_engine.grammar import MaskFill
 
 _RUNNER = ("stage", "forward", "fill_mask", "sample", "commit")
 
 
+def _thread_sched() -> Tuple[float, float, int]:
+    """The calling thread's (CPU seconds, run-queue delay seconds, involuntary context switches)
+    so far; zeros where /proc/thread-self does not say (not Linux, no schedstats)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            cpu_ns, delay_ns = (int(x) for x in f.read().split()[:2])
+        with open("/proc/thread-self/status") as f:
+            preempted = next(int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt_switches"))
+        return cpu_ns * 1e-9, delay_ns * 1e-9, preempted
+    except (OSError, ValueError, StopIteration):
+        return 0.0, 0.0, 0
+
+
 class HostProfile:
-    """Attached to `engine` (an EngineLoop of rank 0) from construction until detach()."""
+    """Attached to `engine` (an EngineLoop of rank 0) from construction until detach(); made,
+    reset and reported in the thread that steps it (its scheduling is that thread's)."""
 
     def __init__(self, engine):
         self.totals: Dict[str, float] = defaultdict(float)
         self.counts: Dict[str, int] = defaultdict(int)
+        self._sched = _thread_sched()
         self._engine = engine
         self._patched = []
         runner, book, core = engine.runner, engine.grammar, engine.core
@@ -81,13 +100,17 @@ class HostProfile:
     def reset(self):
         self.totals.clear()
         self.counts.clear()
+        self._sched = _thread_sched()
 
     def report(self) -> dict:
         """The totals since the last reset: counts, and each phase's ms per scheduled step."""
         steps = max(self.counts.get("steps", 0), 1)
         per = {k: round(v / steps * 1e3, 3) for k, v in sorted(self.totals.items())}
+        cpu, delay, preempted = (now - then for now, then in zip(_thread_sched(), self._sched))
         return {**dict(sorted(self.counts.items())), "wall_s": round(self.totals.get("turn", 0.0), 3),
-                "host_ms_per_step": per}
+                "host_ms_per_step": per, "thread": {"cpu_ms_per_step": round(cpu / steps * 1e3, 3),
+                                                    "run_delay_ms_per_step": round(delay / steps * 1e3, 3),
+                                                    "preempted": preempted}}
 
     def detach(self):
         MaskFill.result = self._mask_result

@@ -23,6 +23,7 @@ Invariant: at most one fill is in flight, and nothing else touches a matcher whi
 engine checks its job before the next commit); a gated job opens its ticket however the fill
 ends."""
 
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import List, Optional
 
@@ -33,6 +34,15 @@ from rtp_llm.device.base import HostGate
 # From this many live rows the fill is one batch call (on the thread under overlap); below, one
 # call per matcher in the engine thread.
 BATCH_MIN_ROWS = 8
+
+
+def fill_threads():
+    """xgrammar's threads for a batch fill: RTP_LLM_GRAMMAR_FILL_THREADS (a tuning knob, measured in
+    docs/serving_benchmarks.md), default "auto" (xgrammar's: half the cores)."""
+    value = os.environ.get("RTP_LLM_GRAMMAR_FILL_THREADS", "auto")
+    if value != "auto" and not (value.isdigit() and int(value) >= 1):
+        raise ValueError(f"RTP_LLM_GRAMMAR_FILL_THREADS must be 'auto' or an integer >= 1, got {value!r}")
+    return value if value == "auto" else int(value)
 
 
 class FillJob:
@@ -88,7 +98,7 @@ class MaskFiller:
         if self._batch is None:
             import xgrammar as xgr
 
-            self._batch = xgr.BatchGrammarMatcher("auto")
+            self._batch = xgr.BatchGrammarMatcher(fill_threads())
         self._batch.batch_fill_next_token_bitmask(live, host, rows)
 
     def close(self):

@@ -27,6 +27,7 @@ class ProfileHostTest(unittest.TestCase):
                                  "turn"} <= set(free), free)
                 self.assertFalse({"fill_mask", "mask_wait", "advance"} & set(free))
                 self.assertEqual((report["steps"], report["streams"], report["grammar_steps"]), (7, 21, 0))
+                self.assertGreater(report["thread"]["cpu_ms_per_step"], 0)  # (Linux: /proc/thread-self)
                 steps, wall, report = profile_host.run(llm, prompts, 8, schema)
                 constrained = report["host_ms_per_step"]
                 self.assertTrue({"fill_mask", "mask_wait", "advance"} <= set(constrained), constrained)
