@@ -301,21 +301,36 @@ class GrammarBook:
 
     def advance(self, stream_ids: np.ndarray, tokens: np.ndarray, appended: np.ndarray):
         """Each grammar row's committed token into its stream's matcher, where the core kept it
-        (appended) — once per committed token. (accept_token one by one, in this thread: cheaper
-        than xgrammar's batch accept for a step's rows, and a thread of their own was slower:
-        mask_filler.py.)"""
-        streams, stop_ids = self._streams, self._stop_ids
+        (appended) — once per committed token. One xgrammar batch accept for the step's rows, in
+        this thread (with xgrammar 0.2.9 a quarter of the time of one accept_token per row:
+        docs/serving_benchmarks.md, session 17; a thread of its own was slower: mask_filler.py)."""
+        streams = self._streams
+        accepting, matchers, accepted_tokens = [], [], []
         for sid, token, kept in zip(stream_ids.tolist(), tokens.tolist(), appended.tolist()):
             st = streams.get(sid)
             if not kept or st is None or st.matcher is None:
                 continue
             st.accepted += 1
-            if st.terminated:  # (past its grammar: ignore_eos, min_new_tokens; stop tokens only)
-                continue
-            if not st.matcher.accept_token(token):
+            if not st.terminated:  # (past its grammar: ignore_eos, min_new_tokens; stop tokens only)
+                accepting.append((sid, st))
+                matchers.append(st.matcher)
+                accepted_tokens.append(token)
+        if not matchers:
+            return
+        ok = self._batch_accept(matchers, accepted_tokens)
+        if all(ok) and self._stop_ids.isdisjoint(accepted_tokens):
+            return
+        for (sid, st), token, good in zip(accepting, accepted_tokens, ok):
+            if not good:
                 log.error("stream %d: the grammar rejects its sampled token %d (the mask allowed it)", sid, token)
-            elif token in stop_ids:
+            elif token in self._stop_ids:
                 st.terminated = True
+
+    @staticmethod
+    def _batch_accept(matchers: list, tokens: List[int]) -> List[bool]:
+        import xgrammar as xgr
+
+        return xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
 
     def accepted(self, sid: int) -> int:
         """Tokens the stream's matcher accepted (tests)."""
