@@ -74,6 +74,7 @@ class MaskFiller:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rtp_llm-mask") if threaded else None
         self._gate = gate if threaded else None
         self._batch = None  # xgrammar's BatchGrammarMatcher, made on first use
+        self._threads = fill_threads()  # (read here: a bad value fails the engine's start, not its steps)
 
     def submit(self, live: list, host: torch.Tensor, rows: List[int]) -> Optional[FillJob]:
         """Fills host[rows[j]] ([G, W] int32) from matcher live[j], or starts to: None when done."""
@@ -98,7 +99,7 @@ class MaskFiller:
         if self._batch is None:
             import xgrammar as xgr
 
-            self._batch = xgr.BatchGrammarMatcher(fill_threads())
+            self._batch = xgr.BatchGrammarMatcher(self._threads)
         self._batch.batch_fill_next_token_bitmask(live, host, rows)
 
     def close(self):
