@@ -152,7 +152,8 @@ class EngineLoop:
         self._init_stepping(overlap, grammar)  # (ranks > 0 get the sampled tokens by broadcast: model_runner)
         if args.warm_up and self.core is not None:
             self.warm_up()
-        self.host_profile = HostProfile(self) if args.host_profile and self.core is not None else None
+        if args.host_profile and self.core is not None:
+            self.host_profile = HostProfile(self)
 
     def _init_stepping(self, overlap: bool, grammar: Optional[GrammarBook] = None):
         """The stepping state, once self.core and self.runner exist. grammar: rank 0's (None:
@@ -163,6 +164,7 @@ class EngineLoop:
         self._pending: Optional[PendingStep] = None  # sampled, not yet committed (overlap)
         self._unsampled: Optional[Forwarded] = None  # forward queued; samples once _pending commits (grammar rows)
         self.grammar = grammar
+        self.host_profile: Optional[HostProfile] = None  # (--host_profile: set once the engine is built)
         if grammar is None and self.core is not None:
             self.grammar = GrammarBook.refusing(self.core, "this engine does not sample with grammars")
 
