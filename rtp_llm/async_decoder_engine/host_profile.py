@@ -6,7 +6,7 @@ fill_mask / sample / commit; inside commit, "wait" (blocked on the device for th
 and "core_commit" (the core's bookkeeping and output delivery); inside sample, "mask_wait"
 (waiting for, or gating on, the grammar mask and queueing its upload); the book's "advance"
 (matchers) and "poll" (compiles, ended streams); the core's "schedule". Counts: turns of the
-loop (steps), the streams and tokens they scheduled, how many had grammar rows or prompt tokens
+loop, the steps they scheduled, the streams and tokens they scheduled, how many had grammar rows or prompt tokens
 (mixed steps), and the wall time of the turns. Nothing is synchronized beyond what the loop
 waits for itself, so "wait" near zero means the host is the bottleneck. And the thread's own
 scheduling (Linux, /proc/thread-self): its CPU time, the time it sat runnable but not running
@@ -66,7 +66,6 @@ class HostProfile:
             step.result = self._timed("wait", step.result)
             return commit(core_, step)
         runner.commit = commit_waits  # (replaces the timed one, which it calls; detach() drops both)
-        self._engine_step = engine.step
         engine.step = self._timed("turn", engine.step, lambda _: self.counts.__setitem__("turns", self.counts["turns"] + 1))
 
     def _timed(self, name, call, after=None):
