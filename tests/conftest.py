@@ -13,17 +13,19 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _load_testlib():
-    """The tests' shared helpers, rtp_llm/test/testlib.py, as the module `testlib`. The wheel
-    does not ship rtp_llm/test, and the source tree cannot go on sys.path (its `rtp_llm` would
-    shadow the installed one, which has the built libraries): load the one file."""
-    spec = importlib.util.spec_from_file_location("testlib", os.path.join(ROOT, "rtp_llm", "test", "testlib.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["testlib"] = module
-    spec.loader.exec_module(module)
+def _load_helpers(*names):
+    """The tests' shared helpers in rtp_llm/test (testlib.py, fp32_agreement.py), each as the
+    module of its name. The wheel does not ship rtp_llm/test, and the source tree cannot go on
+    sys.path (its `rtp_llm` would shadow the installed one, which has the built libraries):
+    load the files."""
+    for name in names:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "rtp_llm", "test", f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
 
 
-_load_testlib()
+_load_helpers("testlib", "fp32_agreement")
 
 
 def pytest_configure(config):

@@ -5,21 +5,23 @@ Q5_0, v Q5_0 or Q8_0, down Q4_K / Q6_K, the head Q8_0). The default bf16 run com
 packed blocks (activations quantized per 32-block); the fp32 run widens the same weights (the
 HF-parity path) and is the reference.
 
-Measured greedy agreement with fp32 over these 64-token continuations (first differing token),
-SmolLM2 Q4_1: every projection and the tied head quantized 26, 13, 21, 13 (projections only, the
-head from the widened table: 17, 13, 21, 8); the whole file widened to bf16 64, 53, 21, 24.
-Asserted: a prefix below each measured one, and the facts in the text. (Qwen2.5's agreement,
-now with its Q5_0 projections quantized too, is tests/test_kquant_real_model.py's.)"""
+How closely the bf16 path follows fp32 is read teacher-forced (rtp_llm/test/fp32_agreement.py:
+after each prefix of the fp32 path's 64-token greedy continuation, the bf16 path's next token).
+Measured, SmolLM2 Q4_1, every projection and the tied head quantized: 95.7% of 256 positions,
+misses where fp32's two best were within 0.23 nats; the whole file widened to bf16: 98.4%, misses
+within 0.15. (Free-running, the first differing token moved from 26, 13, 21, 13 to 5, 5, 23, 8 on
+a CPU with AVX512-BF16: a near-tie decides it.) Asserted: fp32_agreement's real-model bounds,
+and the facts in the bf16 path's own text. (Qwen2.5's reading, its Q5_0 projections quantized
+too, is tests/test_kquant_real_model.py's.)"""
 
 import gguf
-from testlib import bf16_fp32_agreement
+from fp32_agreement import teacher_forced
 
 from rtp_llm.llm import LLM
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of",
            "List three colors: red,"]
 NEW_TOKENS = 64
-MIN_AGREEMENT_SMOLLM2 = [16, 8, 16, 8]
 
 
 def _llm(path, act_type, kv_mb=128):
@@ -77,7 +79,7 @@ def test_qwen25_q5_0_projections_stay_quantized(qwen25):
 
 
 def test_smollm2_greedy_tokens_follow_the_dequantized_fp32_path(smollm2):
-    agree, bf16, _ = bf16_fp32_agreement(smollm2, PROMPTS, NEW_TOKENS, "quantized bf16")
-    text = [r.outputs[0].text for r in bf16]
-    assert all(a >= least for a, least in zip(agree, MIN_AGREEMENT_SMOLLM2)), (agree, text)
+    reading = teacher_forced(smollm2, PROMPTS, NEW_TOKENS, "quantized bf16")
+    assert reading.follows_fp32(), reading
+    text = reading.texts
     assert "Paris" in text[0] and "return" in text[1] and "boiling" in text[2] and "blue" in text[3], text

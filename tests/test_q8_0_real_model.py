@@ -1,20 +1,20 @@
 """GGUF Q8_0 kept quantized on the CPU, on a real model: SmolLM2-135M's file written as Q8_0
 (testlib.requantize_gguf). The default bf16 run computes on the Q8_0 blocks (activations
 quantized per 32-block); the fp32 run widens the same weights (the HF-parity path) and is the
-reference. Measured greedy agreement over these 64-token continuations (first differing token):
-Q8_0 bf16 12, 25, 54, 8 (24, 64, 54, 8 since the tied LM head runs on the Q8_0 table too); the
-same weights widened to bf16 19, 53, 33, 8 (bf16 rounding alone departs as early), so what is
-asserted is the shorter prefix both keep."""
+reference. Read teacher-forced (rtp_llm/test/fp32_agreement.py), over these 64-token
+continuations: 97.7% of 256 positions, misses where fp32's two best were within 0.25 nats.
+(Free-running, the first differing token was 24, 64, 54, 8 on one CPU; bf16 rounding alone,
+the same weights widened, departs as early.) Asserted: fp32_agreement's real-model bounds."""
 
 import pytest
-from testlib import bf16_fp32_agreement, requantize_gguf
+from fp32_agreement import teacher_forced
+from testlib import requantize_gguf
 
 from rtp_llm.llm import LLM
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of",
            "List three colors: red,"]
 NEW_TOKENS = 64
-COMMON_PREFIX = 8
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +36,6 @@ def test_q8_0_weights_stay_quantized(smollm2_q8_0):
 
 
 def test_greedy_tokens_follow_the_dequantized_fp32_path(smollm2_q8_0):
-    agree, q8, ref = bf16_fp32_agreement(smollm2_q8_0, PROMPTS, NEW_TOKENS, "Q8_0 bf16", kv_cache_mem_mb=256)
-    for a, b, n in zip(q8, ref, agree):
-        assert n >= COMMON_PREFIX, (a.prompt, a.outputs[0].text, b.outputs[0].text)
+    reading = teacher_forced(smollm2_q8_0, PROMPTS, NEW_TOKENS, "Q8_0 bf16", kv_cache_mem_mb=256)
+    assert reading.follows_fp32(), reading
+    assert "Paris" in reading.texts[0], reading.texts

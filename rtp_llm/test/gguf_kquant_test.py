@@ -11,7 +11,8 @@ import unittest
 
 import torch
 
-from rtp_llm.test.testlib import add_tiny_tokenizer, make_tiny, random_prompts, teacher_forced_agreement, write_gguf
+from rtp_llm.test.fp32_agreement import teacher_forced
+from rtp_llm.test.testlib import add_tiny_tokenizer, make_tiny, random_prompts, write_gguf
 
 # model: (the down projections' type, packed bytes per file byte)
 MODELS = {"llama_mha_untied": ("Q4_K", 2368 / 2304), "qwen2_mqa_tied": ("Q6_K", 3392 / 3360)}
@@ -71,10 +72,8 @@ class GgufKQuantTest(unittest.TestCase):
         # kernel or layout gives ~1/512.
         prompts = random_prompts(7, [5, 40, 130])
         for name, (path, hf) in self.files.items():
-            agree, n = teacher_forced_agreement(path, hf, prompts, NEW_TOKENS)
-            print(f"{name} ({MODELS[name][0]} down): bf16 next tokens equal the fp32 path's at {agree:.1%} "
-                  f"of {n} positions")
-            self.assertGreaterEqual(agree, 0.85, name)
+            reading = teacher_forced(path, prompts, NEW_TOKENS, f"{name} ({MODELS[name][0]} down) bf16", hf, 64)
+            self.assertGreaterEqual(reading.share, 0.85, name)
 
 
 if __name__ == "__main__":

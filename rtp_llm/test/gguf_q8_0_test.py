@@ -12,7 +12,8 @@ import unittest
 
 import torch
 
-from rtp_llm.test.testlib import add_tiny_tokenizer, make_tiny, random_prompts, teacher_forced_agreement, write_gguf
+from rtp_llm.test.fp32_agreement import teacher_forced
+from rtp_llm.test.testlib import add_tiny_tokenizer, make_tiny, random_prompts, write_gguf
 
 # Llama MHA untied: permuted q/k rows and a quantized LM head; Qwen2 MQA tied: q/k/v bias, the
 # LM head packed from the (quantized) embedding table. (model, format): packed bytes per file byte (one
@@ -96,9 +97,8 @@ class GgufBlock32Test(unittest.TestCase):
         # and tests/test_block32_real_model.py.)
         prompts = random_prompts(7, [5, 40, 130])
         for (name, qtype), (path, hf) in self.files.items():
-            agree, n = teacher_forced_agreement(path, hf, prompts, NEW_TOKENS)
-            print(f"{name}: {qtype} bf16 next tokens equal the fp32 path's at {agree:.1%} of {n} positions")
-            self.assertGreaterEqual(agree, 0.85, (name, qtype))
+            reading = teacher_forced(path, prompts, NEW_TOKENS, f"{name}: {qtype} bf16", hf, 64)
+            self.assertGreaterEqual(reading.share, 0.85, (name, qtype))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import unittest
 import numpy as np
 import torch
 
-from rtp_llm.test.testlib import add_tiny_tokenizer, make_tiny, random_prompts, teacher_forced_agreement
+from rtp_llm.test.fp32_agreement import teacher_forced
+from rtp_llm.test.testlib import add_tiny_tokenizer, make_tiny, random_prompts
 
 MODELS = ("qwen3_gqa_untied", "qwen2_mqa_tied")
 
@@ -61,9 +62,8 @@ class QuantizeAtLoadTest(unittest.TestCase):
         # Teacher-forced as gguf_q8_0_test (a broken block or row order gives ~1/512).
         prompts = random_prompts(3, [5, 40, 130])
         for name, path in self.paths.items():
-            agree, n = teacher_forced_agreement(path, path, prompts, 32, quantization="int8")
-            print(f"{name}: int8 bf16 next tokens equal the fp32 path's at {agree:.1%} of {n} positions")
-            self.assertGreaterEqual(agree, 0.85, name)
+            reading = teacher_forced(path, prompts, 32, f"{name}: int8 bf16", path, 64, quantization="int8")
+            self.assertGreaterEqual(reading.share, 0.85, name)
 
     def test_what_cannot_run_is_refused_by_flag_name(self):
         from rtp_llm.config.server_config import parse_server_config

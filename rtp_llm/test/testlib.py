@@ -377,51 +377,6 @@ def assert_prefix_cache_and_preemption_match_hf(test, path: str, hf, config: dic
                 llm.close()
 
 
-def teacher_forced_agreement(path: str, tokenizer_path: str, prompts, new_tokens: int, **bf16_args):
-    """(share, positions): how often the bf16 path's next token equals the fp32 path's, after
-    each prefix of the fp32 path's greedy continuation of each prompt (teacher-forced: the
-    free-running greedy text of a random tiny model is chaotic, so it cannot be compared).
-    bf16_args: the bf16 LLM's extra arguments (e.g. quantization)."""
-    from rtp_llm.llm import LLM
-
-    def llm(act_type, **kw):
-        return LLM(path, tokenizer_path=tokenizer_path, act_type=act_type, progress=False, max_seq_len=512,
-                   kv_cache_mem_mb=64, **kw)
-
-    ref_llm = llm("fp32")
-    ref = [o.outputs[0].token_ids for o in ref_llm.generate(prompts, {"max_new_tokens": new_tokens,
-                                                                      "temperature": 0, "ignore_eos": True})]
-    ref_llm.close()
-    forced = [p + r[:t] for p, r in zip(prompts, ref) for t in range(new_tokens)]
-    want = [r[t] for r in ref for t in range(new_tokens)]
-    quant = llm("bf16", **bf16_args)
-    got = [o.outputs[0].token_ids[0] for o in quant.generate(forced, {"max_new_tokens": 1, "temperature": 0})]
-    quant.close()
-    return sum(a == b for a, b in zip(got, want)) / len(want), len(want)
-
-
-def bf16_fp32_agreement(path: str, prompts, new_tokens: int, label: str, kv_cache_mem_mb: int = 128):
-    """(agree, bf16 outputs, fp32 outputs): the default bf16 path's greedy continuations of
-    `prompts` on `path` against the fp32 path's (a quantized file's reference: every weight
-    widened), ignore_eos; agree[i]: the index of prompt i's first differing token (new_tokens
-    where none differs). Prints each reading, `label` naming the bf16 side."""
-    from rtp_llm.llm import LLM
-
-    runs = {}
-    for act_type in ("bf16", "fp32"):
-        llm = LLM(path, act_type=act_type, progress=False, max_seq_len=512, kv_cache_mem_mb=kv_cache_mem_mb)
-        try:
-            runs[act_type] = llm.generate(prompts, greedy_config(new_tokens))
-        finally:
-            llm.close()
-    agree = []
-    for a, b in zip(runs["bf16"], runs["fp32"]):
-        x, y = a.outputs[0].token_ids, b.outputs[0].token_ids
-        agree.append(next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(y)))
-        print(f"{a.prompt!r}: {label} agrees with fp32 on {agree[-1]} of {len(y)} tokens")
-    return agree, runs["bf16"], runs["fp32"]
-
-
 def hf_tokenizer(path: str):
     """The tokenizer of an HF checkpoint directory or a .gguf file."""
     from transformers import AutoTokenizer
