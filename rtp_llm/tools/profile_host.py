@@ -30,8 +30,14 @@ def run(llm, prompts, new_tokens, schema, temperature=0.0):
     if schema is not None:
         fields["json_schema"] = schema
     cfg = GenerateConfig(**fields).to_proto()
+    finished = core.stats()["finished"]
     sids = [core.enqueue(p, cfg) for p in prompts]
-    while engine.grammar.compiling() or core.stats()["running"] < len(prompts):  # admitted, prompts run
+
+    def unadmitted():  # (a stream may end before the last is admitted: a grammar's compile can lag)
+        stats = core.stats()
+        return len(prompts) - stats["running"] - (stats["finished"] - finished)
+
+    while engine.grammar.compiling() or unadmitted() > 0:  # admitted, prompts run
         engine.step()
     profile = HostProfile(engine)
     try:
