@@ -43,9 +43,9 @@ def test_smollm2_q4_1_projections_stay_quantized(smollm2):
         layers = llm.engine.runner.model.layers
         packed = [w for l in layers for w in _projections(l)]
         assert all(isinstance(w, Q8_0Linear) and w.qtype == "Q4_1" for w in packed), packed[0]
-        # Every Q4_1 tensor of the file is a projection: 640 packed bytes per 16 x 32 weights,
-        # the file's 320: twice its bytes (0.625 of bf16's).
-        assert sum(w.nbytes for w in packed) == 2 * file_bytes
+        # Every Q4_1 tensor of the file is a projection: 384 packed bytes per 16 x 32 weights,
+        # the file's 320 (nibbles as stored; d, m and the sums per line: 0.375 of bf16's).
+        assert sum(w.nbytes for w in packed) * 320 == 384 * file_bytes
         # The tied head: packed from the Q8_0 embedding table, which the lookup reads as stored.
         model = llm.engine.runner.model
         assert isinstance(model.lm_head, Q8_0Linear) and model.lm_head.qtype == "Q8_0"

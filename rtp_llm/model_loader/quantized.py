@@ -209,7 +209,7 @@ def _as_q8_0(p: Weight) -> Optional[Q8_0Tensor]:
 def cat_rows(parts: Sequence[Weight]) -> Weight:
     """Weights stacked along their output rows (fused q/k/v, gate/up): quantized when every part
     is, in one format, or when every part is exactly Q8_0 (Q4_K_M files of Qwen2.5 mix Q5_0 q/k
-    with Q8_0 v: stacked as Q8_0 blocks, the same 1.125 bytes a weight packed); widened otherwise."""
+    with Q8_0 v: stacked as Q8_0 blocks, 1.125 bytes a weight packed against Q5_0's 0.75); widened otherwise."""
     if all(isinstance(p, QuantizedTensor) for p in parts) and len({type(p) for p in parts}) == 1:
         return type(parts[0])(torch.cat([p.blocks for p in parts]), (sum(p.shape[0] for p in parts), parts[0].shape[1]),
                               parts[0].dtype)

@@ -17,14 +17,14 @@ from rtp_llm.test.testlib import add_tiny_tokenizer, make_tiny, random_prompts, 
 
 # Llama MHA untied: permuted q/k rows and a quantized LM head; Qwen2 MQA tied: q/k/v bias, the
 # LM head packed from the (quantized) embedding table. (model, format): packed bytes per file byte (one
-# 576- or 640-byte record per 16 columns x 32 weights).
+# record per 16 columns x 32 weights: cpu/q8_0.h).
 FILES = {
     ("llama_mha_untied", "Q8_0"): 576 / (16 * 34),
     ("qwen2_mqa_tied", "Q8_0"): 576 / (16 * 34),
-    ("llama_mha_untied", "Q4_0"): 576 / (16 * 18),
-    ("qwen2_mqa_tied", "Q4_1"): 640 / (16 * 20),
-    ("llama_mha_untied", "Q5_0"): 576 / (16 * 22),
-    ("qwen2_mqa_tied", "Q5_1"): 640 / (16 * 24),
+    ("llama_mha_untied", "Q4_0"): 320 / (16 * 18),
+    ("qwen2_mqa_tied", "Q4_1"): 384 / (16 * 20),
+    ("llama_mha_untied", "Q5_0"): 384 / (16 * 22),
+    ("qwen2_mqa_tied", "Q5_1"): 448 / (16 * 24),
 }
 NEW_TOKENS = 64
 

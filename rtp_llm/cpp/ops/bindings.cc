@@ -52,8 +52,9 @@ PYBIND11_MODULE(librtp_compute_ops, m) {
   m.def("pack_q5_1_linear", &rtp_llm::ops::pack_q5_1_linear,
         "a GGUF Q5_1 tensor's rows, uint8 [N, K / 32 * 24] -> q8_0_linear's packed weight", pybind11::arg("blocks"));
   m.def("q8_0_linear", &rtp_llm::ops::q8_0_linear,
-        "x: [M, K] fp32/bf16 @ a packed 32-block weight (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) of n columns -> [M, n]",
-        pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("n"), pybind11::arg("out") = pybind11::none(),
+        "x: [M, K] fp32/bf16 @ a 32-block weight of n columns packed from qtype (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) -> [M, n]",
+        pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("n"), pybind11::arg("qtype"),
+        pybind11::arg("out") = pybind11::none(),
         pybind11::arg("portable") = false);
   m.def("pack_q4_k_linear", &rtp_llm::ops::pack_q4_k_linear,
         "a GGUF Q4_K tensor's rows, uint8 [N, K / 256 * 144] -> q4_k_linear's packed weight", pybind11::arg("blocks"));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include <ATen/ATen.h>
@@ -70,21 +71,21 @@ at::Tensor pack_bf16_gate_up(const at::Tensor& weight);
 at::Tensor bf16_linear_silu(const at::Tensor& x, const at::Tensor& packed);
 
 // GGUF projections of the 32-weight block formats kept quantized (cpu/q8_0.h documents the
-// formats and the one packing they share). pack_q8_0_linear / pack_q4_0_linear /
-// pack_q4_1_linear / pack_q5_0_linear / pack_q5_1_linear: the tensor's rows as stored, uint8
-// [N, K / 32 * 34 / 18 / 20 / 22 / 24] -> the kernels' int8 layout, uint8 [ceil(N / 16), K / 32,
-// 576] (640 for Q4_1 and Q5_1, which carry a min). q8_0_linear: x [M, K] fp32 or bf16 -> x @ W^T,
-// [M, n] in x's dtype (into `out` when given), for any of those packings; activations quantized
-// per 32-block to int8 on the fly; on AVX-512 VNNI where the CPU has it (q8_0_linear_vectorized())
-// unless `portable`, elsewhere portable C++ (the same bits).
+// formats and their packed records). pack_q8_0_linear / pack_q4_0_linear / pack_q4_1_linear /
+// pack_q5_0_linear / pack_q5_1_linear: the tensor's rows as stored, uint8 [N, K / 32 * 34 / 18 /
+// 20 / 22 / 24] -> uint8 [ceil(N / 16), K / 32, 576 / 320 / 384 / 384 / 448]. q8_0_linear: x
+// [M, K] fp32 or bf16 -> x @ W^T, [M, n] in x's dtype (into `out` when given), for a weight packed
+// from `qtype` ("Q8_0", "Q4_0", ...: the packer's); activations quantized per 32-block to int8 on
+// the fly; on AVX-512 VNNI where the CPU has it (q8_0_linear_vectorized()) unless `portable`,
+// elsewhere portable C++ (the same bits).
 bool q8_0_linear_vectorized();
 at::Tensor pack_q8_0_linear(const at::Tensor& blocks);
 at::Tensor pack_q4_0_linear(const at::Tensor& blocks);
 at::Tensor pack_q4_1_linear(const at::Tensor& blocks);
 at::Tensor pack_q5_0_linear(const at::Tensor& blocks);
 at::Tensor pack_q5_1_linear(const at::Tensor& blocks);
-at::Tensor q8_0_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& out,
-                       bool portable);
+at::Tensor q8_0_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::string& qtype,
+                       const std::optional<at::Tensor>& out, bool portable);
 
 // GGUF Q4_K and Q6_K projections kept quantized (cpu/kquant.h documents the formats and the
 // packing): pack_q4_k_linear / pack_q6_k_linear take the tensor's rows as stored, uint8

@@ -215,7 +215,7 @@ class CpuBackend(DeviceBackend):
 
     def linear(self, x, weight, out=None):
         if isinstance(weight, Q8_0Linear):
-            return self._ops.q8_0_linear(x, weight.packed, weight.out_features, out)
+            return self._ops.q8_0_linear(x, weight.packed, weight.out_features, weight.qtype, out)
         if isinstance(weight, KQuantLinear):
             return getattr(self._ops, f"{weight.stem}_linear")(x, weight.packed, weight.out_features, out)
         if weight.dim() == 4:  # pack_bf16_linear's layout

@@ -16,36 +16,57 @@
 //
 // Packed (pack_q8_0_linear, pack_q4_0_linear, ...), uint8 [ceil(N / 16), K / 32, record]: per
 // group of 16 output columns (the last padded with zero columns) and block b of 32 k, one record
-// of 9 cache lines (576 bytes) or, for formats with a min, 10 (640):
-//   bytes [0, 512):   q as int8, [8 quads][16 columns][4]: column 16g + c's weights k = 32b + 4t
-//                     .. + 3 at 64t + 4c (one `vpdpbusd` operand per quad of k);
-//   bytes [512, 544): the 16 columns' fp16 scales d;
-//   bytes [544, 576): the 16 columns' int16 sums of their 32 q (the VNNI kernel feeds
-//                     activations offset by +128 as unsigned bytes and subtracts 128 x the sum);
-//   with a min:
-//   bytes [576, 608): the 16 columns' fp16 mins m; [608, 640): zero.
-// Every format is w = d * q (+ m): Q8_0 q as stored; Q4_0 nib - 8; Q5_0 q5 - 16; Q4_1 nib and
-// Q5_1 q5 with their m. The unpacking is exact (d and m are the file's fp16 bits), so one kernel
-// serves them all. Bytes per weight packed (the file's): Q8_0 1.125 (1.0625), Q4_0 and Q5_0
-// 1.125 (0.5625, 0.6875), Q4_1 and Q5_1 1.25 (0.625, 0.75): the 4- and 5-bit formats read about
-// twice the file's bytes (still 0.56-0.63 of bf16's) for one int8 kernel with no unpacking in
-// its inner loop.
+// of whole cache lines. Every format is w = d * q (+ m), q an int8 (Q8_0 q as stored; Q4_0 nib - 8;
+// Q5_0 q5 - 16; Q4_1 nib and Q5_1 q5 with their m), and the kernels consume q as 8 `vpdpbusd`
+// operands of 64 bytes, operand t holding column 16g + c's weights k = 32b + 4t .. + 3 at byte 4c.
+// Q8_0's record (wide, 576 bytes: 1.125 per weight, the file's 1.0625) stores those operands as
+// int8; the 4- and 5-bit formats' records (narrow) store each byte's q + zero as a nibble (and a
+// 5th bit), so a decode step reads about the file's bytes:
+//   bytes [0, 256) (narrow): 4 chunks of 64; chunk j's byte i holds operand 2j's byte i in its
+//                  low nibble and operand 2j + 1's in its high nibble;
+//   bytes [256, 320) (5-bit only): per operand t a little-endian uint64, bit i its byte i's 5th bit;
+//   then d (16 fp16), the int16 sums of the 32 q of each column (the VNNI kernel feeds
+//   activations offset by +128 as unsigned bytes and subtracts 128 x the sum), and for formats
+//   with a min m (16 fp16), zero-padded to a whole cache line.
+//   bytes per record (per weight; the file's): Q8_0 576 (1.125; 1.0625), Q4_0 320 (0.625; 0.5625),
+//   Q4_1 384 (0.75; 0.625), Q5_0 384 (0.75; 0.6875), Q5_1 448 (0.875; 0.75).
+// The packing is exact (d and m are the file's fp16 bits). A narrow record is unpacked in
+// registers to the very q a wide one would hold, so every format runs the same integer sums and
+// fp32 operations in the same order.
 #pragma once
 
 #include <cstdint>
 
 namespace rtp_llm::ops::q8_0 {
 
-constexpr int kBlock = 32;                                // weights per block (a scale each)
-constexpr int kFileBlockBytes = 2 + kBlock;               // fp16 d + 32 int8
-constexpr int kGroupCols = 16;                            // output columns per packed group
-constexpr int kQuadsPerBlock = kBlock / 4;                // `vpdpbusd` operands per block
-constexpr int kQsBytes = kGroupCols * kBlock;             // 512
-constexpr int kScalesOffset = kQsBytes;                   // 16 fp16
-constexpr int kSumsOffset = kScalesOffset + 2 * kGroupCols;  // 16 int16
-constexpr int kPackedBlockBytes = kSumsOffset + 2 * kGroupCols;  // 576 = 9 x 64
-constexpr int kMinsOffset = kPackedBlockBytes;                    // 16 fp16 (formats with a min)
-constexpr int kPackedMinBlockBytes = kMinsOffset + 64;            // 640 = 10 x 64
+constexpr int kBlock = 32;                    // weights per block (a scale each)
+constexpr int kFileBlockBytes = 2 + kBlock;   // Q8_0: fp16 d + 32 int8
+constexpr int kGroupCols = 16;                // output columns per packed group
+constexpr int kQuadsPerBlock = kBlock / 4;    // `vpdpbusd` operands per block
+constexpr int kOperandBytes = 64;             // kGroupCols x 4
+constexpr int kQsBytes = kGroupCols * kBlock;  // 512: the operands as int8 (wide)
+constexpr int kNibbleBytes = kQsBytes / 2;     // 256: as nibbles (narrow)
+constexpr int kPlaneBytes = kQuadsPerBlock * 8;  // 64: the 5th bits, a uint64 per operand
+
+enum class Format { kQ8_0, kQ4_0, kQ4_1, kQ5_0, kQ5_1 };
+
+// A format's record (the layout above): q's bits as stored (8: int8 operands; 4 or 5: nibbles,
+// and a bit plane for 5), the zero point taken off them, and the byte offsets of d, the sums and
+// m (-1: no min).
+struct Record {
+  int bytes, bits, zero, scales, sums, mins;
+};
+
+constexpr Record record_of(Format f) {
+  switch (f) {
+    case Format::kQ4_0: return {320, 4, 8, kNibbleBytes, kNibbleBytes + 32, -1};
+    case Format::kQ4_1: return {384, 4, 0, kNibbleBytes, kNibbleBytes + 32, kNibbleBytes + 64};
+    case Format::kQ5_0: return {384, 5, 16, kNibbleBytes + kPlaneBytes, kNibbleBytes + kPlaneBytes + 32, -1};
+    case Format::kQ5_1:
+      return {448, 5, 0, kNibbleBytes + kPlaneBytes, kNibbleBytes + kPlaneBytes + 32, kNibbleBytes + kPlaneBytes + 64};
+    default: return {576, 8, 0, kQsBytes, kQsBytes + 32, -1};
+  }
+}
 
 // The file formats' bytes per 32-block (d, m, qh offsets follow from the layouts above).
 constexpr int kQ4_0FileBytes = 18;
@@ -58,9 +79,8 @@ constexpr int kQ5_1FileBytes = 24;
 // block's sum of q (exact in int32).
 constexpr float kQMax = 127.f;
 
-// One call's operands: x [M, K] fp32 (row stride ldx), the packed weight of N columns, out
-// [M, N] fp32 (row stride ldo). K % kBlock == 0. `mins`: the records are kPackedMinBlockBytes
-// with m (else kPackedBlockBytes).
+// One call's operands: x [M, K] fp32 (row stride ldx), the packed weight of N columns in
+// `format`'s records, out [M, N] fp32 (row stride ldo). K % kBlock == 0.
 struct Gemm {
   const float* x;
   int64_t ldx;
@@ -68,7 +88,7 @@ struct Gemm {
   float* out;
   int64_t ldo;
   int64_t M, N, K;
-  bool mins;
+  Format format;
 };
 
 // The arithmetic both kernels do, per (row, column, block), in this order: s = sum_32 q_w q_x

@@ -1,5 +1,6 @@
 // The portable kernel of the 32-block formats (q8_0.h): plain C++ for CPUs without AVX-512 VNNI
-// (AVX2, aarch64) and for RTP_LLM_CPU_AVX512=0. The same arithmetic as avx512_q8_0.cc:
+// (AVX2, aarch64) and for RTP_LLM_CPU_AVX512=0. The same arithmetic as avx512_q8_0.cc (narrow
+// records unpacked to the wide one's int8 q first):
 // activations quantized per row and 32-block to int8, exact int32 sums per (row, column, block),
 // then acc = fma(sum, d_w * d_x, acc) (and, with a min, acc = fma(sum of x's q, m * d_x, acc))
 // block by block, so the two kernels agree to the last bit.
@@ -41,23 +42,38 @@ void quantize_row(const float* x, int64_t K, int8_t* q, float* d, int32_t* xs) {
   }
 }
 
+// A record's q as the wide record's int8 operands ([8][64], q8_0.h): as stored (8 bits), or
+// from the nibbles (and the 5th bits) less the zero point.
+const int8_t* operands(const uint8_t* rec, const Record& r, int8_t* q) {
+  if (r.bits == 8) return reinterpret_cast<const int8_t*>(rec);
+  for (int t = 0; t < kQuadsPerBlock; t++) {
+    uint64_t plane = 0;
+    if (r.bits == 5) std::memcpy(&plane, rec + kNibbleBytes + 8 * t, sizeof(plane));
+    for (int i = 0; i < kOperandBytes; i++) {
+      const int nib = (rec[kOperandBytes * (t / 2) + i] >> (4 * (t % 2))) & 0xF;
+      q[kOperandBytes * t + i] = static_cast<int8_t>(nib + 16 * static_cast<int>((plane >> i) & 1) - r.zero);
+    }
+  }
+  return q;
+}
+
 // One row's 16 columns of a group (cols of them exist): xq [K], xd and xs [nb], wg the group's
-// nb packed records (of `record` bytes; with mins when kPackedMinBlockBytes).
-void group_row(const int8_t* xq, const float* xd, const int32_t* xs, int64_t nb, const uint8_t* wg, int record,
+// nb packed records of `r`'s layout.
+void group_row(const int8_t* xq, const float* xd, const int32_t* xs, int64_t nb, const uint8_t* wg, const Record& r,
                float* out, int64_t cols) {
   float acc[kGroupCols] = {};
-  const bool mins = record == kPackedMinBlockBytes;
+  int8_t unpacked[kQsBytes];
   for (int64_t b = 0; b < nb; b++) {
-    const uint8_t* rec = wg + b * record;
-    const int8_t* qs = reinterpret_cast<const int8_t*>(rec);
+    const uint8_t* rec = wg + b * r.bytes;
+    const int8_t* qs = operands(rec, r, unpacked);
     const int8_t* xb = xq + b * kBlock;
     int32_t sum[kGroupCols] = {};
     for (int t = 0; t < kQuadsPerBlock; t++)
       for (int c = 0; c < kGroupCols; c++)
-        for (int j = 0; j < 4; j++) sum[c] += xb[4 * t + j] * qs[64 * t + 4 * c + j];
+        for (int j = 0; j < 4; j++) sum[c] += xb[4 * t + j] * qs[kOperandBytes * t + 4 * c + j];
     for (int c = 0; c < kGroupCols; c++) {
-      acc[c] = std::fma(static_cast<float>(sum[c]), fp16_at(rec + kScalesOffset + 2 * c) * xd[b], acc[c]);
-      if (mins) acc[c] = std::fma(static_cast<float>(xs[b]), fp16_at(rec + kMinsOffset + 2 * c) * xd[b], acc[c]);
+      acc[c] = std::fma(static_cast<float>(sum[c]), fp16_at(rec + r.scales + 2 * c) * xd[b], acc[c]);
+      if (r.mins >= 0) acc[c] = std::fma(static_cast<float>(xs[b]), fp16_at(rec + r.mins + 2 * c) * xd[b], acc[c]);
     }
   }
   std::memcpy(out, acc, cols * sizeof(float));
@@ -74,14 +90,14 @@ void gemm_portable(const Gemm& g) {
     for (int64_t m = begin; m < end; m++)
       quantize_row(g.x + m * g.ldx, g.K, xq.data() + m * g.K, xd.data() + m * nb, xs.data() + m * nb);
   });
-  const int record = g.mins ? kPackedMinBlockBytes : kPackedBlockBytes;
+  const Record r = record_of(g.format);
   const int64_t panels = (g.M + kPanelRows - 1) / kPanelRows;
   at::parallel_for(0, panels * groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; unit++) {
       const int64_t grp = unit % groups, m0 = unit / groups * kPanelRows, m1 = std::min(g.M, m0 + kPanelRows);
       const int64_t cols = std::min<int64_t>(kGroupCols, g.N - grp * kGroupCols);
       for (int64_t m = m0; m < m1; m++)
-        group_row(xq.data() + m * g.K, xd.data() + m * nb, xs.data() + m * nb, nb, g.w + grp * nb * record, record,
+        group_row(xq.data() + m * g.K, xd.data() + m * nb, xs.data() + m * nb, nb, g.w + grp * nb * r.bytes, r,
                   g.out + m * g.ldo + grp * kGroupCols, cols);
     }
   });
