@@ -16,6 +16,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -67,15 +68,24 @@ def build(cache: str = os.path.expanduser("~/.cache/rtp_llm/llama.cpp")) -> str:
     return bin_dir
 
 
-def _run(cmd) -> str:
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+def _run(cmd, no_repack) -> str:
+    """cmd's stdout. llama.cpp repacks weights for its fastest kernels by default; where that path
+    crashes (its AMX kernels died with SIGSEGV on a 2-core VM with AMX), cmd again with
+    `no_repack` (the tool's flag turning repacking off), said on stderr."""
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode == -signal.SIGSEGV:
+        _log(f"{os.path.basename(cmd[0])} crashed with repacked weights (SIGSEGV); again with {' '.join(no_repack)}")
+        out = subprocess.run(cmd + no_repack, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise subprocess.CalledProcessError(out.returncode, cmd, out.stdout, out.stderr)
     return out.stdout
 
 
 def batch1(bin_dir: str, gguf: str, threads: int, prompt_len: int, gen_len: int, repeats: int):
     """(prefill tok/s, decode tok/s) at batch 1: llama-bench's averages over `repeats` runs."""
     rows = json.loads(_run([os.path.join(bin_dir, "llama-bench"), "-m", gguf, "-t", str(threads),
-                            "-p", str(prompt_len), "-n", str(gen_len), "-r", str(repeats), "-o", "json"]))
+                            "-p", str(prompt_len), "-n", str(gen_len), "-r", str(repeats), "-o", "json"],
+                           ["--repack", "0"]))
     prefill = next(r["avg_ts"] for r in rows if r["n_prompt"] > 0 and r["n_gen"] == 0)
     decode = next(r["avg_ts"] for r in rows if r["n_gen"] > 0 and r["n_prompt"] == 0)
     return float(prefill), float(decode)
@@ -87,7 +97,7 @@ def batched(bin_dir: str, gguf: str, threads: int, prompt_len: int, gen_len: int
     ctx = batch * (prompt_len + gen_len) + 64
     out = _run([os.path.join(bin_dir, "llama-batched-bench"), "-m", gguf, "-t", str(threads), "-tb", str(threads),
                 "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(prompt_len), "-ntg", str(gen_len),
-                "-npl", str(batch), "--output-format", "jsonl"])
+                "-npl", str(batch), "--output-format", "jsonl"], ["--no-repack"])
     row = next(json.loads(line) for line in out.splitlines() if line.startswith("{"))
     return row["pl"] * row["tg"] / row["t"]
 
