@@ -146,7 +146,7 @@ class EngineLoop:
         overlap = self.backend.async_execution if args.overlap_schedule is None else args.overlap_schedule
         grammar = None
         if self.core is not None:
-            grammar = make_grammar_book(self.core, loaded.tokenizer, c.vocab_size, list(c.eos_token_ids),
+            grammar = make_grammar_book(self.core, loaded.tokenizer_source(), c.vocab_size, list(c.eos_token_ids),
                                         args.max_batch_size, self.backend.device, self.runner.sampler.pin_host,
                                         args.grammar, fill_thread=overlap, gate=self.backend.host_gate())
             self.runner.grammar = grammar

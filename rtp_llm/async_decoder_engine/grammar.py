@@ -20,13 +20,14 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from rtp_llm.async_decoder_engine.mask_filler import FillJob, MaskFiller
 from rtp_llm.device.base import HostGate
+from rtp_llm.utils.host_heap import release_freed_heap
 from rtp_llm.device.base import int32_bit
 from rtp_llm.ops.engine_core import EngineError
 
@@ -82,8 +83,10 @@ class GrammarCompiler:
     """Compiles (field, text) into xgrammar CompiledGrammars on a thread pool (xgrammar releases
     the GIL while it compiles), each at most once while cached."""
 
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: Sequence[int], options: GrammarOptions):
-        self._tokenizer, self._vocab_size, self._stop = tokenizer, vocab_size, list(stop_token_ids)
+    def __init__(self, tokenizer_source: Callable[[], Any], vocab_size: int, stop_token_ids: Sequence[int],
+                 options: GrammarOptions):
+        # (called at the first compile: the tokenizer is not kept once xgrammar has read it)
+        self._tokenizer_source, self._vocab_size, self._stop = tokenizer_source, vocab_size, list(stop_token_ids)
         self.options = options
         self._pool = ThreadPoolExecutor(max(1, options.threads), thread_name_prefix="rtp_llm-grammar")
         self._lock = threading.Lock()  # the cache (the engine thread submits under it: held briefly)
@@ -111,9 +114,10 @@ class GrammarCompiler:
             if self._compiler is None:
                 import xgrammar as xgr
 
-                info = xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self._vocab_size,
+                info = xgr.TokenizerInfo.from_huggingface(self._tokenizer_source(), vocab_size=self._vocab_size,
                                                           stop_token_ids=self._stop)
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+                release_freed_heap()  # (the tokenizer, where it was loaded for this)
             return self._compiler
 
     def _compile(self, field: str, spec: str):
@@ -343,19 +347,19 @@ class GrammarBook:
         self._filler.close()
 
 
-def make_grammar_book(core, tokenizer, vocab_size: int, eos_token_ids: List[int], max_rows: int,
-                      device: torch.device, pin: bool, options: GrammarOptions, fill_thread: bool = False,
-                      gate: Optional[HostGate] = None) -> GrammarBook:
-    """The engine's GrammarBook: one that compiles with the model's tokenizer, or (no tokenizer,
-    or xgrammar not installed) one that fails every grammar saying why. fill_thread, gate:
-    GrammarBook's."""
+def make_grammar_book(core, tokenizer_source: Optional[Callable[[], Any]], vocab_size: int, eos_token_ids: List[int],
+                      max_rows: int, device: torch.device, pin: bool, options: GrammarOptions,
+                      fill_thread: bool = False, gate: Optional[HostGate] = None) -> GrammarBook:
+    """The engine's GrammarBook: one that compiles with the model's tokenizer (tokenizer_source()
+    gives it at the first grammar: LoadedModel.tokenizer_source), or (no tokenizer, or xgrammar
+    not installed) one that fails every grammar saying why. fill_thread, gate: GrammarBook's."""
     reason = ""
-    if tokenizer is None:
+    if tokenizer_source is None:
         reason = "grammars need the model's tokenizer, and this checkpoint has none: pass --tokenizer_path"
     else:
         import importlib.util
 
         if importlib.util.find_spec("xgrammar") is None:
             reason = "grammars need the xgrammar package, which is not installed"
-    compiler = None if reason else GrammarCompiler(tokenizer, vocab_size, eos_token_ids, options)
+    compiler = None if reason else GrammarCompiler(tokenizer_source, vocab_size, eos_token_ids, options)
     return GrammarBook(core, compiler, vocab_size, max_rows, device, pin, eos_token_ids, reason, fill_thread, gate)

@@ -1,9 +1,10 @@
 """Loads a checkpoint (HF directory or .gguf file) into a ModelConfig, named tensors in the run
 dtype, and a tokenizer."""
 
+import functools
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
@@ -17,10 +18,21 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat1
 
 @dataclass
 class LoadedModel:
+    """tokenizer: None when the checkpoint has none. A process that encodes nothing (a server's
+    backend) may drop it once its engine is built; reload_tokenizer loads it again."""
+
     config: ModelConfig
     weights: Dict[str, torch.Tensor]
     tokenizer: Any
     dtype: torch.dtype
+    reload_tokenizer: Optional[Callable[[], Any]] = None
+
+    def tokenizer_source(self) -> Optional[Callable[[], Any]]:
+        """What the engine's grammar compiler calls at its first grammar: the tokenizer held here,
+        or, once dropped, loaded again; None when the checkpoint has none."""
+        if self.tokenizer is None:
+            return None
+        return lambda: self.tokenizer if self.tokenizer is not None else self.reload_tokenizer()
 
 
 def find_gguf(checkpoint_path: str) -> Optional[str]:
@@ -97,4 +109,4 @@ def load_model(checkpoint_path: str, model_type: Optional[str] = None, dtype: to
     tokenizer = load_tokenizer(checkpoint_path, tokenizer_path)
     if not config.eos_token_ids and getattr(tokenizer, "eos_token_id", None) is not None:
         config.eos_token_ids = [int(tokenizer.eos_token_id)]
-    return LoadedModel(config, weights, tokenizer, dtype)
+    return LoadedModel(config, weights, tokenizer, dtype, functools.partial(load_tokenizer, checkpoint_path, tokenizer_path))
