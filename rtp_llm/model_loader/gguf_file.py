@@ -60,6 +60,13 @@ class GGUFFile:
         array = np.frombuffer(self._map, dtype=np.uint8)
         self.tensors: List[GGUFTensor] = [self._tensor(array, start, *info) for info in infos]
 
+    def release_pages(self):
+        """Unmaps the pages read so far from this process (Linux: MADV_DONTNEED; the page cache
+        keeps them): a tensor still viewed from the file (an embedding table, whose lookup reads
+        a few rows) is resident again only where it is read. Elsewhere a no-op."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
+
     # ---- header values, at self._pos
 
     def _bytes(self, n: int) -> bytes:

@@ -150,8 +150,8 @@ def load_gguf(path: str, model_type: Optional[str], dtype: torch.dtype, progress
         shape = [int(d) for d in reversed(t.shape)]
         kept = _kept_as(name, t.tensor_type, dtype)
         if kept is not None:
-            try:
-                q = kept.from_gguf(t.data, shape, dtype)
+            try:  # (the embedding table stays in the file's memory map: its lookup reads a few rows)
+                q = kept.from_gguf(t.data, shape, dtype, copy=name != "model.embed_tokens.weight")
             except ValueError as e:
                 raise CheckpointError(f"{path}: tensor {t.name}: {e}") from e
             if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
@@ -169,6 +169,7 @@ def load_gguf(path: str, model_type: Optional[str], dtype: torch.dtype, progress
             tensor = _unpermute_bias(tensor, config.num_heads if "q_proj" in name else config.num_kv_heads)
         weights[name] = tensor.to(dtype)
     check_weights(config, weights, path)
+    reader.release_pages()  # every other tensor was copied or widened: their pages need not stay mapped
     return config, weights
 
 

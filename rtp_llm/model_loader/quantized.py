@@ -5,6 +5,7 @@ The formats' block sizes come from the gguf package (GGML_QUANT_SIZES), the one 
 this side; the CPU kernels declare theirs (and the blocks' layouts) in rtp_llm/cpp/ops/cpu/q8_0.h
 and kquant.h."""
 
+import warnings
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Sequence, Tuple, Type, Union
 
@@ -31,13 +32,20 @@ class QuantizedTensor:
     dtype: torch.dtype
 
     @classmethod
-    def from_gguf(cls, data: np.ndarray, shape: Sequence[int], dtype: torch.dtype) -> "QuantizedTensor":
+    def from_gguf(cls, data: np.ndarray, shape: Sequence[int], dtype: torch.dtype,
+                  copy: bool = True) -> "QuantizedTensor":
+        """copy=False keeps `data` itself (a read-only view of the file: only for a tensor that
+        is never written, whose reads touch few of its pages, like an embedding table)."""
         block, nbytes = _sizes(cls.QTYPE)
         out, inp = int(shape[0]), int(shape[1])
         if inp % block or data.shape != (out, inp // block * nbytes):
             raise ValueError(f"a {cls.QTYPE} tensor of shape {tuple(shape)} needs {inp // block * nbytes} bytes a row, "
                              f"got {data.shape}")
-        return cls(torch.from_numpy(np.array(data, dtype=np.uint8)), (out, inp), dtype)  # a writable copy
+        if copy:
+            return cls(torch.from_numpy(np.array(data, dtype=np.uint8)), (out, inp), dtype)  # a writable copy
+        with warnings.catch_warnings():  # (torch warns that it cannot mark the tensor read-only)
+            warnings.simplefilter("ignore", UserWarning)
+            return cls(torch.from_numpy(data), (out, inp), dtype)
 
     @classmethod
     def block_size(cls) -> int:

@@ -64,6 +64,20 @@ class GgufBlock32Test(unittest.TestCase):
             embed, ids = q.weights["model.embed_tokens.weight"], torch.tensor([3, 0, 3, 511])
             self.assertTrue(torch.equal(embed.lookup(ids), ref.weights["model.embed_tokens.weight"][ids].to(torch.bfloat16)))
 
+    def test_the_embedding_table_is_read_from_the_file_and_nothing_else(self):
+        # The table stays in the file's memory map (the lookup reads a few rows); every other kept
+        # tensor is a copy, so the loader may unmap the pages it read.
+        from rtp_llm.model_loader import load_model
+
+        for (name, qtype), (path, hf) in self.files.items():
+            q = load_model(path, dtype=torch.bfloat16, tokenizer_path=hf, progress=False)
+            with open("/proc/self/maps") as f:
+                maps = [line.split() for line in f]
+            spans = [tuple(int(a, 16) for a in m[0].split("-")) for m in maps if m[-1] == os.path.realpath(path)]
+            in_file = lambda t: any(lo <= t.blocks.data_ptr() < hi for lo, hi in spans)  # noqa: E731
+            self.assertTrue(in_file(q.weights["model.embed_tokens.weight"]), (name, qtype))
+            self.assertFalse(in_file(q.weights["model.layers.0.self_attn.q_proj.weight"]), (name, qtype))
+
     def test_packed_weights_are_the_files_bytes(self):
         import gguf
 
