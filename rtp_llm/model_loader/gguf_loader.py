@@ -2,12 +2,12 @@
 llama.cpp's rotary permutation of q/k undone for llama-arch files, and the tokenizer (with its
 chat template) built from the same file.
 
-Tensors are dequantized to the run dtype, except Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K
+Tensors are dequantized to the run dtype, except Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K
 projection weights (q/k/v/o, gate/up/down, an untied LM head) and embedding tables in a run dtype
 other than fp32: those stay in the file's blocks (quantized.KEPT_FORMATS) for the backend to
 compute on (the CPU's 32-block and k-quant kernels; the lookup widens only the rows it reads, a
 tied LM head packs the table) or widen. fp32 runs widen everything: they are the exact reference.
-Other quantized types (Q5_K, Q2_K, IQ*, ...) are widened."""
+Other quantized types (Q2_K, Q3_K, IQ*, ...) are widened."""
 
 import hashlib
 import logging

@@ -1,4 +1,4 @@
-"""Checkpoint tensors kept quantized as stored: a GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K or Q6_K
+"""Checkpoint tensors kept quantized as stored: a GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K
 projection weight stays in the file's blocks (no bf16 copy) until a backend that computes on it
 packs it (DeviceBackend.keeps_quantized / pack_linear); elsewhere it is widened at that point.
 The formats' block sizes come from the gguf package (GGML_QUANT_SIZES), the one declaration on
@@ -172,6 +172,13 @@ class Q4_KTensor(QuantizedTensor):
     QTYPE = "Q4_K"
 
 
+class Q5_KTensor(QuantizedTensor):
+    """Q5_K: Q4_K with a 5th bit per weight (32 bytes of them; w = d * sc * q - dmin * m, q in
+    [0, 31]); 176 bytes. Layout: rtp_llm/cpp/ops/cpu/kquant.h."""
+
+    QTYPE = "Q5_K"
+
+
 class Q6_KTensor(QuantizedTensor):
     """Q6_K: per 256 weights 6-bit q, int8 scales of 16 sub-blocks, fp16 d (w = d * sc * (q - 32));
     210 bytes. Layout: rtp_llm/cpp/ops/cpu/kquant.h."""
@@ -181,7 +188,7 @@ class Q6_KTensor(QuantizedTensor):
 
 # The formats a checkpoint tensor may stay in, by gguf type name.
 KEPT_FORMATS = {cls.QTYPE: cls for cls in (Q8_0Tensor, Q4_0Tensor, Q4_1Tensor, Q5_0Tensor, Q5_1Tensor, Q4_KTensor,
-                                            Q6_KTensor)}
+                                            Q5_KTensor, Q6_KTensor)}
 
 
 def kept_format(qtype_name: str) -> Optional[Type[QuantizedTensor]]:

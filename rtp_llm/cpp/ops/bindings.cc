@@ -61,6 +61,11 @@ PYBIND11_MODULE(librtp_compute_ops, m) {
   m.def("q4_k_linear", &rtp_llm::ops::q4_k_linear, "x: [M, K] fp32/bf16 @ packed Q4_K weight of n columns -> [M, n]",
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("n"), pybind11::arg("out") = pybind11::none(),
         pybind11::arg("portable") = false);
+  m.def("pack_q5_k_linear", &rtp_llm::ops::pack_q5_k_linear,
+        "a GGUF Q5_K tensor's rows, uint8 [N, K / 256 * 176] -> q5_k_linear's packed weight", pybind11::arg("blocks"));
+  m.def("q5_k_linear", &rtp_llm::ops::q5_k_linear, "x: [M, K] fp32/bf16 @ packed Q5_K weight of n columns -> [M, n]",
+        pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("n"), pybind11::arg("out") = pybind11::none(),
+        pybind11::arg("portable") = false);
   m.def("pack_q6_k_linear", &rtp_llm::ops::pack_q6_k_linear,
         "a GGUF Q6_K tensor's rows, uint8 [N, K / 256 * 210] -> q6_k_linear's packed weight", pybind11::arg("blocks"));
   m.def("q6_k_linear", &rtp_llm::ops::q6_k_linear, "x: [M, K] fp32/bf16 @ packed Q6_K weight of n columns -> [M, n]",

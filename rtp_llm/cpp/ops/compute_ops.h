@@ -87,15 +87,18 @@ at::Tensor pack_q5_1_linear(const at::Tensor& blocks);
 at::Tensor q8_0_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::string& qtype,
                        const std::optional<at::Tensor>& out, bool portable);
 
-// GGUF Q4_K and Q6_K projections kept quantized (cpu/kquant.h documents the formats and the
-// packing): pack_q4_k_linear / pack_q6_k_linear take the tensor's rows as stored, uint8
-// [N, K / 256 * 144] / [N, K / 256 * 210], to uint8 [ceil(N / 16), K / 256, 2368 / 3392];
-// q4_k_linear / q6_k_linear: x [M, K] fp32 or bf16 -> x @ W^T, [M, n] in x's dtype (into `out`
+// GGUF Q4_K, Q5_K and Q6_K projections kept quantized (cpu/kquant.h documents the formats and
+// the packing): pack_q4_k_linear / pack_q5_k_linear / pack_q6_k_linear take the tensor's rows as
+// stored, uint8 [N, K / 256 * 144 / 176 / 210], to uint8 [ceil(N / 16), K / 256, 2368 / 2880 /
+// 3392]; q4_k_linear / q5_k_linear / q6_k_linear: x [M, K] fp32 or bf16 -> x @ W^T, [M, n] in x's dtype (into `out`
 // when given), activations quantized per 256 to int8 on the fly; the AVX-512 VNNI kernel where
 // q8_0_linear_vectorized() unless `portable`, elsewhere portable C++ (the same bits).
 at::Tensor pack_q4_k_linear(const at::Tensor& blocks);
+at::Tensor pack_q5_k_linear(const at::Tensor& blocks);
 at::Tensor pack_q6_k_linear(const at::Tensor& blocks);
 at::Tensor q4_k_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& out,
+                       bool portable);
+at::Tensor q5_k_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& out,
                        bool portable);
 at::Tensor q6_k_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& out,
                        bool portable);

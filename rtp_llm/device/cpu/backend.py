@@ -14,7 +14,7 @@ from rtp_llm.device.base import AttentionMetadata, DeviceBackend
 from rtp_llm.device.cpu import mla
 from rtp_llm.device.cpu.kquant import OPS_STEMS, KQuantLinear
 from rtp_llm.device.cpu.q8_0 import Q8_0Linear
-from rtp_llm.model_loader.quantized import KEPT_FORMATS, Q4_KTensor, Q6_KTensor, QuantizedTensor
+from rtp_llm.model_loader.quantized import KEPT_FORMATS, Q4_KTensor, Q5_KTensor, Q6_KTensor, QuantizedTensor
 
 _QUANTIZED_LINEARS = (Q8_0Linear, KQuantLinear)
 
@@ -173,15 +173,15 @@ class CpuBackend(DeviceBackend):
                 and weight.shape[1] % 2 == 0)
 
     # GGUF projections in the formats the compute ops have kernels for stay quantized
-    # (Q8_0Linear for the 32-block formats Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1, KQuantLinear for Q4_K
-    # and Q6_K): q8_0_linear / q4_k_linear / q6_k_linear, on AVX-512 VNNI where the CPU has it,
+    # (Q8_0Linear for the 32-block formats Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1, KQuantLinear for Q4_K,
+    # Q5_K and Q6_K): q8_0_linear / q4_k_linear / q5_k_linear / q6_k_linear, on AVX-512 VNNI where the CPU has it,
     # portable C++ elsewhere; any row count (decode and prefill alike), activations quantized on
     # the fly (per 32-block, per 256 for the k-quants).
     def keeps_quantized(self, weight):
         return isinstance(weight, QuantizedTensor) and KEPT_FORMATS.get(weight.QTYPE) is type(weight)
 
     def _pack_quantized(self, weight):
-        if isinstance(weight, (Q4_KTensor, Q6_KTensor)):
+        if isinstance(weight, (Q4_KTensor, Q5_KTensor, Q6_KTensor)):
             stem = OPS_STEMS[type(weight).__name__]
             return KQuantLinear(getattr(self._ops, f"pack_{stem}_linear")(weight.blocks), *weight.shape, stem)
         pack = getattr(self._ops, f"pack_{weight.QTYPE.lower()}_linear")

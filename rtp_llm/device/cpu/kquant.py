@@ -1,6 +1,7 @@
-"""The CPU backend's packed GGUF Q4_K / Q6_K projection weights: what pack_linear / pack_gate_up /
-pack_lm_head make of a model_loader.quantized.Q4_KTensor or Q6_KTensor and linear /
-gate_up_silu / lm_head consume (the compute ops' q4_k_linear / q6_k_linear)."""
+"""The CPU backend's packed GGUF Q4_K / Q5_K / Q6_K projection weights: what pack_linear /
+pack_gate_up / pack_lm_head make of a model_loader.quantized.Q4_KTensor, Q5_KTensor or Q6_KTensor
+and linear / gate_up_silu / lm_head consume (the compute ops' q4_k_linear / q5_k_linear /
+q6_k_linear)."""
 
 from dataclasses import dataclass
 
@@ -8,7 +9,7 @@ import torch
 
 # The loader's class name of each format -> the compute ops' name stem (pack_<stem>_linear,
 # <stem>_linear).
-OPS_STEMS = {"Q4_KTensor": "q4_k", "Q6_KTensor": "q6_k"}
+OPS_STEMS = {"Q4_KTensor": "q4_k", "Q5_KTensor": "q5_k", "Q6_KTensor": "q6_k"}
 
 
 @dataclass
@@ -17,8 +18,8 @@ class KQuantLinear:
     kquant.h): `packed` uint8 [ceil(out / 16), in / 256, record], per 16 output columns and
     256-block of inputs their quants as `vpdpbusd` operands, sub-block scales (and Q4_K's mins)
     and fp16 super-block scales; the last group padded with zero columns. Q4_K: 2368 bytes per
-    16 x 256 weights (the file: 2304), Q6_K: 3392 (the file: 3360). `stem` names the format's
-    ops ("q4_k" or "q6_k")."""
+    16 x 256 weights (the file: 2304), Q5_K: 2880 (2816), Q6_K: 3392 (3360). `stem` names the
+    format's ops ("q4_k", "q5_k" or "q6_k")."""
 
     packed: torch.Tensor
     out_features: int

@@ -1,6 +1,7 @@
-// AVX-512 VNNI kernels of the Q4_K / Q6_K projections (kquant.h). The packed weights are the
-// unsigned operand of `vpdpbusd` (4-bit nibbles, or 6-bit quants rebuilt from a nibble and two
-// high bits), the activations' int8 the signed one, so no offset is needed; per sub-block and 16
+// AVX-512 VNNI kernels of the Q4_K / Q5_K / Q6_K projections (kquant.h). The packed weights are
+// the unsigned operand of `vpdpbusd` (4-bit nibbles, 5-bit quants with a masked add of 16 from
+// the bit plane, or 6-bit quants rebuilt from a nibble and two high bits), the activations' int8
+// the signed one, so no offset is needed; per sub-block and 16
 // columns one int32 sum, multiplied by the columns' sub-block scales into an int32 per
 // super-block (exact, kquant.h's bounds), then scaled into fp32 as the portable kernel does.
 // Row tiles of up to 4 rows share each weight load and its unpacking. Called by
@@ -54,14 +55,16 @@ inline void prefetch_record(const uint8_t* rec, int bytes) {
 
 inline __m512 fp16x16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
-template <int MR>
-void q4_k_tile(const Rows& x, const uint8_t* wg, float* out, int64_t ldo, __mmask16 cols) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
+// Q4_K (F = kQ4K) and Q5_K (kQ5K, the 5th bits added from the record's bit plane).
+template <int MR, Format F>
+void sub_scaled_tile(const Rows& x, const uint8_t* wg, float* out, int64_t ldo, __mmask16 cols) {
+  constexpr SubScaledRecord R = F == Format::kQ5K ? kQ5KRecord : kQ4KRecord;
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bit5 = _mm512_set1_epi8(16);
   __m512 acc[MR];
   for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < x.nb; b++) {
-    const uint8_t* rec = wg + b * kQ4KRecordBytes;
-    prefetch_record(rec, kQ4KRecordBytes);
+    const uint8_t* rec = wg + b * R.bytes;
+    prefetch_record(rec, R.bytes);
     __m512i s1[MR], s2[MR];
     for (int r = 0; r < MR; r++) s1[r] = s2[r] = _mm512_setzero_si512();
     for (int j = 0; j < kQ4KSubs; j++) {
@@ -70,21 +73,27 @@ void q4_k_tile(const Rows& x, const uint8_t* wg, float* out, int64_t ldo, __mmas
 #pragma GCC unroll 4
       for (int t = 0; t < 4; t++) {
         const __m512i v = _mm512_loadu_si512(rec + 64 * (4 * j + t));
-        const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        if constexpr (R.high >= 0) {
+          uint64_t plane[2];
+          std::memcpy(plane, rec + R.high + 16 * (4 * j + t), sizeof(plane));
+          lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(plane[0]), lo, bit5);
+          hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(plane[1]), hi, bit5);
+        }
         for (int r = 0; r < MR; r++) {
           const int8_t* xq = x.q + r * x.K + b * kSuper + kQ4KSub * j + 8 * t;
           s[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s[r], lo, quad(xq)), hi, quad(xq + 4));
         }
       }
-      const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + kQ4KScalesOffset + 16 * j)));
-      const __m512i mn = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + kQ4KMinsOffset + 16 * j)));
+      const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + R.scales + 16 * j)));
+      const __m512i mn = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + R.mins + 16 * j)));
       for (int r = 0; r < MR; r++) {
         const int32_t* sums = x.sums + (r * x.nb + b) * kSumsPerSuper + 2 * j;
         s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(s[r], sc));
         s2[r] = _mm512_add_epi32(s2[r], _mm512_mullo_epi32(mn, _mm512_set1_epi32(sums[0] + sums[1])));
       }
     }
-    const __m512 dw = fp16x16(rec + kQ4KDOffset), dm = fp16x16(rec + kQ4KDminOffset);
+    const __m512 dw = fp16x16(rec + R.d), dm = fp16x16(rec + R.dmin);
     for (int r = 0; r < MR; r++) {
       const __m512 dx = _mm512_set1_ps(x.d[r * x.nb + b]);
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[r]), _mm512_mul_ps(dw, dx), acc[r]);
@@ -146,9 +155,9 @@ void q6_k_tile(const Rows& x, const uint8_t* wg, float* out, int64_t ldo, __mmas
 
 using Tile = void (*)(const Rows&, const uint8_t*, float*, int64_t, __mmask16);
 
-template <int... MR>
-constexpr std::array<Tile, sizeof...(MR)> q4_k_tiles(std::integer_sequence<int, MR...>) {
-  return {&q4_k_tile<MR + 1>...};
+template <Format F, int... MR>
+constexpr std::array<Tile, sizeof...(MR)> sub_scaled_tiles(std::integer_sequence<int, MR...>) {
+  return {&sub_scaled_tile<MR + 1, F>...};
 }
 
 template <int... MR>
@@ -158,7 +167,7 @@ constexpr std::array<Tile, sizeof...(MR)> q6_k_tiles(std::integer_sequence<int, 
 
 void gemm_impl(Format f, const Gemm& g) {
   const int64_t nb = g.K / kSuper, groups = (g.N + kGroupCols - 1) / kGroupCols;
-  const int record = f == Format::kQ4K ? kQ4KRecordBytes : kQ6KRecordBytes;
+  const int record = record_bytes(f);
   thread_local std::vector<int8_t> xq;
   thread_local std::vector<float> xd;
   thread_local std::vector<int32_t> xs;
@@ -168,9 +177,10 @@ void gemm_impl(Format f, const Gemm& g) {
   // Plain pointers for the lambda: on torch's worker threads the thread_local names are theirs.
   const Activations a{xq.data(), xd.data(), xs.data()};
   quantize_activations(g.x, g.ldx, g.M, g.K, a);
-  static constexpr auto kQ4K = q4_k_tiles(std::make_integer_sequence<int, kMaxTileRows>{});
+  static constexpr auto kQ4K = sub_scaled_tiles<Format::kQ4K>(std::make_integer_sequence<int, kMaxTileRows>{});
+  static constexpr auto kQ5K = sub_scaled_tiles<Format::kQ5K>(std::make_integer_sequence<int, kMaxTileRows>{});
   static constexpr auto kQ6K = q6_k_tiles(std::make_integer_sequence<int, kMaxTileRows>{});
-  const auto& tiles = f == Format::kQ4K ? kQ4K : kQ6K;
+  const auto& tiles = f == Format::kQ4K ? kQ4K : f == Format::kQ5K ? kQ5K : kQ6K;
   const int64_t panels = (g.M + kPanelRows - 1) / kPanelRows;
   at::parallel_for(0, panels * groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; unit++) {

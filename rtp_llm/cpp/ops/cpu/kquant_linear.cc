@@ -1,4 +1,4 @@
-// Q4_K / Q6_K projections (kquant.h): the operand checks and the run-time pick of the kernel
+// Q4_K / Q5_K / Q6_K projections (kquant.h): the operand checks and the run-time pick of the kernel
 // (AVX-512 VNNI where the CPU has it, the Q8_0 kernels' gate; portable C++ elsewhere).
 #include <ATen/ATen.h>
 
@@ -45,6 +45,12 @@ at::Tensor kquant_linear(Format f, const char* fn, const char* pack_fn, int reco
 at::Tensor q4_k_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& out,
                        bool portable) {
   return kquant_linear(Format::kQ4K, "q4_k_linear", "pack_q4_k_linear", kquant::kQ4KRecordBytes, x, packed, n, out,
+                       portable);
+}
+
+at::Tensor q5_k_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& out,
+                       bool portable) {
+  return kquant_linear(Format::kQ5K, "q5_k_linear", "pack_q5_k_linear", kquant::kQ5KRecordBytes, x, packed, n, out,
                        portable);
 }
 

@@ -1,4 +1,4 @@
-// Q4_K / Q6_K weights (kquant.h): a GGUF tensor's super-blocks, as stored, into the kernels'
+// Q4_K / Q5_K / Q6_K weights (kquant.h): a GGUF tensor's super-blocks, as stored, into the kernels'
 // packed records. Each file super-block is first unpacked to plain per-weight quants and
 // per-sub-block scales, then written to its column's place in the record; the packing is a
 // pure rearrangement (no value changes), done once at load.
@@ -45,6 +45,18 @@ void unpack_q4_k(const uint8_t* blk, Unpacked& u) {
     }
 }
 
+void unpack_q5_k(const uint8_t* blk, Unpacked& u) {
+  const uint8_t* scales = blk + 4;
+  const uint8_t* qh = blk + 16;
+  const uint8_t* qs = blk + 48;
+  for (int j = 0; j < kQ4KSubs; j++) q4_k_scale_min(j, scales, &u.sc[j], &u.m[j]);
+  for (int c = 0; c < 4; c++)
+    for (int l = 0; l < 32; l++) {
+      u.q[64 * c + l] = static_cast<uint8_t>((qs[32 * c + l] & 0xF) | (((qh[l] >> (2 * c)) & 1) << 4));
+      u.q[64 * c + 32 + l] = static_cast<uint8_t>((qs[32 * c + l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4));
+    }
+}
+
 void unpack_q6_k(const uint8_t* blk, Unpacked& u) {
   const uint8_t* ql = blk;
   const uint8_t* qh = blk + 128;
@@ -68,6 +80,15 @@ void put_nibbles(uint8_t* rec, int c, const uint8_t* q) {
   }
 }
 
+// Column c's bit 4 of q into the Q5_K record's bit plane: nibble vector v's low operand (weights
+// 8v + t, t < 4) then its high one (8v + 4 + t), bit 4c + t % 4 of each operand's uint64.
+void put_plane(uint8_t* rec, int c, const uint8_t* q) {
+  for (int k = 0; k < kSuper; k++) {
+    const int operand = 2 * (k / 8) + k % 8 / 4, bit = 4 * c + k % 4;
+    rec[kQ5KRecord.high + 8 * operand + bit / 8] |= static_cast<uint8_t>(((q[k] >> 4) & 1) << (bit % 8));
+  }
+}
+
 // Column c's bits 4..5 of q into the Q6_K record's high-bit vectors.
 void put_high_bits(uint8_t* rec, int c, const uint8_t* q) {
   for (int k = 0; k < kSuper; k++) {
@@ -76,16 +97,29 @@ void put_high_bits(uint8_t* rec, int c, const uint8_t* q) {
   }
 }
 
+// Q4_K's and Q5_K's scales, mins, d and dmin (the file's first 4 bytes) into layout r.
+void put_sub_scales(const Unpacked& u, const uint8_t* blk, const SubScaledRecord& r, uint8_t* rec, int c) {
+  for (int j = 0; j < kQ4KSubs; j++) {
+    rec[r.scales + kGroupCols * j + c] = u.sc[j];
+    rec[r.mins + kGroupCols * j + c] = u.m[j];
+  }
+  std::memcpy(rec + r.d + 2 * c, blk, 2);
+  std::memcpy(rec + r.dmin + 2 * c, blk + 2, 2);
+}
+
 void pack_q4_k_column(const uint8_t* blk, uint8_t* rec, int c) {
   Unpacked u;
   unpack_q4_k(blk, u);
   put_nibbles(rec, c, u.q);
-  for (int j = 0; j < kQ4KSubs; j++) {
-    rec[kQ4KScalesOffset + kGroupCols * j + c] = u.sc[j];
-    rec[kQ4KMinsOffset + kGroupCols * j + c] = u.m[j];
-  }
-  std::memcpy(rec + kQ4KDOffset + 2 * c, blk, 2);
-  std::memcpy(rec + kQ4KDminOffset + 2 * c, blk + 2, 2);
+  put_sub_scales(u, blk, kQ4KRecord, rec, c);
+}
+
+void pack_q5_k_column(const uint8_t* blk, uint8_t* rec, int c) {
+  Unpacked u;
+  unpack_q5_k(blk, u);
+  put_nibbles(rec, c, u.q);
+  put_plane(rec, c, u.q);
+  put_sub_scales(u, blk, kQ5KRecord, rec, c);
 }
 
 void pack_q6_k_column(const uint8_t* blk, uint8_t* rec, int c) {
@@ -123,6 +157,10 @@ at::Tensor pack(const at::Tensor& blocks, const char* fn, const char* type, int 
 
 at::Tensor pack_q4_k_linear(const at::Tensor& blocks) {
   return pack(blocks, "pack_q4_k_linear", "Q4_K", kQ4KFileBytes, kQ4KRecordBytes, pack_q4_k_column);
+}
+
+at::Tensor pack_q5_k_linear(const at::Tensor& blocks) {
+  return pack(blocks, "pack_q5_k_linear", "Q5_K", kQ5KFileBytes, kQ5KRecordBytes, pack_q5_k_column);
 }
 
 at::Tensor pack_q6_k_linear(const at::Tensor& blocks) {

@@ -1,4 +1,4 @@
-// The portable Q4_K / Q6_K kernels (kquant.h): plain C++ for CPUs without AVX-512 VNNI (AVX2,
+// The portable Q4_K / Q5_K / Q6_K kernels (kquant.h): plain C++ for CPUs without AVX-512 VNNI (AVX2,
 // aarch64) and for RTP_LLM_CPU_AVX512=0, and the activation quantizer both kernels share. The
 // integer sums and fp32 steps are kquant.h's, in its order, so the AVX-512 kernel agrees to the
 // last bit. Each record is decoded once per (panel, group) into plain quants, then every row of
@@ -23,7 +23,8 @@ float fp16_at(const uint8_t* p) {
 }
 
 // A record's 16 columns x 256 weights as plain unsigned quants, q[c][k]: the nibble vectors
-// (and Q6_K's high-bit vectors) read in storage order, kquant.h's layout inverted.
+// (and Q5_K's bit plane, Q6_K's high-bit vectors) read in storage order, kquant.h's layout
+// inverted.
 void decode_quants(Format f, const uint8_t* rec, uint8_t (*q)[kSuper]) {
   for (int v = 0; v < kSuper / 8; v++)
     for (int c = 0; c < kGroupCols; c++)
@@ -32,6 +33,15 @@ void decode_quants(Format f, const uint8_t* rec, uint8_t (*q)[kSuper]) {
         q[c][8 * v + t] = byte & 0xF;
         q[c][8 * v + 4 + t] = byte >> 4;
       }
+  if (f == Format::kQ5K) {
+    for (int operand = 0; operand < kSuper / 4; operand++) {
+      uint64_t plane;
+      std::memcpy(&plane, rec + kQ5KRecord.high + 8 * operand, sizeof(plane));
+      for (int c = 0; c < kGroupCols; c++)
+        for (int t = 0; t < 4; t++)
+          q[c][8 * (operand / 2) + 4 * (operand % 2) + t] |= static_cast<uint8_t>(((plane >> (4 * c + t)) & 1) << 4);
+    }
+  }
   if (f != Format::kQ6K) return;
   for (int u = 0; u < kQ6KSubs; u++)
     for (int c = 0; c < kGroupCols; c++)
@@ -47,17 +57,18 @@ int32_t dot(const uint8_t* w, const int8_t* x, int n) {
   return s;
 }
 
-// One row's super-block b against a decoded record: acc[16] += the columns' dot products.
-void q4_k_row(const uint8_t* rec, const uint8_t (*q)[kSuper], const int8_t* xq, float dx, const int32_t* sums,
-              float* acc) {
+// One row's super-block b against a decoded Q4_K or Q5_K record of layout r: acc[16] += the
+// columns' dot products.
+void sub_scaled_row(const SubScaledRecord& r, const uint8_t* rec, const uint8_t (*q)[kSuper], const int8_t* xq,
+                    float dx, const int32_t* sums, float* acc) {
   for (int c = 0; c < kGroupCols; c++) {
     int32_t s1 = 0, s2 = 0;
     for (int j = 0; j < kQ4KSubs; j++) {
-      s1 += rec[kQ4KScalesOffset + kGroupCols * j + c] * dot(q[c] + kQ4KSub * j, xq + kQ4KSub * j, kQ4KSub);
-      s2 += rec[kQ4KMinsOffset + kGroupCols * j + c] * (sums[2 * j] + sums[2 * j + 1]);
+      s1 += rec[r.scales + kGroupCols * j + c] * dot(q[c] + kQ4KSub * j, xq + kQ4KSub * j, kQ4KSub);
+      s2 += rec[r.mins + kGroupCols * j + c] * (sums[2 * j] + sums[2 * j + 1]);
     }
-    acc[c] = std::fma(static_cast<float>(s1), fp16_at(rec + kQ4KDOffset + 2 * c) * dx, acc[c]);
-    acc[c] = std::fma(-static_cast<float>(s2), fp16_at(rec + kQ4KDminOffset + 2 * c) * dx, acc[c]);
+    acc[c] = std::fma(static_cast<float>(s1), fp16_at(rec + r.d + 2 * c) * dx, acc[c]);
+    acc[c] = std::fma(-static_cast<float>(s2), fp16_at(rec + r.dmin + 2 * c) * dx, acc[c]);
   }
 }
 
@@ -99,7 +110,7 @@ void quantize_activations(const float* x, int64_t ldx, int64_t M, int64_t K, con
 
 void gemm_portable(Format f, const Gemm& g) {
   const int64_t nb = g.K / kSuper, groups = (g.N + kGroupCols - 1) / kGroupCols;
-  const int record = f == Format::kQ4K ? kQ4KRecordBytes : kQ6KRecordBytes;
+  const int record = record_bytes(f);
   std::vector<int8_t> xq(g.M * g.K);
   std::vector<float> xd(g.M * nb);
   std::vector<int32_t> sums(g.M * nb * kSumsPerSuper);
@@ -119,8 +130,8 @@ void gemm_portable(Format f, const Gemm& g) {
           const int8_t* xb = xq.data() + m * g.K + b * kSuper;
           const int32_t* s = sums.data() + (m * nb + b) * kSumsPerSuper;
           float* a = acc.data() + (m - m0) * kGroupCols;
-          if (f == Format::kQ4K)
-            q4_k_row(rec, q, xb, xd[m * nb + b], s, a);
+          if (f != Format::kQ6K)
+            sub_scaled_row(f == Format::kQ4K ? kQ4KRecord : kQ5KRecord, rec, q, xb, xd[m * nb + b], s, a);
           else
             q6_k_row(rec, q, xb, xd[m * nb + b], s, a);
         }

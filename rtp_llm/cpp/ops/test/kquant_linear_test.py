@@ -1,4 +1,4 @@
-"""The Q4_K / Q6_K kernels (q4_k_linear, q6_k_linear) against dequantize-then-matmul references
+"""The Q4_K / Q5_K / Q6_K kernels (q4_k_linear, q5_k_linear, q6_k_linear) against dequantize-then-matmul references
 (gguf's own dequantizer of the file's blocks): the exact one (activations quantized per 256 as
 the kernels do, then fp64 matmul) within fp32 rounding, and the plain one (fp32 activations)
 within the int8 activations' tolerance; the AVX-512 VNNI and portable kernels bit for bit; and
@@ -17,6 +17,7 @@ from rtp_llm.ops import ensure_compute_ops_loaded
 SUPER = 256
 FORMATS = {  # name: (bytes per 256 weights, byte offsets of the fp16 super-block scales)
     "Q4_K": (144, (0, 2)),
+    "Q5_K": (176, (0, 2)),
     "Q6_K": (210, (208,)),
 }
 
@@ -97,8 +98,9 @@ class KQuantLinearTest(unittest.TestCase):
             self.assertEqual(tuple(linear(xb[:0], packed, 37).shape), (0, 37))
 
     def test_packed_size(self):
-        # Per 16 columns x 256 weights: Q4_K 2368 bytes (the file's 2304), Q6_K 3392 (3360).
-        for fmt, record in (("Q4_K", 2368), ("Q6_K", 3392)):
+        # Per 16 columns x 256 weights: Q4_K 2368 bytes (the file's 2304), Q5_K 2880 (2816), Q6_K
+        # 3392 (3360).
+        for fmt, record in (("Q4_K", 2368), ("Q5_K", 2880), ("Q6_K", 3392)):
             _, blocks, _, packed = self.case(fmt, 1, 64, 512)
             self.assertEqual(tuple(packed.shape), (4, 2, record), fmt)
             self.assertLess(packed.numel(), blocks.numel() * 1.03, fmt)
@@ -120,15 +122,15 @@ class KQuantLinearTest(unittest.TestCase):
 
 
 class CpuBackendKQuantTest(unittest.TestCase):
-    """The backend keeps a loader's Q4_KTensor / Q6_KTensor quantized and runs its projections on it."""
+    """The backend keeps a loader's Q4_KTensor / Q5_KTensor / Q6_KTensor quantized and runs its projections on it."""
 
     def test_linear_gate_up_and_lm_head(self):
         from rtp_llm.device.cpu.backend import CpuBackend
         from rtp_llm.device.cpu.kquant import KQuantLinear
-        from rtp_llm.model_loader.quantized import Q4_KTensor, Q6_KTensor
+        from rtp_llm.model_loader.quantized import Q4_KTensor, Q5_KTensor, Q6_KTensor
 
         be, gen = CpuBackend(), np.random.default_rng(1)
-        for cls in (Q4_KTensor, Q6_KTensor):
+        for cls in (Q4_KTensor, Q5_KTensor, Q6_KTensor):
             blocks = random_blocks(cls.QTYPE, 64, 512, gen)
             t = cls.from_gguf(blocks.numpy(), (64, 512), torch.bfloat16)
             self.assertTrue(be.keeps_quantized(t))
@@ -145,13 +147,13 @@ class CpuBackendKQuantTest(unittest.TestCase):
 
 
 class QuantizedTensorTest(unittest.TestCase):
-    """The loader-side Q4_KTensor / Q6_KTensor: slicing, stacking and widening keep the weights."""
+    """The loader-side Q4_KTensor / Q5_KTensor / Q6_KTensor: slicing, stacking and widening keep the weights."""
 
     def test_rows_cols_cat_and_take(self):
-        from rtp_llm.model_loader.quantized import Q4_KTensor, Q6_KTensor, Q8_0Tensor, cat_rows, take
+        from rtp_llm.model_loader.quantized import Q4_KTensor, Q5_KTensor, Q6_KTensor, Q8_0Tensor, cat_rows, take
 
         gen = np.random.default_rng(2)
-        for cls in (Q4_KTensor, Q6_KTensor):
+        for cls in (Q4_KTensor, Q5_KTensor, Q6_KTensor):
             blocks = random_blocks(cls.QTYPE, 8, 768, gen)
             t = cls.from_gguf(blocks.numpy(), (8, 768), torch.float32)
             full = t.dequantize()
