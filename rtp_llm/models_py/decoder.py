@@ -6,6 +6,8 @@ with theta and scaling. It runs on the paged KV cache through a DeviceBackend; s
 step, H heads, Hkv KV heads, D head_dim, all of them this rank's shard under tensor
 parallelism (TPShard)."""
 
+import collections
+import logging
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -18,6 +20,8 @@ from rtp_llm.model_loader.quantized import QuantizedTensor, cat_rows, take
 from rtp_llm.models_py.mla import MlaAttention, MlaLayer, load_mla
 from rtp_llm.models_py.moe import MoeMLP, load_moe_mlp
 from rtp_llm.models_py.rotary import cos_sin_table
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,13 +57,18 @@ class DecoderModel:
         q0, self.num_heads, k0, self.num_kv_heads = tp.heads(c.num_heads, c.num_kv_heads)
         self.vocab_start, vocab_rows = tp.vocab(c.vocab_size)
 
+        widened = collections.Counter()  # GGUF type -> tensors widened (this device has no kernels)
+
         def w(name, rows=None, cols=None):
             """This rank's slice of a checkpoint tensor, on the device; a quantized one (GGUF
             projections and embedding tables) stays quantized, for pack_linear and the lookup,
             where the backend computes on it, and is widened to the run dtype elsewhere."""
             t = take(weights[name], rows, cols)
             if isinstance(t, QuantizedTensor):
-                return t if backend.keeps_quantized(t) else t.dequantize().to(dev)
+                if backend.keeps_quantized(t):
+                    return t
+                widened[t.QTYPE] += 1
+                return t.dequantize().to(dev)
             return t.to(dev)
 
         def vocab_slice(name):
@@ -94,6 +103,9 @@ class DecoderModel:
                 **(dict(gate_up=None, down=None, moe=load_moe_mlp(c.moe, p, w, weights, backend, tp))
                    if c.is_sparse(i) else self._dense_mlp(p, w)),
             ))
+        if widened:
+            log.info("GGUF tensors widened to the run dtype at load (%s has no kernels for them): %s", dev.type,
+                     ", ".join(f"{n} {q}" for q, n in sorted(widened.items())))
         # The reference MoE path sizes its per-expert slices on the host (DeviceBackend.moe):
         # such steps run eagerly, not from captured graphs; nor does MLA have graph kernels.
         self.graph_capturable = all(layer.moe is None and layer.mla is None for layer in self.layers)
