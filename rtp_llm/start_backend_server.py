@@ -34,19 +34,16 @@ def _model_engine(config: ServerConfig):
     from rtp_llm.distributed.launch import set_rank_device
     from rtp_llm.distributed.tensor_parallel import init_tensor_parallel
     from rtp_llm.model_loader import load_model, parse_dtype
-    from rtp_llm.utils.host_heap import release_freed_heap
 
     parallel = config.parallel(config.world_rank)
     tp = init_tensor_parallel(parallel, set_rank_device(config.device, parallel))
+    # The backend encodes nothing (the frontends do): no tokenizer, and not even transformers,
+    # until a first grammar has the compiler load one (a large vocabulary's is large:
+    # docs/benchmarks.md).
     loaded = load_model(config.checkpoint_path, config.model_type, parse_dtype(config.act_type),
                         config.tokenizer_path, progress=tp.rank == 0, quantization=config.quantization or None,
-                        load_format=config.load_format)
-    engine = EngineLoop(loaded, _engine_args(config), tp)
-    # The backend encodes nothing (the frontends do): its grammar compiler loads the tokenizer
-    # again at the first grammar (a large vocabulary's tokenizer is large: docs/benchmarks.md).
-    loaded.tokenizer = None
-    release_freed_heap()
-    return engine
+                        load_format=config.load_format, tokenizer=False)
+    return EngineLoop(loaded, _engine_args(config), tp)
 
 
 def _paced_engine(config: ServerConfig):

@@ -18,8 +18,9 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat1
 
 @dataclass
 class LoadedModel:
-    """tokenizer: None when the checkpoint has none. A process that encodes nothing (a server's
-    backend) may drop it once its engine is built; reload_tokenizer loads it again."""
+    """tokenizer: None when the checkpoint has none, or when it was not loaded (load_model's
+    tokenizer=False: a process that encodes nothing, a server's backend) or dropped;
+    reload_tokenizer loads it (None: the checkpoint has none)."""
 
     config: ModelConfig
     weights: Dict[str, torch.Tensor]
@@ -29,8 +30,8 @@ class LoadedModel:
 
     def tokenizer_source(self) -> Optional[Callable[[], Any]]:
         """What the engine's grammar compiler calls at its first grammar: the tokenizer held here,
-        or, once dropped, loaded again; None when the checkpoint has none."""
-        if self.tokenizer is None:
+        or else loaded then; None when the checkpoint has none."""
+        if self.tokenizer is None and self.reload_tokenizer is None:
             return None
         return lambda: self.tokenizer if self.tokenizer is not None else self.reload_tokenizer()
 
@@ -53,21 +54,27 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def has_tokenizer(checkpoint_path: str, tokenizer_path: Optional[str] = None) -> bool:
+    """Whether load_tokenizer finds one (an HF directory may hold token ids only)."""
+    return bool(tokenizer_path) or find_gguf(checkpoint_path) is not None or any(
+        os.path.exists(os.path.join(checkpoint_path, f)) for f in ("tokenizer.json", "tokenizer_config.json",
+                                                                     "tokenizer.model"))
+
+
 def load_tokenizer(checkpoint_path: str, tokenizer_path: Optional[str] = None):
     """The tokenizer for a checkpoint: tokenizer_path if given, else the GGUF file's, else the
     HF directory's; None when an HF directory has no tokenizer files (token ids only)."""
-    from transformers import AutoTokenizer
-
+    if not has_tokenizer(checkpoint_path, tokenizer_path):
+        return None
     if not tokenizer_path:
         gguf_path = find_gguf(checkpoint_path)
         if gguf_path:
             from rtp_llm.model_loader.gguf_loader import load_gguf_tokenizer
 
             return load_gguf_tokenizer(gguf_path)
-        if not any(os.path.exists(os.path.join(checkpoint_path, f))
-                   for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-            return None
         tokenizer_path = checkpoint_path
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(tokenizer_path)
     except Exception as e:
@@ -76,10 +83,12 @@ def load_tokenizer(checkpoint_path: str, tokenizer_path: Optional[str] = None):
 
 def load_model(checkpoint_path: str, model_type: Optional[str] = None, dtype: torch.dtype = torch.float32,
                tokenizer_path: Optional[str] = None, progress: bool = True,
-               quantization: Optional[str] = None, load_format: str = "auto") -> LoadedModel:
+               quantization: Optional[str] = None, load_format: str = "auto",
+               tokenizer: bool = True) -> LoadedModel:
     """quantization: a config/quantization.py scheme (None: the checkpoint's dtypes), checked by
     the caller against the device. load_format: "auto" (the checkpoint's files) or "dummy"
-    (random weights of its config.json's shapes: dummy.py)."""
+    (random weights of its config.json's shapes: dummy.py). tokenizer=False: not loaded unless
+    the config lacks EOS ids, which it then gives (LoadedModel.reload_tokenizer loads it)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"--load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
     if not os.path.exists(checkpoint_path):
@@ -106,7 +115,9 @@ def load_model(checkpoint_path: str, model_type: Optional[str] = None, dtype: to
         from rtp_llm.model_loader.quantize_at_load import quantize_weights
 
         quantize_weights(weights, quantization, config)
-    tokenizer = load_tokenizer(checkpoint_path, tokenizer_path)
-    if not config.eos_token_ids and getattr(tokenizer, "eos_token_id", None) is not None:
-        config.eos_token_ids = [int(tokenizer.eos_token_id)]
-    return LoadedModel(config, weights, tokenizer, dtype, functools.partial(load_tokenizer, checkpoint_path, tokenizer_path))
+    found = has_tokenizer(checkpoint_path, tokenizer_path)
+    tok = load_tokenizer(checkpoint_path, tokenizer_path) if found and (tokenizer or not config.eos_token_ids) else None
+    if not config.eos_token_ids and getattr(tok, "eos_token_id", None) is not None:
+        config.eos_token_ids = [int(tok.eos_token_id)]
+    reload = functools.partial(load_tokenizer, checkpoint_path, tokenizer_path) if found else None
+    return LoadedModel(config, weights, tok if tokenizer else None, dtype, reload)
