@@ -27,9 +27,9 @@ import torch
 
 from rtp_llm.async_decoder_engine.mask_filler import FillJob, MaskFiller
 from rtp_llm.device.base import HostGate
-from rtp_llm.utils.host_heap import release_freed_heap
 from rtp_llm.device.base import int32_bit
 from rtp_llm.ops.engine_core import EngineError
+from rtp_llm.utils.host_heap import release_freed_heap
 
 log = logging.getLogger(__name__)
 
