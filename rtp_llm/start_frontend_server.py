@@ -9,6 +9,7 @@ import sys
 
 from aiohttp import web
 
+from rtp_llm.config.model_config import REFUSED_EXIT, ModelRefused
 from rtp_llm.config.server_config import ServerConfig, parse_server_config
 
 log = logging.getLogger("rtp_llm.frontend")
@@ -17,11 +18,11 @@ log = logging.getLogger("rtp_llm.frontend")
 async def _serve(config: ServerConfig) -> None:
     from rtp_llm.frontend.app import Frontend
     from rtp_llm.frontend.backend_client import BackendClient
-    from rtp_llm.model_loader import load_tokenizer
+    from rtp_llm.model_loader import CheckpointError, load_tokenizer
 
     tokenizer = load_tokenizer(config.checkpoint_path, config.tokenizer_path)
     if tokenizer is None:
-        raise ValueError(f"{config.checkpoint_path} has no tokenizer: pass --tokenizer_path")
+        raise CheckpointError("it has no tokenizer: pass --tokenizer_path")
     client = BackendClient(config.rpc_address, config.max_queue_size)
     name = os.path.basename(os.path.normpath(config.checkpoint_path))
     # Per frontend process (SO_REUSEPORT spreads connections unevenly, so a share of a global
@@ -53,7 +54,12 @@ async def _serve(config: ServerConfig) -> None:
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_serve(parse_server_config(argv, __doc__)))
+    config = parse_server_config(argv, __doc__)
+    try:
+        asyncio.run(_serve(config))
+    except ModelRefused as e:  # (the user's input, not a bug: one line, as the backend's)
+        log.error("cannot serve --checkpoint_path=%s: %s", config.checkpoint_path, e)
+        return REFUSED_EXIT
     return 0
 
 

@@ -20,7 +20,7 @@ from rtp_llm.llm import LLM
 from rtp_llm.model_loader import CheckpointError, load_model
 from rtp_llm.model_loader.hf_loader import read_hf_config
 from rtp_llm.test.quant_writers import SKIPPED, rewrite_config, write_quantized
-from rtp_llm.test.testlib import free_port, hf_greedy, hf_model, make_tiny, random_prompts
+from rtp_llm.test.testlib import add_tiny_tokenizer, free_port, hf_greedy, hf_model, make_tiny, random_prompts
 
 # case -> (tiny model, writer case, writer options)
 CASES = {
@@ -142,14 +142,23 @@ class QuantHfTest(unittest.TestCase):
         want = w.float() * scale.repeat_interleave(2, 0)[:3].repeat_interleave(4, 1)[:, :6]
         self.assertTrue(torch.equal(dequant_fp8(w, scale.to(torch.float8_e8m0fnu), qc, "s"), want))
 
-    def test_the_server_start_fails_with_the_message(self):
-        path = self.variant("awq_gemm", "server-bnb", quant_method="bitsandbytes")
-        proc = subprocess.run([sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={path}",
+    def serve(self, path: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rtp_llm.start_server", f"--checkpoint_path={path}",
                                f"--start_port={free_port()}", "--frontend_server_count=1"],
                               capture_output=True, text=True, timeout=240)
+
+    def test_the_server_start_fails_with_the_message(self):
+        # (With a tokenizer: else the frontend's refusal below could come first.)
+        proc = self.serve(add_tiny_tokenizer(self.variant("awq_gemm", "server-bnb", quant_method="bitsandbytes")))
         self.assertEqual(proc.returncode, 2, proc.stderr)  # REFUSED_EXIT: the model was refused, nothing crashed
         self.assertIn("quantization_config.quant_method = 'bitsandbytes' is not supported", proc.stderr)
         self.assertNotIn("Traceback", proc.stderr)  # one line naming the field, not a stack
+
+    def test_a_checkpoint_without_a_tokenizer_is_refused_by_the_frontend_in_one_line(self):
+        proc = self.serve(self.variant("awq_gemm", "server-no-tokenizer"))
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("it has no tokenizer: pass --tokenizer_path", proc.stderr)
+        self.assertNotIn("Traceback", proc.stderr)
 
 
 if __name__ == "__main__":
