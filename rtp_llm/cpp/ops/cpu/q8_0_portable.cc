@@ -57,26 +57,24 @@ const int8_t* operands(const uint8_t* rec, const Record& r, int8_t* q) {
   return q;
 }
 
-// One row's 16 columns of a group (cols of them exist): xq [K], xd and xs [nb], wg the group's
-// nb packed records of `r`'s layout.
-void group_row(const int8_t* xq, const float* xd, const int32_t* xs, int64_t nb, const uint8_t* wg, const Record& r,
-               float* out, int64_t cols) {
-  float acc[kGroupCols] = {};
-  int8_t unpacked[kQsBytes];
-  for (int64_t b = 0; b < nb; b++) {
-    const uint8_t* rec = wg + b * r.bytes;
-    const int8_t* qs = operands(rec, r, unpacked);
-    const int8_t* xb = xq + b * kBlock;
+// Block b of a group (its record `rec`, operands `qs`) against rows [m0, m1): acc[(m - m0) * 16
+// + c] += column c's share, for every row; each row's blocks arrive in order, as one row's
+// loop would take them.
+void block_rows(const Record& r, const uint8_t* rec, const int8_t* qs, int64_t b, int64_t nb, int64_t K,
+                const int8_t* xq, const float* xd, const int32_t* xs, int64_t m0, int64_t m1, float* acc) {
+  for (int64_t m = m0; m < m1; m++) {
+    const int8_t* xb = xq + m * K + b * kBlock;
+    const float dx = xd[m * nb + b];
+    float* a = acc + (m - m0) * kGroupCols;
     int32_t sum[kGroupCols] = {};
     for (int t = 0; t < kQuadsPerBlock; t++)
       for (int c = 0; c < kGroupCols; c++)
         for (int j = 0; j < 4; j++) sum[c] += xb[4 * t + j] * qs[kOperandBytes * t + 4 * c + j];
     for (int c = 0; c < kGroupCols; c++) {
-      acc[c] = std::fma(static_cast<float>(sum[c]), fp16_at(rec + r.scales + 2 * c) * xd[b], acc[c]);
-      if (r.mins >= 0) acc[c] = std::fma(static_cast<float>(xs[b]), fp16_at(rec + r.mins + 2 * c) * xd[b], acc[c]);
+      a[c] = std::fma(static_cast<float>(sum[c]), fp16_at(rec + r.scales + 2 * c) * dx, a[c]);
+      if (r.mins >= 0) a[c] = std::fma(static_cast<float>(xs[m * nb + b]), fp16_at(rec + r.mins + 2 * c) * dx, a[c]);
     }
   }
-  std::memcpy(out, acc, cols * sizeof(float));
 }
 
 }  // namespace
@@ -93,12 +91,19 @@ void gemm_portable(const Gemm& g) {
   const Record r = record_of(g.format);
   const int64_t panels = (g.M + kPanelRows - 1) / kPanelRows;
   at::parallel_for(0, panels * groups, 1, [&](int64_t begin, int64_t end) {
+    int8_t unpacked[kQsBytes];
+    std::vector<float> acc;
     for (int64_t unit = begin; unit < end; unit++) {
       const int64_t grp = unit % groups, m0 = unit / groups * kPanelRows, m1 = std::min(g.M, m0 + kPanelRows);
       const int64_t cols = std::min<int64_t>(kGroupCols, g.N - grp * kGroupCols);
+      acc.assign((m1 - m0) * kGroupCols, 0.f);
+      for (int64_t b = 0; b < nb; b++) {  // each record unpacked once for the whole panel
+        const uint8_t* rec = g.w + (grp * nb + b) * r.bytes;
+        block_rows(r, rec, operands(rec, r, unpacked), b, nb, g.K, xq.data(), xd.data(), xs.data(), m0, m1,
+                   acc.data());
+      }
       for (int64_t m = m0; m < m1; m++)
-        group_row(xq.data() + m * g.K, xd.data() + m * nb, xs.data() + m * nb, nb, g.w + grp * nb * r.bytes, r,
-                  g.out + m * g.ldo + grp * kGroupCols, cols);
+        std::memcpy(g.out + m * g.ldo + grp * kGroupCols, acc.data() + (m - m0) * kGroupCols, cols * sizeof(float));
     }
   });
 }
