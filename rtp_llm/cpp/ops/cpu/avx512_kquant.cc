@@ -59,7 +59,6 @@ inline __m512 fp16x16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si
 template <int MR, Format F>
 void sub_scaled_tile(const Rows& x, const uint8_t* wg, float* out, int64_t ldo, __mmask16 cols) {
   constexpr SubScaledRecord R = F == Format::kQ5K ? kQ5KRecord : kQ4KRecord;
-  const __m512i low4 = _mm512_set1_epi8(0x0F), bit5 = _mm512_set1_epi8(16);
   __m512 acc[MR];
   for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < x.nb; b++) {
@@ -72,13 +71,11 @@ void sub_scaled_tile(const Rows& x, const uint8_t* wg, float* out, int64_t ldo, 
       for (int r = 0; r < MR; r++) s[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
       for (int t = 0; t < 4; t++) {
-        const __m512i v = _mm512_loadu_si512(rec + 64 * (4 * j + t));
-        __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        __m512i lo, hi;
+        split_nibbles(_mm512_loadu_si512(rec + 64 * (4 * j + t)), lo, hi);
         if constexpr (R.high >= 0) {
-          uint64_t plane[2];
-          std::memcpy(plane, rec + R.high + 16 * (4 * j + t), sizeof(plane));
-          lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(plane[0]), lo, bit5);
-          hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(plane[1]), hi, bit5);
+          lo = add_fifth_bits(lo, rec + R.high + 16 * (4 * j + t));
+          hi = add_fifth_bits(hi, rec + R.high + 16 * (4 * j + t) + 8);
         }
         for (int r = 0; r < MR; r++) {
           const int8_t* xq = x.q + r * x.K + b * kSuper + kQ4KSub * j + 8 * t;
@@ -110,16 +107,15 @@ struct Q6Quads {
 };
 
 inline Q6Quads q6_k_quads(const uint8_t* rec, int u) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
-  const __m512i v0 = _mm512_loadu_si512(rec + 64 * (2 * u)), v1 = _mm512_loadu_si512(rec + 64 * (2 * u + 1));
+  const __m512i bits45 = _mm512_set1_epi8(0x30);
   const __m512i h = _mm512_loadu_si512(rec + kQ6KHighOffset + 64 * u);
   Q6Quads o;
-  o.q[0] = _mm512_or_si512(_mm512_and_si512(v0, low4), _mm512_and_si512(_mm512_slli_epi16(h, 4), bits45));
-  o.q[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), low4),
-                           _mm512_and_si512(_mm512_slli_epi16(h, 2), bits45));
-  o.q[2] = _mm512_or_si512(_mm512_and_si512(v1, low4), _mm512_and_si512(h, bits45));
-  o.q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), low4),
-                           _mm512_and_si512(_mm512_srli_epi16(h, 2), bits45));
+  split_nibbles(_mm512_loadu_si512(rec + 64 * (2 * u)), o.q[0], o.q[1]);
+  split_nibbles(_mm512_loadu_si512(rec + 64 * (2 * u + 1)), o.q[2], o.q[3]);
+  o.q[0] = _mm512_or_si512(o.q[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), bits45));
+  o.q[1] = _mm512_or_si512(o.q[1], _mm512_and_si512(_mm512_slli_epi16(h, 2), bits45));
+  o.q[2] = _mm512_or_si512(o.q[2], _mm512_and_si512(h, bits45));
+  o.q[3] = _mm512_or_si512(o.q[3], _mm512_and_si512(_mm512_srli_epi16(h, 2), bits45));
   return o;
 }
 

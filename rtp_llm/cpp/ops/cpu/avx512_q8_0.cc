@@ -80,17 +80,13 @@ template <int MR, Format F>
 #pragma GCC unroll 8
     for (int t = 0; t < q8_0::kQuadsPerBlock; t++) dot<MR>(x, b, t, _mm512_loadu_si512(rec + kOperandBytes * t), s);
   } else {
-    const __m512i low4 = _mm512_set1_epi8(0x0F), bit5 = _mm512_set1_epi8(16), zero = _mm512_set1_epi8(R.zero);
+    const __m512i zero = _mm512_set1_epi8(R.zero);
 #pragma GCC unroll 4
     for (int j = 0; j < q8_0::kQuadsPerBlock / 2; j++) {
-      const __m512i v = _mm512_loadu_si512(rec + kOperandBytes * j);
-      __m512i w[2] = {_mm512_and_si512(v, low4), _mm512_and_si512(_mm512_srli_epi16(v, 4), low4)};
+      __m512i w[2];
+      split_nibbles(_mm512_loadu_si512(rec + kOperandBytes * j), w[0], w[1]);
       for (int h = 0; h < 2; h++) {
-        if constexpr (R.bits == 5) {
-          uint64_t plane;
-          std::memcpy(&plane, rec + q8_0::kNibbleBytes + 8 * (2 * j + h), sizeof(plane));
-          w[h] = _mm512_mask_add_epi8(w[h], _cvtu64_mask64(plane), w[h], bit5);
-        }
+        if constexpr (R.bits == 5) w[h] = add_fifth_bits(w[h], rec + q8_0::kNibbleBytes + 8 * (2 * j + h));
         if constexpr (R.zero != 0) w[h] = _mm512_sub_epi8(w[h], zero);
         dot<MR>(x, b, 2 * j + h, w[h], s);
       }

@@ -13,6 +13,7 @@
 #endif
 
 #include <cstdint>
+#include <cstring>
 
 #include <immintrin.h>
 
@@ -47,6 +48,22 @@ namespace {  // NOLINT(google-build-namespaces): see above
 
 inline __mmask16 tail_mask(int64_t remaining) {
   return remaining >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1);
+}
+
+// Packed quants (q8_0.h's narrow records, kquant.h's): a 64-byte chunk of nibbles as two
+// `vpdpbusd` operands, its bytes' low nibbles and their high nibbles.
+inline void split_nibbles(__m512i chunk, __m512i& lo, __m512i& hi) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  lo = _mm512_and_si512(chunk, low4);
+  hi = _mm512_and_si512(_mm512_srli_epi16(chunk, 4), low4);
+}
+
+// An operand's quants plus 16 in each byte whose bit is set in the little-endian uint64 at
+// `plane` (the 5th-bit planes of Q5_0 / Q5_1 / Q5_K records: bit i, byte i).
+inline __m512i add_fifth_bits(__m512i q, const uint8_t* plane) {
+  uint64_t bits;
+  std::memcpy(&bits, plane, sizeof(bits));
+  return _mm512_mask_add_epi8(q, _cvtu64_mask64(bits), q, _mm512_set1_epi8(16));
 }
 
 // Storage types: 16 elements to or from one fp32 vector. bf16 is the high half of an fp32;
