@@ -48,7 +48,7 @@ from rtp_llm.distributed.tensor_parallel import CollectiveError, StepBroadcast, 
 from rtp_llm.model_loader import LoadedModel
 from rtp_llm.models_py.decoder import DecoderModel
 from rtp_llm.ops.engine_core import EngineCore
-from rtp_llm.utils.host_heap import release_freed_heap
+from rtp_llm.utils.host_heap import settle_heap
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class EngineLoop:
         self._init_stepping(overlap, grammar)  # (ranks > 0 get the sampled tokens by broadcast: model_runner)
         if args.warm_up and self.core is not None:
             self.warm_up()
-        release_freed_heap()  # (loading's and warm-up's temporaries)
+        settle_heap()  # (loading's and warm-up's temporaries)
         if args.host_profile and self.core is not None:
             self.host_profile = HostProfile(self)
 

@@ -29,7 +29,7 @@ from rtp_llm.async_decoder_engine.mask_filler import FillJob, MaskFiller
 from rtp_llm.device.base import HostGate
 from rtp_llm.device.base import int32_bit
 from rtp_llm.ops.engine_core import EngineError
-from rtp_llm.utils.host_heap import release_freed_heap
+from rtp_llm.utils.host_heap import settle_heap
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class GrammarCompiler:
                 info = xgr.TokenizerInfo.from_huggingface(self._tokenizer_source(), vocab_size=self._vocab_size,
                                                           stop_token_ids=self._stop)
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-                release_freed_heap()  # (the tokenizer, where it was loaded for this)
+                settle_heap()  # (the tokenizer, where it was loaded for this)
             return self._compiler
 
     def _compile(self, field: str, spec: str):

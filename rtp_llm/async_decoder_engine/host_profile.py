@@ -5,9 +5,12 @@ Phases (seconds, summed over the steps since the last reset): the runner's stage
 fill_mask / sample / commit; inside commit, "wait" (blocked on the device for the step's tokens)
 and "core_commit" (the core's bookkeeping and output delivery); inside sample, "mask_wait"
 (waiting for, or gating on, the grammar mask and queueing its upload); the book's "advance"
-(matchers) and "poll" (compiles, ended streams); the core's "schedule". Counts: turns of the
+(matchers), "poll" (compiles, ended streams) and "compiles" (waiting for one); the core's
+"schedule"; "before:NAME", the time in a turn between the phase before (or the turn's start) and
+its phase NAME ("before:end": after its last), which no phase accounts for; "gc", Python's cyclic
+collections (counted per generation, "gcN"). Counts: turns of the
 loop, the steps they scheduled, the streams and tokens they scheduled, how many had grammar rows or prompt tokens
-(mixed steps), and the wall time of the turns. Nothing is synchronized beyond what the loop
+(mixed steps), the wall time of the turns and the longest turn. Nothing is synchronized beyond what the loop
 waits for itself, so "wait" near zero means the host is the bottleneck. And the thread's own
 scheduling (Linux, /proc/thread-self): its CPU time, the time it sat runnable but not running
 (run_delay: other threads had its core) and how often it was preempted, over the same span: a
@@ -18,6 +21,7 @@ Used by `python -m rtp_llm.tools.profile_host` (offline) and by the server with 
 which logs one line per burst of work (EngineLoop: a line when the engine goes idle), so a load
 test's point and the offline profile of the same step compare phase by phase."""
 
+import gc
 import time
 from collections import defaultdict
 from typing import Dict, Tuple
@@ -50,11 +54,14 @@ class HostProfile:
         self._sched = _thread_sched()
         self._engine = engine
         self._patched = []
+        self._depth, self._mark = 0, 0.0  # calls in progress; when the turn's last top-level phase ended
+        self.longest_turn = 0.0
         runner, book, core = engine.runner, engine.grammar, engine.core
         for name in _RUNNER:
             self._wrap(runner, name, name)
         self._wrap(book, "advance", "advance")
         self._wrap(book, "poll", "poll")
+        self._wrap(book, "wait_for_compiles", "compiles")
         self._wrap(core, "commit", "core_commit")
         for name in ("schedule", "schedule_ahead"):
             self._wrap(core, name, "schedule", self._count_batch)
@@ -66,21 +73,48 @@ class HostProfile:
             step.result = self._timed("wait", step.result)
             return commit(core_, step)
         runner.commit = commit_waits  # (replaces the timed one, which it calls; detach() drops both)
+        self._gc_start = 0.0
+        gc.callbacks.append(self._gc_timed)
         engine.step = self._timed("turn", engine.step, lambda _: self.counts.__setitem__("turns", self.counts["turns"] + 1))
 
     def _timed(self, name, call, after=None):
-        totals = self.totals
+        """call, its time summed under `name`; a call directly inside a turn also sums the time
+        since the turn's previous phase (or its start) under "before:NAME", and the turn the
+        time after its last one under "before:end": host time that no phase accounts for."""
+        totals, turn = self.totals, name == "turn"
 
         def timed(*args):
             t = time.perf_counter()
+            top = self._depth == 1
+            if top:
+                totals["before:" + name] += t - self._mark
+            elif turn:
+                self._mark = t
+            self._depth += 1
             try:
                 out = call(*args)
             finally:
-                totals[name] += time.perf_counter() - t
+                self._depth -= 1
+                end = time.perf_counter()
+                totals[name] += end - t
+                if top:
+                    self._mark = end
+                elif turn:
+                    totals["before:end"] += end - self._mark
+                    self.longest_turn = max(self.longest_turn, end - t)
             if after is not None:
                 after(out)
             return out
         return timed
+
+    def _gc_timed(self, phase: str, info: dict):
+        """Python's cyclic collections (any thread's; the engine thread's steps trigger most):
+        their time under "gc", their count per generation under "gcN"."""
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.totals["gc"] += time.perf_counter() - self._gc_start
+            self.counts["gc%d" % info["generation"]] += 1
 
     def _wrap(self, obj, attr: str, name: str, after=None):
         self._patched.append((obj, attr))
@@ -97,6 +131,7 @@ class HostProfile:
         c["mixed_steps"] += len(b.token_ids) > b.num_streams
 
     def reset(self):
+        self.longest_turn = 0.0
         self.totals.clear()
         self.counts.clear()
         self._sched = _thread_sched()
@@ -107,11 +142,13 @@ class HostProfile:
         per = {k: round(v / steps * 1e3, 3) for k, v in sorted(self.totals.items())}
         cpu, delay, preempted = (now - then for now, then in zip(_thread_sched(), self._sched))
         return {**dict(sorted(self.counts.items())), "wall_s": round(self.totals.get("turn", 0.0), 3),
+                "longest_turn_ms": round(self.longest_turn * 1e3, 3),
                 "host_ms_per_step": per, "thread": {"cpu_ms_per_step": round(cpu / steps * 1e3, 3),
                                                     "run_delay_ms_per_step": round(delay / steps * 1e3, 3),
                                                     "preempted": preempted}}
 
     def detach(self):
+        gc.callbacks.remove(self._gc_timed)
         MaskFill.result = self._mask_result
         for obj, attr in self._patched:
             delattr(obj, attr)  # (the instance attribute shadowed the class's method)

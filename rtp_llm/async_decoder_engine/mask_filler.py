@@ -19,17 +19,25 @@ sampling, and the host launches both while xgrammar fills. Whether the fill succ
 at the step's commit (FillJob.check): a failed fill fails the step, never a step sampled with a
 half-written mask.
 
+Where xgrammar binds with tvm-ffi (0.2 on), the threaded fill runs on a native thread instead
+(native_fill.py), which never takes the GIL; the first such fill is checked against xgrammar's
+Python call (and its gate opened only then), and a mismatch keeps the Python thread for good.
+
 Invariant: at most one fill is in flight, and nothing else touches a matcher while it is (the
 engine checks its job before the next commit); a gated job opens its ticket however the fill
 ends."""
 
+import logging
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import List, Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, List, Optional
 
 import torch
 
+from rtp_llm.async_decoder_engine.native_fill import NativeBatchFill, native_fill_enabled
 from rtp_llm.device.base import HostGate
+
+log = logging.getLogger(__name__)
 
 # From this many live rows the fill is one batch call (on the thread under overlap); below, one
 # call per matcher in the engine thread.
@@ -46,14 +54,14 @@ def fill_threads():
 
 
 class FillJob:
-    """A fill in flight on the thread. ticket: the gate ticket it opens when done (0: none)."""
+    """A fill in flight on a thread. ticket: the gate ticket it opens when done (0: none)."""
 
-    def __init__(self, future: Future, gate: Optional[HostGate] = None, ticket: int = 0):
-        self._future, self._gate, self.ticket = future, gate, ticket
+    def __init__(self, wait: Callable[[], object], gate: Optional[HostGate] = None, ticket: int = 0):
+        self._wait, self._gate, self.ticket = wait, gate, ticket
 
     def wait(self):
         """Returns once the fill is done, re-raising what it raised."""
-        self._future.result()
+        self._wait()
 
     def ready_on_device(self) -> bool:
         """Holds the device's stream until the fill is done (queues the gate's wait; the caller
@@ -75,6 +83,9 @@ class MaskFiller:
         self._gate = gate if threaded else None
         self._batch = None  # xgrammar's BatchGrammarMatcher, made on first use
         self._threads = fill_threads()  # (read here: a bad value fails the engine's start, not its steps)
+        self._native_wanted = threaded and native_fill_enabled()
+        self._native: Optional[NativeBatchFill] = None  # made with _batch where xgrammar allows
+        self._native_checked = False  # its first fill equalled xgrammar's Python call
 
     def submit(self, live: list, host: torch.Tensor, rows: List[int]) -> Optional[FillJob]:
         """Fills host[rows[j]] ([G, W] int32) from matcher live[j], or starts to: None when done."""
@@ -85,8 +96,34 @@ class MaskFiller:
         if self._pool is None:
             self._fill(live, host, rows)
             return None
+        self._batch_matcher()
+        # (a gate the native thread cannot open itself keeps the Python thread)
+        native = self._native if self._gate is None or self._gate.counter_address() is not None else None
+        if native is not None and not self._native_checked:
+            self._check_native(live, host, rows)
+            return None
         ticket = self._gate.next() if self._gate is not None else 0
-        return FillJob(self._pool.submit(self._fill_and_open, live, host, rows, ticket), self._gate, ticket)
+        if native is not None:
+            return FillJob(native.submit(live, host, rows, self._gate, ticket), self._gate, ticket)
+        return FillJob(self._pool.submit(self._fill_and_open, live, host, rows, ticket).result, self._gate, ticket)
+
+    def _check_native(self, live: list, host: torch.Tensor, rows: List[int]):
+        """The first native fill, waited for and compared with xgrammar's Python call, whose mask
+        `host` keeps; where they differ (or the native call fails) the native fill is never used."""
+        expected = host.clone()
+        self._fill(live, expected, rows)  # (xgrammar's own errors fail the step as on the thread)
+        try:
+            self._native.submit(live, host, rows, None, 0)()
+            why = "" if torch.equal(host, expected) else "its mask differs from xgrammar's Python call"
+        except RuntimeError as e:
+            why = str(e)
+        if not why:
+            self._native_checked = True
+            return
+        log.error("the native grammar mask fill is not used (%s): masks fill on a Python thread", why)
+        host.copy_(expected)
+        self._native.close()
+        self._native = None
 
     def _fill_and_open(self, live: list, host: torch.Tensor, rows: List[int], ticket: int):
         try:
@@ -95,13 +132,20 @@ class MaskFiller:
             if ticket:
                 self._gate.open(ticket)
 
-    def _fill(self, live: list, host: torch.Tensor, rows: List[int]):
+    def _batch_matcher(self):
         if self._batch is None:
             import xgrammar as xgr
 
             self._batch = xgr.BatchGrammarMatcher(self._threads)
-        self._batch.batch_fill_next_token_bitmask(live, host, rows)
+            if self._native_wanted:
+                self._native = NativeBatchFill.create(self._batch)
+        return self._batch
+
+    def _fill(self, live: list, host: torch.Tensor, rows: List[int]):
+        self._batch_matcher().batch_fill_next_token_bitmask(live, host, rows)
 
     def close(self):
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self._native is not None:
+            self._native.close()

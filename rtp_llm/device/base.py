@@ -75,6 +75,11 @@ class HostGate(ABC):
     def open(self, ticket: int) -> None:
         ...
 
+    def counter_address(self) -> Optional[int]:
+        """The host address of the 64-bit counter open() stores the ticket to, for a native
+        thread to open tickets itself (a release store); None where open() is more than that."""
+        return None
+
 
 class AttentionMetadata:
     """Backend-specific, built by prepare_inputs() and shared by all layers of a step."""

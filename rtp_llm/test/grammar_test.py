@@ -24,31 +24,7 @@ from rtp_llm.config.generate_config import GenerateConfig
 from rtp_llm.config.grammar import literal_regex
 from rtp_llm.llm import LLM
 from rtp_llm.test import testlib
-
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "pattern": "^[a-z]{1,6}$"},
-        "age": {"type": "integer", "minimum": 0, "maximum": 99},
-        "role": {"enum": ["admin", "user"]},
-        "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,3}$"}, "minItems": 1,
-                 "maxItems": 2},
-        "home": {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{3}$"}},
-                 "required": ["zip"], "additionalProperties": False},
-    },
-    "required": ["name", "age", "role", "tags", "home"],
-    "additionalProperties": False,
-}
-
-
-def valid(doc) -> bool:
-    """SCHEMA's constraints checked by hand (the unit tests' environment has no jsonschema)."""
-    return (isinstance(doc, dict) and set(doc) == set(SCHEMA["required"])
-            and re.fullmatch("[a-z]{1,6}", doc["name"]) is not None
-            and isinstance(doc["age"], int) and 0 <= doc["age"] <= 99 and doc["role"] in ("admin", "user")
-            and 1 <= len(doc["tags"]) <= 2 and all(re.fullmatch("[a-z]{1,3}", t) for t in doc["tags"])
-            and set(doc["home"]) == {"zip"} and re.fullmatch("[0-9]{3}", doc["home"]["zip"]) is not None)
-
+from rtp_llm.test.grammar_schema import SCHEMA, valid
 
 class BlockingGate(HostGate):
     """A HostGate for a device without streams: wait() blocks the caller until its ticket opens

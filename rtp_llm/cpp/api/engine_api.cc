@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "rtp_llm/cpp/engine/engine_core.h"
+#include "rtp_llm/cpp/engine/fill_worker.h"
 #include "rtp_llm/cpp/model_rpc/proto_convert.h"
 #include "rtp_llm/cpp/model_rpc/rpc_server.h"
 
@@ -25,6 +26,10 @@ struct RtpEngine {
   };
   std::deque<Grammar> held_grammars;
   std::vector<int64_t> ended_grammars;  // taken from the engine, not yet handed out
+};
+
+struct RtpFillWorker {
+  rtp_llm::FillWorker worker;
 };
 
 namespace {
@@ -288,5 +293,16 @@ int32_t rtp_llm_engine_start_rpc_server(RtpEngine* engine, const char* address, 
 }
 
 void rtp_llm_engine_stop_rpc_server(RtpEngine* engine) { engine->server.reset(); }
+
+RtpFillWorker* rtp_llm_fill_worker_create(void) { return new RtpFillWorker(); }
+
+void rtp_llm_fill_worker_destroy(RtpFillWorker* worker) { delete worker; }
+
+int32_t rtp_llm_fill_worker_submit(RtpFillWorker* worker, RtpFillCall call, void* func, const void* args,
+                                   int32_t num_args, int64_t* gate, int64_t ticket) {
+  return worker->worker.submit(call, func, args, num_args, gate, ticket) ? 0 : -1;
+}
+
+int32_t rtp_llm_fill_worker_wait(RtpFillWorker* worker) { return worker->worker.wait(); }
 
 }  // extern "C"

@@ -84,3 +84,6 @@ class CudaHostGate(HostGate):
 
     def open(self, ticket: int) -> None:
         self._value[0] = ticket
+
+    def counter_address(self) -> int:
+        return self._flag.data_ptr()

@@ -1,6 +1,7 @@
 """profile_host on a tiny random model with a grammar: every phase it names is timed, the grammar
 phases only under the schema, and the run generates the tokens asked for."""
 
+import gc
 import tempfile
 import unittest
 
@@ -32,9 +33,16 @@ class ProfileHostTest(unittest.TestCase):
                 constrained = report["host_ms_per_step"]
                 self.assertTrue({"fill_mask", "mask_wait", "advance"} <= set(constrained), constrained)
                 self.assertEqual(report["grammar_steps"], report["steps"])
+                # A turn is its top-level phases and the gaps between them, nothing else.
+                top = ("poll", "compiles", "fill_mask", "schedule", "stage", "sample", "forward", "commit")
+                accounted = sum(constrained.get(k, 0.0) for k in top) + sum(
+                    v for k, v in constrained.items() if k.startswith("before:"))
+                self.assertAlmostEqual(accounted, constrained["turn"], delta=0.03)
+                self.assertGreaterEqual(report["longest_turn_ms"], constrained["turn"])
                 for obj in (llm.engine.runner, llm.engine.core, llm.engine.grammar, llm.engine):
                     self.assertFalse({"stage", "commit", "schedule_ahead", "advance", "step"} & set(vars(obj)))
                 self.assertEqual(MaskFill.result.__qualname__, "MaskFill.result")
+                self.assertFalse([c for c in gc.callbacks if "HostProfile" in getattr(c, "__qualname__", "")])
                 self.assertEqual(llm.engine.core.stats()["running"], 0)
             finally:
                 llm.close()
