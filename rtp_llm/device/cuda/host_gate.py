@@ -7,9 +7,9 @@ idling until the host has both filled the data and launched the work.
 
 The store needs no device call and no lock: one thread opens tickets in order (the mask
 filler's), the counter only goes up, and "greater or equal" lets a wait queued after a later
-ticket was opened pass at once. The mask's bytes are written before the counter by the same
-thread; the GIL that thread takes to store the counter orders them (a lock acquire and release),
-and x86 stores reach the device in program order anyway.
+ticket was opened pass at once. The mask's bytes are written before the counter: the native fill
+thread stores it with release order at counter_address() (fill_worker.h), a Python thread under
+the GIL (a lock acquire and release), and x86 stores reach the device in program order anyway.
 
 While a gate is closed, a kernel the driver has not loaded yet (CUDA loads them lazily: a new
 Triton specialization, a cuBLAS kernel for a new shape) waits for the context's streams before it
