@@ -1,9 +1,13 @@
 """Speculative decoding by prompt lookup, with and without (a tool, not a test): engine steps
 (iter_count per stream) and TPOT on a copy-style prompt and a plain one, at batch 1 and 16, and
 whether the greedy text came out the same (sampled, --temperature > 0: rejection sampling keeps
-the distribution, not the draws, so the column reads n/a).
+the distribution, not the draws, so the column reads n/a). Both engines are loaded side by side
+and each point runs --repeats times alternating between them (TPOT: the median), so a machine
+whose speed drifts affects both alike; "wasted" is the drafted rows rejected per generated
+token (the compute drafting adds: what costs where a step is compute-bound).
 
-    python -m rtp_llm.tools.bench_spec --checkpoint PATH [--act_type bf16] [--batch 1,16] [--temperature 0.7]
+    python -m rtp_llm.tools.bench_spec --checkpoint PATH [--act_type bf16] [--batch 1,16] [--repeats 3]
+        [--temperature 0.7]
 """
 
 import argparse
@@ -33,6 +37,16 @@ def measure(llm, prompt, batch, new_tokens, temperature=0.0, top_p=1.0):
     return [o.outputs[0].token_ids for o in outs], steps, tpot, wall
 
 
+def measure_wasted(llm, prompt, batch, new_tokens, temperature, top_p):
+    """measure(), and the rejected drafted rows per generated token (0 without drafts)."""
+    before = llm.engine.core.stats()
+    out = measure(llm, prompt, batch, new_tokens, temperature, top_p)
+    after = llm.engine.core.stats()
+    drafted, accepted, generated = (after[k] - before[k] for k in
+                                    ("spec_draft_tokens", "spec_accepted_tokens", "generated_tokens"))
+    return out + ((drafted - accepted) / max(generated, 1),)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True)
@@ -42,25 +56,34 @@ def main(argv=None):
     p.add_argument("--gen_num_per_cycle", type=int, default=5)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top_p", type=float, default=1.0)
+    p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args(argv)
-    results = {}
-    for label, spec in (("off", SpeculativeConfig()), ("ngram", SpeculativeConfig("ngram", a.gen_num_per_cycle))):
-        llm = LLM(a.checkpoint, act_type=a.act_type, progress=False, max_seq_len=1024, speculative=spec)
-        try:
-            llm.generate("warm up", {"max_new_tokens": 4, "temperature": 0})
-            for name, prompt in PROMPTS.items():
-                for batch in map(int, a.batch.split(",")):
-                    results[label, name, batch] = measure(llm, prompt, batch, a.new_tokens, a.temperature, a.top_p)
-        finally:
+    specs = {"off": SpeculativeConfig(), "ngram": SpeculativeConfig("ngram", a.gen_num_per_cycle)}
+    llms = {}
+    try:
+        for label, spec in specs.items():
+            llms[label] = LLM(a.checkpoint, act_type=a.act_type, progress=False, max_seq_len=1024, speculative=spec)
+            llms[label].generate("warm up", {"max_new_tokens": 4, "temperature": 0})
+        runs = {}
+        for name, prompt in PROMPTS.items():
+            for batch in map(int, a.batch.split(",")):
+                for _ in range(a.repeats):
+                    for label, llm in llms.items():
+                        runs.setdefault((label, name, batch), []).append(
+                            measure_wasted(llm, prompt, batch, a.new_tokens, a.temperature, a.top_p))
+    finally:
+        for llm in llms.values():
             llm.close()
     print(f"{'prompt':<6} {'batch':>5} | {'steps off':>9} {'steps ngram':>11} {'ratio':>6} | "
-          f"{'TPOT off ms':>11} {'TPOT ngram ms':>13} {'speedup':>7} | same text")
+          f"{'TPOT off ms':>11} {'TPOT ngram ms':>13} {'speedup':>7} | {'wasted':>6} | same text")
     for name in PROMPTS:
         for batch in map(int, a.batch.split(",")):
-            t0, s0, p0, _ = results["off", name, batch]
-            t1, s1, p1, _ = results["ngram", name, batch]
+            off, ngram = runs["off", name, batch], runs["ngram", name, batch]
+            p0, p1 = (statistics.median(r[2] for r in rs) for rs in (off, ngram))
+            s0, s1 = off[0][1], ngram[0][1]
+            same = all(r[0] == off[0][0] for r in off + ngram) if a.temperature == 0 else "n/a"
             print(f"{name:<6} {batch:>5} | {s0:>9.1f} {s1:>11.1f} {s0 / s1:>6.2f} | {p0:>11.1f} {p1:>13.1f} "
-                  f"{p0 / p1:>7.2f} | {t0 == t1 if a.temperature == 0 else 'n/a'}")
+                  f"{p0 / p1:>7.2f} | {ngram[0][4]:>6.2f} | {same}")
 
 
 if __name__ == "__main__":

@@ -20,4 +20,26 @@ int NgramDrafter::propose(const int32_t* tokens, int n, int max_tokens, int32_t*
   return 0;
 }
 
+int DraftPace::allowance(int max_drafts) {
+  if (skip_ > 0) {
+    --skip_;
+    return 0;
+  }
+  return limit_ > 0 ? std::min(limit_, max_drafts) : max_drafts;
+}
+
+void DraftPace::record(int drafted, int accepted, int max_drafts) {
+  const int limit = limit_ > 0 ? std::min(limit_, max_drafts) : max_drafts;
+  if (accepted > 0) backoff_ = 0;
+  if (accepted == drafted) {
+    limit_ = std::min(max_drafts, 2 * limit);
+  } else if (accepted > 0 || limit > 1) {
+    limit_ = accepted + 1;
+  } else {  // nothing accepted of a single draft: pause, longer each time
+    limit_ = 1;
+    backoff_ = backoff_ == 0 ? 1 : std::min(2 * backoff_, kMaxBackoff);
+    skip_ = backoff_;
+  }
+}
+
 }  // namespace rtp_llm

@@ -33,4 +33,30 @@ class NgramDrafter : public Drafter {
   int min_match_, max_match_;
 };
 
+// How many tokens a stream drafts next, from how its last verified rounds went: every rejected
+// draft is a row computed for nothing, which costs little where a step is bound by reading the
+// weights (batch 1) and its full share where it is bound by compute (a batch of 16 on the CPU:
+// docs/benchmarks.md). A fully accepted round doubles the allowance (up to max_drafts); a partly
+// accepted one sets it to the accepted count plus one (the run that would have been kept, and one
+// more to find where it ends); a round with nothing accepted at an allowance of 1 stops drafting
+// for 1, 2, 4, ... up to kMaxBackoff of the stream's decode steps, until a round accepts again.
+//
+// Invariant: allowance() is in [0, max_drafts], 0 only while backing off; record() of a round
+// with an accepted draft ends any backoff. Integers only.
+class DraftPace {
+ public:
+  static constexpr int kMaxBackoff = 16;
+
+  // The most drafts for the stream's next decode step (a step that could draft: counts it
+  // while backing off).
+  int allowance(int max_drafts);
+  // A verified round: `drafted` (> 0) tokens proposed, the first `accepted` of them kept.
+  void record(int drafted, int accepted, int max_drafts);
+
+ private:
+  int limit_ = 0;    // 0: max_drafts (no round verified yet)
+  int skip_ = 0;     // decode steps left without drafting
+  int backoff_ = 0;  // the next backoff's length (0: none yet)
+};
+
 }  // namespace rtp_llm

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "rtp_llm/cpp/cache/kv_cache_manager.h"
+#include "rtp_llm/cpp/engine/drafter.h"
 #include "rtp_llm/cpp/engine/error_code.h"
 #include "rtp_llm/cpp/engine/generate_config.h"
 
@@ -111,6 +112,7 @@ class GenerateStream {
   // decoding; 0: none). Such a step is the only one in flight holding the stream: it drafts only
   // when nothing of it is in flight, and it does not run ahead while its drafts are verified.
   int pending_drafts = 0;
+  DraftPace draft_pace;           // how many it drafts next (drafter.h)
   bool cancel_requested = false;  // abort() arrived while in flight: finish at commit
   // A stream with a grammar is not admitted until the engine process has compiled it
   // (EngineCore::grammar_done): its first sample needs the grammar's token mask.

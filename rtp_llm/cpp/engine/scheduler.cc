@@ -120,7 +120,7 @@ void Scheduler::record_prompt_rows(const StepBatch& b, int i, const StepSamples&
   }
 }
 
-int Scheduler::draft(const GenerateStream* s, int n, int budget) {
+int Scheduler::draft(GenerateStream* s, int n, int budget) {
   // Only a decode whose last token is known: n is that one token and nothing of it is in flight.
   if (config_.max_drafts == 0 || n != 1 || s->pending_sampled > 0 || s->scheduled_computed() != s->num_tokens() - 1 ||
       !may_draft(s)) {
@@ -128,7 +128,7 @@ int Scheduler::draft(const GenerateStream* s, int n, int budget) {
   }
   // Accepting all d drafts appends d + 1 tokens: they must fit max_new_tokens and max_seq_len.
   const int room = std::min(s->config().max_new_tokens - s->num_generated(), s->max_seq_len() - s->num_tokens()) - 1;
-  const int most = std::min({config_.max_drafts, budget - n, room});
+  const int most = std::min({s->draft_pace.allowance(config_.max_drafts), budget - n, room});
   if (most <= 0) return 0;
   const int d = drafter_->propose(s->tokens().data(), s->num_tokens(), most, draft_buf_.data());
   // Drafts never preempt: without the blocks for them, the stream decodes as usual.
@@ -353,6 +353,7 @@ int Scheduler::append_samples(const StepBatch& b, int i, const StepSamples& samp
     s->num_computed -= d - accepted;
     if (keep) {
       s->spec().record(d, accepted);
+      s->draft_pace.record(d, accepted, config_.max_drafts);
       ++spec_.draft_rounds;
       spec_.draft_tokens += d;
       spec_.accepted_tokens += accepted;

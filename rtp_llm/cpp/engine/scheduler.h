@@ -27,8 +27,8 @@
 // Speculative decoding (max_drafts > 0 and a Drafter, engine_core.h): a running decode stream
 // whose tokens are all known (nothing of it in flight), without a grammar, thinking budget or
 // prompt log-probs and not force_disable_sp_run, gets up to max_drafts drafted tokens after its
-// last one (its penalty history holds its tokens; the sampler adds the drafts before each row,
-// ops/draft_rows.py): each counts
+// last one, fewer after rounds that were rejected (its DraftPace, drafter.h) (its penalty
+// history holds its tokens; the sampler adds the drafts before each row, ops/draft_rows.py): each counts
 // against the step's budget; accepting them all plus the token after stays within max_new_tokens
 // and max_seq_len; and drafts never preempt (a stream short of blocks for them runs without).
 // The step runs its 1 + d positions and samples each (greedily, or by rejection sampling, whose
@@ -145,7 +145,7 @@ class Scheduler {
   void preempt(GenerateStream* stream);
   bool can_run_ahead(const GenerateStream* stream, int64_t now_us) const;
   // How many tokens to draft after `stream`'s n scheduled ones (into draft_buf_), within `budget`.
-  int draft(const GenerateStream* stream, int n, int budget);
+  int draft(GenerateStream* stream, int n, int budget);
   // n of `stream`'s tokens, then `drafts` drafted ones from draft_buf_.
   void add_to_batch(StepBatch& batch, GenerateStream* stream, int n, int64_t now_us, int drafts = 0);
   // Appends row i's sampled tokens (rows from k on: 1, or with drafts up to 1 + draft_lens[i])

@@ -44,5 +44,40 @@ TEST(NgramDrafter, ShorterThanMinMatchOrNoMatchProposesNothing) {
   EXPECT_TRUE(Propose(d, {1, 2, 1, 2}, 0).empty());
 }
 
+TEST(DraftPace, AcceptedRoundsKeepOrRaiseTheAllowanceRejectedOnesLowerIt) {
+  DraftPace p;
+  EXPECT_EQ(p.allowance(8), 8);  // nothing verified yet: all it may
+  p.record(8, 3, 8);             // 3 of 8: the accepted run and one more
+  EXPECT_EQ(p.allowance(8), 4);
+  p.record(4, 4, 8);  // all accepted: doubled
+  EXPECT_EQ(p.allowance(8), 8);
+  p.record(2, 2, 8);  // all accepted, but max_drafts caps it
+  EXPECT_EQ(p.allowance(8), 8);
+  p.record(8, 0, 8);  // none of 8: one next time, not a pause yet
+  EXPECT_EQ(p.allowance(8), 1);
+  EXPECT_EQ(p.allowance(3), 1);
+}
+
+TEST(DraftPace, RejectedSingleDraftsPauseDraftingLongerEachTimeUntilOneIsAccepted) {
+  DraftPace p;
+  p.record(4, 0, 4);
+  EXPECT_EQ(p.allowance(4), 1);
+  std::vector<int> pauses;
+  for (int round = 0; round < 6; ++round) {
+    p.record(1, 0, 4);  // its single draft rejected
+    int paused = 0;
+    while (p.allowance(4) == 0) ++paused;  // (the call that returns 1 is the next round's)
+    pauses.push_back(paused);
+  }
+  EXPECT_EQ(pauses, (std::vector<int>{1, 2, 4, 8, DraftPace::kMaxBackoff, DraftPace::kMaxBackoff}));
+  p.record(1, 1, 4);  // accepted: no pause, and the allowance doubles
+  EXPECT_EQ(p.allowance(4), 2);
+  p.record(2, 0, 4);
+  EXPECT_EQ(p.allowance(4), 1);
+  p.record(1, 0, 4);  // the next pause starts from 1 again
+  EXPECT_EQ(p.allowance(4), 0);
+  EXPECT_EQ(p.allowance(4), 1);
+}
+
 }  // namespace
 }  // namespace rtp_llm

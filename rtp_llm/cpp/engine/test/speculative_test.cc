@@ -141,7 +141,9 @@ TEST_F(SpecTest, CommitKeepsTheAcceptedRunAndTheTokenAfterIt) {
   EXPECT_EQ(RunToCompletion(), 5);
   EXPECT_EQ(Generated(s), model_->reference({1, 2, 3, 4, 5}, 13));
   EXPECT_EQ(s->spec().accepted_per_pos, (std::vector<int32_t>{4, 4, 0, 0}));
-  EXPECT_EQ(sched_->spec_stats().draft_tokens, 14);  // the last round drafts the 2 that are left
+  // The first round drafts 4; after 2 were accepted the stream drafts 3 (DraftPace), and the
+  // last round the 2 that are left: 4 + 3 + 3 + 2.
+  EXPECT_EQ(sched_->spec_stats().draft_tokens, 12);
   EXPECT_EQ(sched_->spec_stats().accepted_tokens, 8);
 }
 
@@ -150,7 +152,10 @@ TEST_F(SpecTest, RejectedDraftsRollBackComputedPositionsAndBlocks) {
   GenerateStream* s = Add({1, 2, 3, 4, 5, 6, 7}, Greedy(9));
   EXPECT_EQ(RunToCompletion(), 9);  // every draft rejected: one token a step, as without
   EXPECT_EQ(Generated(s), model_->reference({1, 2, 3, 4, 5, 6, 7}, 9));
-  EXPECT_EQ(sched_->spec_stats().draft_rounds, 7);  // the last token has no room for drafts
+  // Decode steps 2..9 (the last has no room for drafts): 4 drafts rejected, then 1, then a
+  // pause of 1 step, 1 draft, a pause of 2, 1 draft (DraftPace).
+  EXPECT_EQ(sched_->spec_stats().draft_rounds, 4);
+  EXPECT_EQ(sched_->spec_stats().draft_tokens, 7);
   EXPECT_EQ(sched_->spec_stats().accepted_tokens, 0);
 }
 
