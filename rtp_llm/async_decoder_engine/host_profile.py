@@ -10,7 +10,9 @@ and "core_commit" (the core's bookkeeping and output delivery); inside sample, "
 its phase NAME ("before:end": after its last), which no phase accounts for; "gc", Python's cyclic
 collections (counted per generation, "gcN"). Counts: turns of the
 loop, the steps they scheduled, the streams and tokens they scheduled, how many had grammar rows or prompt tokens
-(mixed steps), the wall time of the turns and the longest turn. Nothing is synchronized beyond what the loop
+(mixed steps), the wall time of the turns and the longest turn; and "stalls": where the engine
+thread was, sampled each millisecond, during turns that took far longer than the mean (the
+three most sampled stacks, innermost frame first). Nothing is synchronized beyond what the loop
 waits for itself, so "wait" near zero means the host is the bottleneck. And the thread's own
 scheduling (Linux, /proc/thread-self): its CPU time, the time it sat runnable but not running
 (run_delay: other threads had its core) and how often it was preempted, over the same span: a
@@ -22,12 +24,18 @@ which logs one line per burst of work (EngineLoop: a line when the engine goes i
 test's point and the offline profile of the same step compare phase by phase."""
 
 import gc
+import sys
+import threading
 import time
-from collections import defaultdict
+import traceback
+from collections import Counter, defaultdict
 from typing import Dict, Tuple
 
 from rtp_llm.async_decoder_engine.grammar import MaskFill
 
+# A turn stalls once it has lasted this many times the mean turn, and at least STALL_MIN_S; each
+# stall sample keeps the engine thread's STALL_FRAMES innermost frames.
+STALL_FACTOR, STALL_MIN_S, STALL_FRAMES = 4, 0.02, 6
 _RUNNER = ("stage", "forward", "fill_mask", "sample", "commit")
 
 
@@ -56,6 +64,10 @@ class HostProfile:
         self._patched = []
         self._depth, self._mark = 0, 0.0  # calls in progress; when the turn's last top-level phase ended
         self.longest_turn = 0.0
+        self._turn_start, self._turn_thread = 0.0, 0  # the turn in progress (0: none), its thread
+        self._stalls: Counter = Counter()  # stack -> samples (ms) of turns that stalled there
+        self._stall_lock, self._stop = threading.Lock(), threading.Event()
+        threading.Thread(target=self._sample_stalls, name="rtp_llm-host-profile", daemon=True).start()
         runner, book, core = engine.runner, engine.grammar, engine.core
         for name in _RUNNER:
             self._wrap(runner, name, name)
@@ -90,6 +102,7 @@ class HostProfile:
                 totals["before:" + name] += t - self._mark
             elif turn:
                 self._mark = t
+                self._turn_start, self._turn_thread = t, threading.get_ident()
             self._depth += 1
             try:
                 out = call(*args)
@@ -100,6 +113,7 @@ class HostProfile:
                 if top:
                     self._mark = end
                 elif turn:
+                    self._turn_start = 0.0
                     totals["before:end"] += end - self._mark
                     self.longest_turn = max(self.longest_turn, end - t)
             if after is not None:
@@ -115,6 +129,22 @@ class HostProfile:
         else:
             self.totals["gc"] += time.perf_counter() - self._gc_start
             self.counts["gc%d" % info["generation"]] += 1
+
+    def _sample_stalls(self):
+        """Every millisecond, while a turn has lasted over STALL_FACTOR times the mean turn (and
+        at least STALL_MIN_S), the engine thread's innermost frames: where a stall spends its
+        time, in samples of ~1 ms. (A stall that holds the GIL shows where the thread went on.)"""
+        while not self._stop.wait(0.001):
+            start, turns = self._turn_start, self.counts.get("turns", 0)
+            mean = self.totals.get("turn", 0.0) / turns if turns else 0.0
+            if not start or time.perf_counter() - start < max(STALL_MIN_S, STALL_FACTOR * mean):
+                continue
+            frame = sys._current_frames().get(self._turn_thread)
+            if frame is not None:
+                stack = " < ".join(f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{line} {f.f_code.co_name}"
+                                   for f, line in list(traceback.walk_stack(frame))[:STALL_FRAMES])
+                with self._stall_lock:
+                    self._stalls[stack] += 1
 
     def _wrap(self, obj, attr: str, name: str, after=None):
         self._patched.append((obj, attr))
@@ -132,6 +162,8 @@ class HostProfile:
 
     def reset(self):
         self.longest_turn = 0.0
+        with self._stall_lock:
+            self._stalls.clear()
         self.totals.clear()
         self.counts.clear()
         self._sched = _thread_sched()
@@ -142,12 +174,17 @@ class HostProfile:
         per = {k: round(v / steps * 1e3, 3) for k, v in sorted(self.totals.items())}
         cpu, delay, preempted = (now - then for now, then in zip(_thread_sched(), self._sched))
         return {**dict(sorted(self.counts.items())), "wall_s": round(self.totals.get("turn", 0.0), 3),
-                "longest_turn_ms": round(self.longest_turn * 1e3, 3),
+                "longest_turn_ms": round(self.longest_turn * 1e3, 3), "stalls": self._top_stalls(),
                 "host_ms_per_step": per, "thread": {"cpu_ms_per_step": round(cpu / steps * 1e3, 3),
                                                     "run_delay_ms_per_step": round(delay / steps * 1e3, 3),
                                                     "preempted": preempted}}
 
+    def _top_stalls(self):
+        with self._stall_lock:
+            return [[stack, samples] for stack, samples in self._stalls.most_common(3)]
+
     def detach(self):
+        self._stop.set()
         gc.callbacks.remove(self._gc_timed)
         MaskFill.result = self._mask_result
         for obj, attr in self._patched:

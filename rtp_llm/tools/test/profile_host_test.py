@@ -1,11 +1,14 @@
 """profile_host on a tiny random model with a grammar: every phase it names is timed, the grammar
-phases only under the schema, and the run generates the tokens asked for."""
+phases only under the schema, a turn is its phases and the gaps between them, a stall is sampled
+where it happens, and the run generates the tokens asked for."""
 
 import gc
 import tempfile
+import time
 import unittest
 
 from rtp_llm.async_decoder_engine.grammar import MaskFill
+from rtp_llm.async_decoder_engine.host_profile import STALL_FACTOR
 from rtp_llm.llm import LLM
 from rtp_llm.test import testlib
 from rtp_llm.tools import profile_host
@@ -39,6 +42,20 @@ class ProfileHostTest(unittest.TestCase):
                     v for k, v in constrained.items() if k.startswith("before:"))
                 self.assertAlmostEqual(accounted, constrained["turn"], delta=0.03)
                 self.assertGreaterEqual(report["longest_turn_ms"], constrained["turn"])
+                stage, calls = llm.engine.runner.stage, []
+                # A stall: far past STALL_FACTOR times any turn so far (this machine's speed).
+                stall_s = max(0.2, 3 * STALL_FACTOR * report["longest_turn_ms"] / 1e3)
+
+                def slow_stage(b):  # the third step stalls in its staging
+                    calls.append(b)
+                    if len(calls) == 3:
+                        time.sleep(stall_s)
+                    return stage(b)
+                llm.engine.runner.stage = slow_stage  # (detach() drops it with the profile's wrapper)
+                steps, wall, report = profile_host.run(llm, prompts, 8, None)
+                self.assertGreaterEqual(report["longest_turn_ms"], stall_s * 1e3)
+                self.assertTrue(report["stalls"] and "slow_stage" in report["stalls"][0][0], report["stalls"])
+                self.assertGreater(report["stalls"][0][1], 5)  # samples of ~1 ms (fewer on a loaded machine)
                 for obj in (llm.engine.runner, llm.engine.core, llm.engine.grammar, llm.engine):
                     self.assertFalse({"stage", "commit", "schedule_ahead", "advance", "step"} & set(vars(obj)))
                 self.assertEqual(MaskFill.result.__qualname__, "MaskFill.result")
