@@ -133,18 +133,25 @@ class HostProfile:
     def _sample_stalls(self):
         """Every millisecond, while a turn has lasted over STALL_FACTOR times the mean turn (and
         at least STALL_MIN_S), the engine thread's innermost frames: where a stall spends its
-        time, in samples of ~1 ms. (A stall that holds the GIL shows where the thread went on.)"""
-        while not self._stop.wait(0.001):
+        time, in samples of ~1 ms. (A stall that holds the GIL shows where the thread went on.)
+        Otherwise it sleeps until the turn in progress would stall: it takes the GIL from the
+        engine thread tens of times a second, not a thousand."""
+        while True:
             start, turns = self._turn_start, self.counts.get("turns", 0)
-            mean = self.totals.get("turn", 0.0) / turns if turns else 0.0
-            if not start or time.perf_counter() - start < max(STALL_MIN_S, STALL_FACTOR * mean):
-                continue
-            frame = sys._current_frames().get(self._turn_thread)
-            if frame is not None:
-                stack = " < ".join(f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{line} {f.f_code.co_name}"
-                                   for f, line in list(traceback.walk_stack(frame))[:STALL_FRAMES])
-                with self._stall_lock:
-                    self._stalls[stack] += 1
+            limit = max(STALL_MIN_S, STALL_FACTOR * self.totals.get("turn", 0.0) / turns if turns else 0.0)
+            due = start + limit - time.perf_counter() if start else limit
+            if due <= 0:
+                self._sample_stall()
+            if self._stop.wait(max(due, 0.001)):
+                return
+
+    def _sample_stall(self):
+        frame = sys._current_frames().get(self._turn_thread)
+        if frame is not None:
+            stack = " < ".join(f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{line} {f.f_code.co_name}"
+                               for f, line in list(traceback.walk_stack(frame))[:STALL_FRAMES])
+            with self._stall_lock:
+                self._stalls[stack] += 1
 
     def _wrap(self, obj, attr: str, name: str, after=None):
         self._patched.append((obj, attr))
