@@ -87,22 +87,19 @@ class HostProfile:
         runner.commit = commit_waits  # (replaces the timed one, which it calls; detach() drops both)
         self._gc_start = 0.0
         gc.callbacks.append(self._gc_timed)
-        engine.step = self._timed("turn", engine.step, lambda _: self.counts.__setitem__("turns", self.counts["turns"] + 1))
+        engine.step = self._timed_turn(engine.step)
 
     def _timed(self, name, call, after=None):
-        """call, its time summed under `name`; a call directly inside a turn also sums the time
-        since the turn's previous phase (or its start) under "before:NAME", and the turn the
-        time after its last one under "before:end": host time that no phase accounts for."""
-        totals, turn = self.totals, name == "turn"
+        """call, its time summed under `name`; a call directly inside a turn (a top-level phase)
+        also sums the time since the turn's previous phase (or its start) under "before:NAME":
+        host time that no phase accounts for."""
+        totals = self.totals
 
         def timed(*args):
             t = time.perf_counter()
             top = self._depth == 1
             if top:
                 totals["before:" + name] += t - self._mark
-            elif turn:
-                self._mark = t
-                self._turn_start, self._turn_thread = t, threading.get_ident()
             self._depth += 1
             try:
                 out = call(*args)
@@ -112,14 +109,32 @@ class HostProfile:
                 totals[name] += end - t
                 if top:
                     self._mark = end
-                elif turn:
-                    self._turn_start = 0.0
-                    totals["before:end"] += end - self._mark
-                    self.longest_turn = max(self.longest_turn, end - t)
             if after is not None:
                 after(out)
             return out
         return timed
+
+    def _timed_turn(self, step):
+        """engine.step as a turn: its time under "turn", the time after its last phase under
+        "before:end", the longest turn, and the turn in progress for the stall sampler."""
+        totals, counts = self.totals, self.counts
+
+        def turn(*args):
+            t = time.perf_counter()
+            self._mark, self._turn_start, self._turn_thread = t, t, threading.get_ident()
+            self._depth += 1
+            try:
+                out = step(*args)
+            finally:
+                self._depth -= 1
+                end = time.perf_counter()
+                self._turn_start = 0.0
+                totals["turn"] += end - t
+                totals["before:end"] += end - self._mark
+                self.longest_turn = max(self.longest_turn, end - t)
+            counts["turns"] += 1
+            return out
+        return turn
 
     def _gc_timed(self, phase: str, info: dict):
         """Python's cyclic collections (any thread's; the engine thread's steps trigger most):

@@ -25,15 +25,15 @@ int DraftPace::allowance(int max_drafts) {
     --skip_;
     return 0;
   }
-  return limit_ > 0 ? std::min(limit_, max_drafts) : max_drafts;
+  return limit(max_drafts);
 }
 
 void DraftPace::record(int drafted, int accepted, int max_drafts) {
-  const int limit = limit_ > 0 ? std::min(limit_, max_drafts) : max_drafts;
+  const int current = limit(max_drafts);
   if (accepted > 0) backoff_ = 0;
   if (accepted == drafted) {
-    limit_ = std::min(max_drafts, 2 * limit);
-  } else if (accepted > 0 || limit > 1) {
+    limit_ = std::min(max_drafts, 2 * current);
+  } else if (accepted > 0 || current > 1) {
     limit_ = accepted + 1;
   } else {  // nothing accepted of a single draft: pause, longer each time
     limit_ = 1;

@@ -7,6 +7,7 @@
 // flight) and writes at most max_tokens ids into out. Integers only, like the rest of the core.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace rtp_llm {
@@ -54,6 +55,8 @@ class DraftPace {
   void record(int drafted, int accepted, int max_drafts);
 
  private:
+  int limit(int max_drafts) const { return limit_ > 0 ? std::min(limit_, max_drafts) : max_drafts; }
+
   int limit_ = 0;    // 0: max_drafts (no round verified yet)
   int skip_ = 0;     // decode steps left without drafting
   int backoff_ = 0;  // the next backoff's length (0: none yet)
