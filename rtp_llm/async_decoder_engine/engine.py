@@ -310,6 +310,7 @@ class EngineLoop:
         while self.step():
             pass
         self.core.release(sid)
+        self.runner.sampler.warm_up_mask(self.runner.model.config.vocab_size)
 
     def _in_flight(self) -> bool:
         return self._pending is not None or self._unsampled is not None
@@ -321,6 +322,8 @@ class EngineLoop:
         self._thread.start()
 
     def _loop(self):
+        if self.host_profile is not None:
+            self.host_profile.reset()  # (made in the constructor's thread: its thread counters are this one's)
         try:
             while self._running:
                 # (A stream whose grammar compiles is no work for the core yet, but its compile

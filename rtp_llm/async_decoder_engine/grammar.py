@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from rtp_llm.async_decoder_engine.mask_filler import FillJob, MaskFiller
+from rtp_llm.async_decoder_engine.mask_filler import Accepts, FillJob, MaskFiller
 from rtp_llm.device.base import HostGate
 from rtp_llm.device.base import int32_bit
 from rtp_llm.ops.engine_core import EngineError
@@ -187,6 +187,7 @@ class GrammarBook:
             if 0 <= t < vocab_size:
                 self._stop_row[t // 32] |= int32_bit(t % 32)
         self._filler = MaskFiller(fill_thread and compiler is not None, gate)
+        self._accepts = Accepts()  # committed tokens the matchers accept before the next fill
         self._ended_pending = False  # a grammar stream may have ended since the last take
 
     @classmethod
@@ -277,7 +278,8 @@ class GrammarBook:
         host = self._host[:g]
         self._host_rows[:g].numpy()[:] = rows
         live, live_rows = self._live_rows(stream_ids, host)
-        return MaskFill(self, g, self._filler.submit(live, host, live_rows))
+        accepts, self._accepts = self._accepts, Accepts()
+        return MaskFill(self, g, self._filler.submit(accepts, live, host, live_rows))
 
     def bitmask(self, stream_ids: np.ndarray, rows: np.ndarray) -> TokenBitmask:
         """fill(), waited for."""
@@ -304,40 +306,22 @@ class GrammarBook:
         return live, live_rows
 
     def advance(self, stream_ids: np.ndarray, tokens: np.ndarray, appended: np.ndarray):
-        """Each grammar row's committed token into its stream's matcher, where the core kept it
-        (appended) — once per committed token. One xgrammar batch accept for the step's rows, in
-        this thread (with xgrammar 0.2.9 a quarter of the time of one accept_token per row:
-        docs/serving_benchmarks.md, session 17; a thread of its own was slower: mask_filler.py)."""
-        streams = self._streams
-        accepting, matchers, accepted_tokens = [], [], []
+        """Each grammar row's committed token, where the core kept it (appended), for its
+        stream's matcher to accept — once per committed token — before the next fill
+        (MaskFiller.submit: on the native thread where it can, so the engine thread only
+        records them here)."""
+        streams, accepts, stop = self._streams, self._accepts, self._stop_ids
         for sid, token, kept in zip(stream_ids.tolist(), tokens.tolist(), appended.tolist()):
             st = streams.get(sid)
             if not kept or st is None or st.matcher is None:
                 continue
             st.accepted += 1
             if not st.terminated:  # (past its grammar: ignore_eos, min_new_tokens; stop tokens only)
-                accepting.append((sid, st))
-                matchers.append(st.matcher)
-                accepted_tokens.append(token)
-        if not matchers:
-            return
-        ok = self._batch_accept(matchers, accepted_tokens)
-        if all(ok) and self._stop_ids.isdisjoint(accepted_tokens):
-            return
-        for (sid, st), token, good in zip(accepting, accepted_tokens, ok):
-            if not good:
-                log.error("stream %d: the grammar rejects its sampled token %d (the mask allowed it)", sid, token)
-            elif token in self._stop_ids:
-                st.terminated = True
-
-    @staticmethod
-    def _batch_accept(matchers: list, tokens: List[int]) -> List[bool]:
-        import xgrammar as xgr
-
-        return xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
+                accepts.add(sid, st.matcher, token)
+                st.terminated = token in stop
 
     def accepted(self, sid: int) -> int:
-        """Tokens the stream's matcher accepted (tests)."""
+        """Tokens the stream's matcher accepted or will before its next fill (tests)."""
         st = self._streams.get(sid)
         return st.accepted if st is not None else -1
 

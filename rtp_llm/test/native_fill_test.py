@@ -13,7 +13,7 @@ import unittest
 import torch
 
 from rtp_llm.async_decoder_engine import mask_filler
-from rtp_llm.async_decoder_engine.native_fill import NativeBatchFill
+from rtp_llm.async_decoder_engine.native_fill import NativeMatcherJob
 from rtp_llm.device.base import HostGate
 from rtp_llm.llm import LLM
 from rtp_llm.test import testlib
@@ -78,27 +78,30 @@ class NativeFillTest(unittest.TestCase):
             check(*args)
             checked.append(self.filler._native_checked)
         self.filler._check_native = counted
-        fills, submit = [], NativeBatchFill.submit
+        fills, accepts, submit = [], [], NativeMatcherJob.submit
 
-        def spied(native, live, host, rows, gate, ticket):
-            wait = submit(native, live, host, rows, gate, ticket)
+        def spied(native, matchers, tokens, live, host, rows, gate, ticket):
+            wait = submit(native, matchers, tokens, live, host, rows, gate, ticket)
 
             def checked_wait():  # each native mask against xgrammar's Python call on the same matchers
-                wait()
+                rejected = wait()
                 expected = host.clone()
                 self.filler._fill(live, expected, rows)
-                fills.append(torch.equal(host, expected))
+                fills.append(torch.equal(host, expected) and len(rejected) == 0)
+                accepts.append(len(matchers))
+                return rejected
             return checked_wait
-        NativeBatchFill.submit = spied
+        NativeMatcherJob.submit = spied
         try:
             for out in self.sample_json():
                 self.assertEqual(out.finish_reason, "stop")
                 self.assertTrue(valid(json.loads(out.text)), out.text)
         finally:
-            NativeBatchFill.submit = submit
+            NativeMatcherJob.submit = submit
         self.assertEqual(checked, [True])  # checked once, at the first batch fill
         self.assertGreater(len(fills), 10)
         self.assertTrue(all(fills))
+        self.assertGreater(min(accepts[1:]), 0)  # the matchers accepted their tokens on the native thread
 
     def test_the_native_thread_opens_the_gate_by_its_counter(self):
         gate = self.filler._gate = CounterGate()
@@ -109,11 +112,11 @@ class NativeFillTest(unittest.TestCase):
 
     def test_a_failed_native_fill_fails_its_step_opens_the_gate_and_the_engine_serves_on(self):
         self.sample_json(2)  # (the first fill's check passed)
-        submit = NativeBatchFill.submit
+        submit = NativeMatcherJob.submit
 
-        def out_of_range(native, live, host, rows, gate_, ticket):  # xgrammar refuses rows past the mask
-            return submit(native, live, host, [host.shape[0] + 5] * len(rows), gate_, ticket)
-        NativeBatchFill.submit = out_of_range
+        def out_of_range(native, matchers, tokens, live, host, rows, gate_, ticket):  # rows past the mask
+            return submit(native, matchers, tokens, live, host, [host.shape[0] + 5] * len(rows), gate_, ticket)
+        NativeMatcherJob.submit = out_of_range
         try:
             for out in self.sample_json():  # no gate: the sampling waits for the fill on the host
                 self.assertIn("batch mask fill failed on the native thread", out.finish_reason)
@@ -121,27 +124,28 @@ class NativeFillTest(unittest.TestCase):
             for out in self.sample_json():  # gated: the sampling ran behind the gate, the step fails
                 self.assertIn("(606)", out.finish_reason)
         finally:
-            NativeBatchFill.submit = submit
+            NativeMatcherJob.submit = submit
         self.assertEqual(int(gate.counter[0]), gate.waited[-1])
         for out in self.sample_json():
             self.assertTrue(valid(json.loads(out.text)), out.text)
 
     def test_a_native_fill_that_differs_from_xgrammars_is_dropped_for_the_python_thread(self):
-        submit = NativeBatchFill.submit
+        submit = NativeMatcherJob.submit
 
-        def wrong(native, live, host, rows, gate, ticket):  # a mask that allows nothing in one row
-            wait = submit(native, live, host, rows, gate, ticket)
+        def wrong(native, matchers, tokens, live, host, rows, gate, ticket):  # a mask allowing nothing in a row
+            wait = submit(native, matchers, tokens, live, host, rows, gate, ticket)
 
             def wait_and_spoil():
-                wait()
+                rejected = wait()
                 host[rows[0]].zero_()
+                return rejected
             return wait_and_spoil
-        NativeBatchFill.submit = wrong
+        NativeMatcherJob.submit = wrong
         try:
             with self.assertLogs("rtp_llm.async_decoder_engine.mask_filler", "ERROR") as logs:
                 outs = self.sample_json()
         finally:
-            NativeBatchFill.submit = submit
+            NativeMatcherJob.submit = submit
         self.assertIn("its mask differs from xgrammar's Python call", logs.output[0])
         self.assertIsNone(self.filler._native)
         for out in outs:

@@ -4,7 +4,11 @@ done and steady serving begins:
   steps allocate short-lived objects; each few hundred steps trigger a collection, and a full one
   walked every long-lived object (modules, a tokenizer's tables): on the H200 host a 105 ms
   stall of one step of 64 streams under a JSON schema (docs/serving_benchmarks.md, session 19).
-  vLLM freezes its heap after start-up for the same reason.
+  vLLM freezes its heap after start-up for the same reason. What the steps allocate dies young,
+  mostly by reference count, so the young generation is collected every YOUNG_COLLECTION_EVERY
+  allocations instead of CPython's 700: each collection walks only what is still alive, about
+  as much either way, and on the H200 host collections every few steps were a measurable part of
+  a schema step's host time (docs/serving_benchmarks.md, session 20).
 - the C heap's freed pages go back to the OS (malloc_trim). Loading frees large temporaries (a
   file's blocks unpacked, fused and transposed copies), but glibc keeps freed pages inside its
   heap and arenas mapped, and they count in the process's resident memory until malloc_trim
@@ -13,6 +17,8 @@ done and steady serving begins:
 import ctypes
 import gc
 
+YOUNG_COLLECTION_EVERY = 20_000  # container allocations (CPython's default: 700)
+
 
 def settle_heap() -> bool:
     """Collects what is garbage now, freezes the rest out of later collections, then trims the
@@ -20,6 +26,8 @@ def settle_heap() -> bool:
     glibc)."""
     gc.collect()
     gc.freeze()
+    young, older, oldest = gc.get_threshold()
+    gc.set_threshold(max(YOUNG_COLLECTION_EVERY, young), older, oldest)
     return release_freed_heap()
 
 

@@ -298,11 +298,13 @@ RtpFillWorker* rtp_llm_fill_worker_create(void) { return new RtpFillWorker(); }
 
 void rtp_llm_fill_worker_destroy(RtpFillWorker* worker) { delete worker; }
 
-int32_t rtp_llm_fill_worker_submit(RtpFillWorker* worker, RtpFillCall call, void* func, const void* args,
-                                   int32_t num_args, int64_t* gate, int64_t ticket) {
-  return worker->worker.submit(call, func, args, num_args, gate, ticket) ? 0 : -1;
+int32_t rtp_llm_fill_worker_submit(RtpFillWorker* worker, RtpFillCall call, const RtpFillCallSpec* specs,
+                                   int32_t num_calls, int64_t* gate, int64_t ticket) {
+  static_assert(sizeof(RtpFillCallSpec) == sizeof(rtp_llm::FillWorker::Spec), "one layout");
+  const auto* s = reinterpret_cast<const rtp_llm::FillWorker::Spec*>(specs);
+  return worker->worker.submit(call, s, num_calls, gate, ticket) ? 0 : -1;
 }
 
-int32_t rtp_llm_fill_worker_wait(RtpFillWorker* worker) { return worker->worker.wait(); }
+int32_t rtp_llm_fill_worker_wait(RtpFillWorker* worker, int32_t* failed_at) { return worker->worker.wait(failed_at); }
 
 }  // extern "C"

@@ -164,21 +164,30 @@ void rtp_llm_engine_stats(RtpEngine* engine, RtpEngineStats* out);
 int32_t rtp_llm_engine_start_rpc_server(RtpEngine* engine, const char* address, char* err, int32_t err_len);
 void rtp_llm_engine_stop_rpc_server(RtpEngine* engine);
 
-// A thread for a grammar step's mask fill (rtp_llm/cpp/engine/fill_worker.h: its invariants).
+// A thread for a grammar step's matcher work (rtp_llm/cpp/engine/fill_worker.h: its invariants).
 // Not thread-safe: one host thread submits and waits.
 typedef struct RtpFillWorker RtpFillWorker;
 // tvm-ffi's TVMFFIFunctionCall convention: num_args 16-byte records, a 16-byte result.
 typedef int (*RtpFillCall)(void* func, void* args, int32_t num_args, void* result);
+// One call of a job: call(func, args, num_args, result); result must come back a plain value.
+typedef struct RtpFillCallSpec {
+  void* func;
+  void* args;
+  int32_t num_args;
+  int32_t reserved;  // 0
+  void* result;
+} RtpFillCallSpec;
 RtpFillWorker* rtp_llm_fill_worker_create(void);
-void rtp_llm_fill_worker_destroy(RtpFillWorker* worker);  // waits for a call in flight
-// Starts call(func, args, num_args, result) on the worker (args copied; at most 8 of them);
-// gate: NULL, or a 64-bit host counter that receives `ticket` (a release store) once the call
-// returned, whatever it returned. Returns 0, or -1 (nothing started) while a call is in flight
-// or for a bad num_args.
-int32_t rtp_llm_fill_worker_submit(RtpFillWorker* worker, RtpFillCall call, void* func, const void* args,
-                                   int32_t num_args, int64_t* gate, int64_t ticket);
-// Blocks until the last call returned; its return value (0 when none was submitted).
-int32_t rtp_llm_fill_worker_wait(RtpFillWorker* worker);
+void rtp_llm_fill_worker_destroy(RtpFillWorker* worker);  // waits for a job in flight
+// Starts the job specs[0, num_calls) on the worker, in order, stopping at the first call that
+// fails; specs and all they point to stay the caller's until wait returns. gate: NULL, or a
+// 64-bit host counter that receives `ticket` (a release store) once the job ended, however it
+// ended. Returns 0, or -1 (nothing started) while a job is in flight or for num_calls < 1.
+int32_t rtp_llm_fill_worker_submit(RtpFillWorker* worker, RtpFillCall call, const RtpFillCallSpec* specs,
+                                   int32_t num_calls, int64_t* gate, int64_t ticket);
+// Blocks until the last job ended: 0, the failing call's code (-2: it gave back an object), 0
+// when none was submitted; *failed_at (may be NULL): the failing call's index, or -1.
+int32_t rtp_llm_fill_worker_wait(RtpFillWorker* worker, int32_t* failed_at);
 
 #ifdef __cplusplus
 }

@@ -16,15 +16,14 @@ FillWorker::~FillWorker() {
   thread_.join();
 }
 
-bool FillWorker::submit(Call call, void* func, const void* args, int32_t num_args, int64_t* gate, int64_t ticket) {
-  if (num_args < 0 || num_args > kMaxArgs || call == nullptr) return false;
+bool FillWorker::submit(Call call, const Spec* specs, int32_t num_calls, int64_t* gate, int64_t ticket) {
+  if (call == nullptr || specs == nullptr || num_calls < 1) return false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ != State::kIdle) return false;
     call_ = call;
-    func_ = func;
-    if (num_args > 0) std::memcpy(args_, args, static_cast<size_t>(num_args) * kArgBytes);
-    num_args_ = num_args;
+    specs_ = specs;
+    num_calls_ = num_calls;
     gate_ = gate;
     ticket_ = ticket;
     state_ = State::kQueued;
@@ -33,12 +32,29 @@ bool FillWorker::submit(Call call, void* func, const void* args, int32_t num_arg
   return true;
 }
 
-int FillWorker::wait() {
+int FillWorker::wait(int32_t* failed_at) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return state_ != State::kQueued; });
-  const int rc = state_ == State::kDone ? rc_ : 0;
+  const bool done = state_ == State::kDone;
+  if (failed_at != nullptr) *failed_at = done ? failed_at_ : -1;
   state_ = State::kIdle;
-  return rc;
+  return done ? rc_ : 0;
+}
+
+int FillWorker::run_job(int32_t* failed_at) const {
+  for (int32_t i = 0; i < num_calls_; ++i) {
+    const Spec& s = specs_[i];
+    int rc = call_(s.func, s.args, s.num_args, s.result);
+    int32_t type_index;
+    std::memcpy(&type_index, s.result, sizeof(type_index));
+    if (rc == 0 && type_index >= kFirstObjectType) rc = kResultIsObject;
+    if (rc != 0) {
+      *failed_at = i;
+      return rc;
+    }
+  }
+  *failed_at = -1;
+  return 0;
 }
 
 void FillWorker::run() {
@@ -46,12 +62,13 @@ void FillWorker::run() {
   for (;;) {
     cv_.wait(lock, [this] { return stop_ || state_ == State::kQueued; });
     if (stop_) return;
-    lock.unlock();  // (the call's inputs stay put: nothing changes them while kQueued)
-    alignas(8) unsigned char result[kArgBytes] = {};
-    const int rc = call_(func_, args_, num_args_, result);
+    lock.unlock();  // (the job's inputs stay put: nothing changes them while kQueued)
+    int32_t failed_at;
+    const int rc = run_job(&failed_at);
     if (gate_ != nullptr) __atomic_store_n(gate_, ticket_, __ATOMIC_RELEASE);
     lock.lock();
     rc_ = rc;
+    failed_at_ = failed_at;
     state_ = State::kDone;
     cv_.notify_all();
   }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -12,13 +13,16 @@ namespace rtp_llm {
 namespace {
 
 // A call shaped like TVMFFIFunctionCall: func is a Probe, each 16-byte arg's second 8 bytes a
-// value it sums into `out`; it blocks until `release` is set and returns `rc`.
+// value it sums into `out` and its result (a plain int, type index 1, or an object's index
+// when `object` is set); it logs its order, blocks until `release` is set and returns `rc`.
 struct Probe {
   std::atomic<bool> release{true};
   std::atomic<bool> running{false};
   int64_t out = 0;
   int rc = 0;
+  bool object = false;
   std::thread::id thread;
+  std::vector<int64_t>* order = nullptr;
 };
 
 int ProbeCall(void* func, void* args, int32_t num_args, void* result) {
@@ -33,102 +37,124 @@ int ProbeCall(void* func, void* args, int32_t num_args, void* result) {
     sum += v;
   }
   p->out = sum;
-  std::memset(result, 0, 16);
+  if (p->order != nullptr) p->order->push_back(sum);
+  const int32_t type_index = p->object ? FillWorker::kFirstObjectType + 3 : 1;
+  std::memcpy(result, &type_index, 4);
+  std::memcpy(static_cast<unsigned char*>(result) + 8, &sum, 8);
   return p->rc;
 }
 
-struct Args {
-  int64_t words[2 * FillWorker::kMaxArgs] = {};
-  void set(int i, int64_t v) { words[2 * i + 1] = v; }
+// A job of calls on probes, each with its own args and result.
+struct Job {
+  std::vector<int64_t> words;   // [calls][4]: two 16-byte args per call
+  std::vector<int64_t> results;  // [calls][2]
+  std::vector<FillWorker::Spec> specs;
+  Job(std::vector<Probe*> probes, std::vector<std::pair<int64_t, int64_t>> args)
+      : words(4 * probes.size()), results(2 * probes.size(), -1) {
+    for (size_t i = 0; i < probes.size(); ++i) {
+      words[4 * i + 1] = args[i].first;
+      words[4 * i + 3] = args[i].second;
+      specs.push_back({probes[i], &words[4 * i], 2, 0, &results[2 * i]});
+    }
+  }
+  int n() const { return static_cast<int>(specs.size()); }
 };
 
-TEST(FillWorker, RunsTheCallOnItsThreadAndReturnsItsResult) {
+TEST(FillWorker, RunsTheCallsInOrderOnItsThreadWithTheirResults) {
   FillWorker w;
-  Probe p;
-  Args a;
-  a.set(0, 5);
-  a.set(1, 37);
-  ASSERT_TRUE(w.submit(ProbeCall, &p, a.words, 2, nullptr, 0));
-  EXPECT_EQ(w.wait(), 0);
-  EXPECT_EQ(p.out, 42);
-  EXPECT_NE(p.thread, std::this_thread::get_id());
+  std::vector<int64_t> order;
+  Probe a, b;
+  a.order = b.order = &order;
+  Job job({&a, &b, &a}, {{5, 37}, {1, 2}, {10, 0}});
+  ASSERT_TRUE(w.submit(ProbeCall, job.specs.data(), job.n(), nullptr, 0));
+  int32_t failed_at = 7;
+  EXPECT_EQ(w.wait(&failed_at), 0);
+  EXPECT_EQ(failed_at, -1);
+  EXPECT_EQ(order, (std::vector<int64_t>{42, 3, 10}));
+  EXPECT_EQ(job.results[1], 42);  // each call's own result record
+  EXPECT_EQ(job.results[3], 3);
+  EXPECT_NE(a.thread, std::this_thread::get_id());
   EXPECT_EQ(w.wait(), 0);  // nothing submitted since: returns at once
 }
 
-TEST(FillWorker, CopiesTheArgumentsAtSubmit) {
+TEST(FillWorker, OpensTheGateOnlyOnceTheJobEnded) {
   FillWorker w;
-  Probe p;
-  p.release = false;
-  Args a;
-  a.set(0, 7);
-  ASSERT_TRUE(w.submit(ProbeCall, &p, a.words, 1, nullptr, 0));
-  a.set(0, 1000);  // the caller reuses its buffer while the call runs
-  p.release = true;
-  w.wait();
-  EXPECT_EQ(p.out, 7);
-}
-
-TEST(FillWorker, OpensTheGateOnlyOnceTheCallReturned) {
-  FillWorker w;
-  Probe p;
-  p.release = false;
+  Probe first, last;
+  last.release = false;
   int64_t gate = 3;
-  Args a;
-  ASSERT_TRUE(w.submit(ProbeCall, &p, a.words, 0, &gate, 4));
-  while (!p.running) std::this_thread::yield();
+  Job job({&first, &last}, {{0, 0}, {0, 0}});
+  ASSERT_TRUE(w.submit(ProbeCall, job.specs.data(), job.n(), &gate, 4));
+  while (!last.running) std::this_thread::yield();
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(__atomic_load_n(&gate, __ATOMIC_ACQUIRE), 3);  // still running: still closed
-  p.release = true;
+  EXPECT_EQ(__atomic_load_n(&gate, __ATOMIC_ACQUIRE), 3);  // the last call still runs: still closed
+  last.release = true;
   EXPECT_EQ(w.wait(), 0);
   EXPECT_EQ(gate, 4);
 }
 
-TEST(FillWorker, AFailedCallStillOpensTheGateAndReportsItsCode) {
+TEST(FillWorker, AFailedCallEndsTheJobStillOpensTheGateAndIsNamed) {
   FillWorker w;
-  Probe p;
-  p.rc = -1;
+  std::vector<int64_t> order;
+  Probe ok, bad;
+  ok.order = bad.order = &order;
+  bad.rc = -1;
   int64_t gate = 0;
-  Args a;
-  ASSERT_TRUE(w.submit(ProbeCall, &p, a.words, 0, &gate, 9));
-  EXPECT_EQ(w.wait(), -1);
+  Job job({&ok, &bad, &ok}, {{1, 0}, {2, 0}, {3, 0}});
+  ASSERT_TRUE(w.submit(ProbeCall, job.specs.data(), job.n(), &gate, 9));
+  int32_t failed_at = -1;
+  EXPECT_EQ(w.wait(&failed_at), -1);
+  EXPECT_EQ(failed_at, 1);
+  EXPECT_EQ(order, (std::vector<int64_t>{1, 2}));  // the call after the failure did not run
   EXPECT_EQ(gate, 9);
-  p.rc = 0;  // and the worker serves on
-  ASSERT_TRUE(w.submit(ProbeCall, &p, a.words, 0, &gate, 10));
-  EXPECT_EQ(w.wait(), 0);
+  bad.rc = 0;  // and the worker serves on
+  ASSERT_TRUE(w.submit(ProbeCall, job.specs.data(), job.n(), &gate, 10));
+  EXPECT_EQ(w.wait(&failed_at), 0);
+  EXPECT_EQ(failed_at, -1);
   EXPECT_EQ(gate, 10);
 }
 
-TEST(FillWorker, RefusesASecondCallUntilTheFirstWasWaitedFor) {
+TEST(FillWorker, ACallThatGivesBackAnObjectFailsTheJob) {
+  FillWorker w;
+  Probe p;
+  p.object = true;
+  Job job({&p}, {{0, 0}});
+  ASSERT_TRUE(w.submit(ProbeCall, job.specs.data(), job.n(), nullptr, 0));
+  int32_t failed_at = -1;
+  EXPECT_EQ(w.wait(&failed_at), FillWorker::kResultIsObject);
+  EXPECT_EQ(failed_at, 0);
+}
+
+TEST(FillWorker, RefusesASecondJobUntilTheFirstWasWaitedFor) {
   FillWorker w;
   Probe p;
   p.release = false;
-  Args a;
-  ASSERT_TRUE(w.submit(ProbeCall, &p, a.words, 0, nullptr, 0));
-  EXPECT_FALSE(w.submit(ProbeCall, &p, a.words, 0, nullptr, 0));  // in flight
+  Job job({&p}, {{0, 0}});
+  ASSERT_TRUE(w.submit(ProbeCall, job.specs.data(), 1, nullptr, 0));
+  EXPECT_FALSE(w.submit(ProbeCall, job.specs.data(), 1, nullptr, 0));  // in flight
   p.release = true;
   w.wait();
-  EXPECT_TRUE(w.submit(ProbeCall, &p, a.words, 0, nullptr, 0));
+  EXPECT_TRUE(w.submit(ProbeCall, job.specs.data(), 1, nullptr, 0));
   w.wait();
 }
 
-TEST(FillWorker, RefusesBadArgumentCounts) {
+TEST(FillWorker, RefusesAnEmptyJob) {
   FillWorker w;
   Probe p;
-  Args a;
-  EXPECT_FALSE(w.submit(ProbeCall, &p, a.words, -1, nullptr, 0));
-  EXPECT_FALSE(w.submit(ProbeCall, &p, a.words, FillWorker::kMaxArgs + 1, nullptr, 0));
+  Job job({&p}, {{0, 0}});
+  EXPECT_FALSE(w.submit(ProbeCall, job.specs.data(), 0, nullptr, 0));
+  EXPECT_FALSE(w.submit(ProbeCall, nullptr, 1, nullptr, 0));
+  EXPECT_FALSE(w.submit(nullptr, job.specs.data(), 1, nullptr, 0));
   EXPECT_EQ(w.wait(), 0);  // nothing was started
 }
 
-TEST(FillWorker, DestroyingWaitsForTheCallInFlight) {
+TEST(FillWorker, DestroyingWaitsForTheJobInFlight) {
   Probe p;
   p.release = false;
-  Args a;
-  a.set(0, 11);
+  Job job({&p}, {{11, 0}});
   std::thread releaser;
   {
     FillWorker w;
-    ASSERT_TRUE(w.submit(ProbeCall, &p, a.words, 1, nullptr, 0));
+    ASSERT_TRUE(w.submit(ProbeCall, job.specs.data(), 1, nullptr, 0));
     while (!p.running) std::this_thread::yield();
     releaser = std::thread([&p] {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
