@@ -204,3 +204,39 @@ def test_host_gate_holds_the_stream_until_the_host_opens_it():
     x.add_(1)
     torch.cuda.synchronize()
     assert x.item() == 3
+
+
+def test_a_native_thread_copies_to_the_device_before_it_opens_the_gate():
+    # host_gate.worker_copy's calls, run on the core's FillWorker thread as a grammar step's job
+    # runs them after its fill: what the compute stream reads behind the gate is the copied mask.
+    import numpy as np
+
+    from rtp_llm.async_decoder_engine.native_fill import _bind
+    from rtp_llm.device.cuda.backend import CudaBackend
+    from rtp_llm.ops import ensure_engine_ops_loaded
+
+    gate = CudaBackend().host_gate()
+    assert gate is not None and gate.copies_on_worker
+    host = torch.arange(64 * 4748, dtype=torch.int32).view(64, 4748).pin_memory()
+    dev = torch.zeros(host.shape, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(dev)
+    out.copy_(dev)
+    torch.cuda.synchronize()
+    lib = _bind(ensure_engine_ops_loaded())
+    worker = lib.rtp_llm_fill_worker_create()
+    try:
+        calls = gate.worker_copy(host, dev)
+        specs, results = np.zeros((len(calls), 5), dtype=np.int64), np.zeros((len(calls), 2), dtype=np.int64)
+        for i, call in enumerate(calls):
+            specs[i, :4], specs[i, 4] = call, results.ctypes.data + 16 * i
+        ticket = gate.next()
+        gate.wait(ticket)
+        out.copy_(dev)  # (behind the gate)
+        assert lib.rtp_llm_fill_worker_submit(worker, specs.ctypes.data, len(calls), gate.counter_address(),
+                                              ticket) == 0
+        assert lib.rtp_llm_fill_worker_wait(worker, None) == 0
+        torch.cuda.synchronize()
+        assert torch.equal(out.cpu(), host)
+        assert (results[:, 1] == 0).all()  # each driver call returned CUDA_SUCCESS
+    finally:
+        lib.rtp_llm_fill_worker_destroy(worker)

@@ -72,11 +72,13 @@ class MaskFill:
             self._job.check()
 
     def result(self) -> TokenBitmask:
+        book, g = self._book, self._g
+        rows = book._host_rows[:g].to(book.device, non_blocking=True)  # (known before the fill)
         if self._job is not None and not self._job.ready_on_device():
             self._job.wait()  # (re-raises what the fill raised)
-        book, g = self._book, self._g
-        return TokenBitmask(book._host_rows[:g].to(book.device, non_blocking=True),
-                            book._host[:g].to(book.device, non_blocking=True))
+        if self._job is not None and self._job.on_device:  # (the fill's job copied it, then opened the gate)
+            return TokenBitmask(rows, book._device_bits[:g])
+        return TokenBitmask(rows, book._host[:g].to(book.device, non_blocking=True))
 
 
 class GrammarCompiler:
@@ -181,6 +183,10 @@ class GrammarBook:
         # committed, so that step's upload (queued before its sampling) has completed.
         self._host = torch.zeros(max_rows, words, dtype=torch.int32, pin_memory=pin)
         self._host_rows = torch.zeros(max_rows, dtype=torch.int64, pin_memory=pin)
+        # Where the gate copies on the native thread, the mask's device copy, written by the fill's
+        # job (one is enough, as for _host: the step before has sampled when the next fill starts).
+        copies = fill_thread and compiler is not None and gate is not None and gate.copies_on_worker
+        self._device_bits = torch.empty(max_rows, words, dtype=torch.int32, device=device) if copies else None
         self._stop_row = torch.zeros(words, dtype=torch.int32)  # a terminated matcher's row: stop tokens only
         self._stop_ids = frozenset(int(t) for t in stop_token_ids)  # (the tokenizer info's: they terminate a matcher)
         for t in stop_token_ids:
@@ -279,7 +285,8 @@ class GrammarBook:
         self._host_rows[:g].numpy()[:] = rows
         live, live_rows = self._live_rows(stream_ids, host)
         accepts, self._accepts = self._accepts, Accepts()
-        return MaskFill(self, g, self._filler.submit(accepts, live, host, live_rows))
+        device_bits = self._device_bits[:g] if self._device_bits is not None else None
+        return MaskFill(self, g, self._filler.submit(accepts, live, host, live_rows, device_bits))
 
     def bitmask(self, stream_ids: np.ndarray, rows: np.ndarray) -> TokenBitmask:
         """fill(), waited for."""

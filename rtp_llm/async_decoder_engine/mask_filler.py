@@ -92,8 +92,10 @@ class Accepts:
 class FillJob:
     """A fill in flight on a thread. ticket: the gate ticket it opens when done (0: none)."""
 
-    def __init__(self, wait: Callable[[], object], gate: Optional[HostGate] = None, ticket: int = 0):
-        self._wait, self._gate, self.ticket = wait, gate, ticket
+    def __init__(self, wait: Callable[[], object], gate: Optional[HostGate] = None, ticket: int = 0,
+                 on_device: bool = False):
+        """on_device: the job copies the mask to the device itself before it opens the ticket."""
+        self._wait, self._gate, self.ticket, self.on_device = wait, gate, ticket, on_device
         self._error: Optional[BaseException] = None
 
     def wait(self):
@@ -133,9 +135,12 @@ class MaskFiller:
         self._native: Optional[NativeMatcherJob] = None  # made with _batch where xgrammar allows
         self._native_checked = False  # its first fill equalled xgrammar's Python call
 
-    def submit(self, accepts: Accepts, live: list, host: torch.Tensor, rows: List[int]) -> Optional[FillJob]:
+    def submit(self, accepts: Accepts, live: list, host: torch.Tensor, rows: List[int],
+               device_bits: Optional[torch.Tensor] = None) -> Optional[FillJob]:
         """Has the accepts accepted, then fills host[rows[j]] ([G, W] int32) from matcher live[j],
-        or starts to: None when done."""
+        or starts to: None when done. device_bits (host's shape, on the device): where the gate
+        copies on the worker (HostGate.copies_on_worker), a native job copies the mask there
+        before it opens its ticket (FillJob.on_device)."""
         native = self._native_job() if len(live) >= BATCH_MIN_ROWS and self._pool is not None else None
         if native is None:
             accepts.apply()
@@ -151,8 +156,11 @@ class MaskFiller:
             return None
         ticket = self._gate.next() if self._gate is not None else 0
         if native is not None:
-            wait = native.submit(accepts.matchers, accepts.tokens, live, host, rows, self._gate, ticket)
-            return FillJob(lambda: accepts.report(wait()), self._gate, ticket)
+            gate = self._gate
+            copy = gate is not None and gate.copies_on_worker and device_bits is not None
+            after = (lambda: gate.worker_copy(host, device_bits)) if copy else None
+            wait = native.submit(accepts.matchers, accepts.tokens, live, host, rows, gate, ticket, after)
+            return FillJob(lambda: accepts.report(wait()), gate, ticket, on_device=copy)
         return FillJob(self._pool.submit(self._fill_and_open, live, host, rows, ticket).result, self._gate, ticket)
 
     def _native_job(self) -> Optional[NativeMatcherJob]:

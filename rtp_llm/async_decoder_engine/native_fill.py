@@ -22,7 +22,7 @@ before any is trusted (MaskFiller)."""
 import ctypes
 import logging
 import os
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -56,31 +56,37 @@ def native_fill_enabled() -> bool:
 
 
 class _CallTable:
-    """The job's call specs (the C ABI's RtpFillCallSpec: func, args, num_args, result; 32 bytes
-    each) for up to `cap` accepts and the fill after them, with the accepts' argument records
-    and every call's result record. Only the accepts' matcher and token change from job to
-    job: the rest is written once here."""
+    """The job's call specs (the C ABI's RtpFillCallSpec: call, func, args, num_args, result; 40
+    bytes each) for up to `cap` accepts, the fill after them and up to MAX_AFTER calls after
+    that, with the accepts' argument records and every call's result record. Only the accepts'
+    matcher and token change from job to job: the rest is written once here."""
 
-    def __init__(self, cap: int, accept_func: int, matcher_type: int):
+    MAX_AFTER = 4
+
+    def __init__(self, cap: int, call: int, accept_func: int, matcher_type: int):
         self.cap, self.accept = cap, (accept_func, matcher_type)
+        rows = cap + 1 + self.MAX_AFTER
         self.args = np.zeros((cap, 2 * _ACCEPT_ARGS), dtype=np.int64)  # [accept][record: type, value]
         self.args[:, 0], self.args[:, 2], self.args[:, 4] = matcher_type, _INT, _BOOL
-        self.results = np.zeros((cap + 1, 2), dtype=np.int64)  # [call][type, value]
-        self.template = np.zeros((cap + 1, 4), dtype=np.int64)  # every row an accept's spec
-        self.template[:, 0] = accept_func
-        self.template[:cap, 1] = self.args.ctypes.data + np.arange(cap) * self.args.strides[0]
-        self.template[:, 2] = _ACCEPT_ARGS
-        self.template[:, 3] = self.results.ctypes.data + np.arange(cap + 1) * self.results.strides[0]
+        self.results = np.zeros((rows, 2), dtype=np.int64)  # [call][type, value]
+        self.template = np.zeros((rows, 5), dtype=np.int64)  # every row an accept's spec
+        self.template[:, 0], self.template[:, 1] = call, accept_func
+        self.template[:cap, 2] = self.args.ctypes.data + np.arange(cap) * self.args.strides[0]
+        self.template[:, 3] = _ACCEPT_ARGS
+        self.template[:, 4] = self.results.ctypes.data + np.arange(rows) * self.results.strides[0]
         self.specs = self.template.copy()
 
-    def pack(self, handles: List[int], tokens: List[int], fill_func: int, fill_args) -> int:
-        """specs[0, n) accept tokens[i] into the matcher handles[i], specs[n] fills; returns n + 1."""
+    def pack(self, handles: List[int], tokens: List[int], fill: tuple, after: Sequence[tuple]) -> int:
+        """specs[0, n) accept tokens[i] into the matcher handles[i], specs[n] fills, the next ones
+        make the calls `after`; fill and each of after: (call, func, args address, num_args).
+        Returns how many specs there are."""
         n = len(handles)
         self.args[:n, 1], self.args[:n, 3] = handles, tokens
         self.specs[:n] = self.template[:n]
-        self.specs[n, :3] = fill_func, ctypes.addressof(fill_args), len(fill_args)
-        self.results[:n + 1] = 0
-        return n + 1
+        for i, spec in enumerate((fill, *after)):
+            self.specs[n + i, :4] = spec
+        self.results[:n + 1 + len(after)] = 0
+        return n + 1 + len(after)
 
 
 class NativeMatcherJob:
@@ -114,11 +120,14 @@ class NativeMatcherJob:
             return None
 
     def submit(self, matchers: list, tokens: List[int], live: list, host: torch.Tensor, rows: List[int], gate,
-               ticket: int) -> Callable[[], np.ndarray]:
+               ticket: int, after: Optional[Callable[[], Sequence[tuple]]] = None) -> Callable[[], np.ndarray]:
         """Starts: matchers[i] accepts tokens[i] (in order), then host[rows[j]] ([G, W] int32, CPU,
-        contiguous) fills from matcher live[j]; the worker opens `ticket` of `gate` (a HostGate with
-        a counter_address(), or None) once done. Returns the job's wait: it returns once the job
-        is done, with the indices i whose token its matcher rejected, raising if a call failed."""
+        contiguous) fills from matcher live[j], then the calls after() gives once no earlier job is
+        in flight (RtpFillCallSpec's call, func, args address, num_args: the mask's copy to the
+        device, HostGate.worker_copy);
+        the worker opens `ticket` of `gate` (a HostGate with a counter_address(), or None) once
+        done. Returns the job's wait: it returns once the job is done, with the indices i whose
+        token its matcher rejected, raising if a call failed."""
         import tvm_ffi
 
         if self._keep is not None:  # a job whose step failed before its commit waited for it
@@ -132,9 +141,10 @@ class NativeMatcherJob:
         fill_args = (_Any * 5)(self._self_arg, _Any(_ARRAY, 0, live_array.__chandle__()),
                                _Any(_DL_TENSOR_PTR, 0, ctypes.addressof(tensor)),
                                _Any(_ARRAY, 0, indices.__chandle__()), _Any(_BOOL, 0, 0))
-        n = table.pack([m._handle.__chandle__() for m in matchers], tokens, self._fill.__chandle__(), fill_args)
+        fill = (self._call, self._fill.__chandle__(), ctypes.addressof(fill_args), len(fill_args))
+        n = table.pack([m._handle.__chandle__() for m in matchers], tokens, fill, after() if after else ())
         counter = gate.counter_address() if gate is not None else None
-        rc = self._lib.rtp_llm_fill_worker_submit(self._worker, self._call, table.specs.ctypes.data, n, counter,
+        rc = self._lib.rtp_llm_fill_worker_submit(self._worker, table.specs.ctypes.data, n, counter,
                                                   ticket if counter else 0)
         if rc:
             raise RuntimeError(f"the native matcher job refused its {n} calls")
@@ -150,7 +160,7 @@ class NativeMatcherJob:
         table = self._table
         if table is None or table.cap < len(matchers) or table.accept != accept:
             cap = max(64, len(matchers), 2 * table.cap if table is not None else 0)
-            self._table = _CallTable(cap, *accept)
+            self._table = _CallTable(cap, self._call, *accept)
         return self._table
 
     def _wait(self, accepts: int) -> np.ndarray:
@@ -159,7 +169,8 @@ class NativeMatcherJob:
         table, self._keep = self._table, None
         if rc:
             what = (f"matcher {failed_at.value}'s accept_token" if 0 <= failed_at.value < accepts
-                    else "xgrammar's batch mask fill")
+                    else "xgrammar's batch mask fill" if failed_at.value == accepts
+                    else f"the mask's copy to the device (call {failed_at.value - accepts} after the fill)")
             raise RuntimeError(f"{what} failed on the native thread (TVMFFIFunctionCall returned {rc}); "
                                f"RTP_LLM_GRAMMAR_NATIVE_FILL=0 runs it from Python, which raises xgrammar's own error")
         return np.flatnonzero(table.results[:accepts, 1] == 0)
@@ -179,8 +190,8 @@ def _bind(lib):
     lib.rtp_llm_fill_worker_create.argtypes = []
     lib.rtp_llm_fill_worker_destroy.argtypes = [ctypes.c_void_p]
     lib.rtp_llm_fill_worker_submit.restype = ctypes.c_int32
-    lib.rtp_llm_fill_worker_submit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,
-                                               ctypes.c_void_p, ctypes.c_int64]
+    lib.rtp_llm_fill_worker_submit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
+                                               ctypes.c_int64]
     lib.rtp_llm_fill_worker_wait.restype = ctypes.c_int32
     lib.rtp_llm_fill_worker_wait.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     return lib

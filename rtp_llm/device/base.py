@@ -11,7 +11,7 @@ block * block_size + offset, in either layout.
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -79,6 +79,16 @@ class HostGate(ABC):
         """The host address of the 64-bit counter open() stores the ticket to, for a native
         thread to open tickets itself (a release store); None where open() is more than that."""
         return None
+
+    # Whether worker_copy() gives the calls that copy a mask to the device from a native thread.
+    copies_on_worker = False
+
+    def worker_copy(self, host: torch.Tensor, dev: torch.Tensor) -> Sequence[Tuple[int, int, int, int]]:
+        """The calls (the core's RtpFillCallSpec: call, func, args address, num_args) with which a
+        native thread copies host (pinned) into dev (this device's, the same shape) and waits for
+        the copy, before it opens a ticket: the work behind the gate then finds the data on the
+        device. Where copies_on_worker."""
+        raise NotImplementedError
 
 
 class AttentionMetadata:

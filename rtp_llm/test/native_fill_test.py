@@ -80,8 +80,8 @@ class NativeFillTest(unittest.TestCase):
         self.filler._check_native = counted
         fills, accepts, submit = [], [], NativeMatcherJob.submit
 
-        def spied(native, matchers, tokens, live, host, rows, gate, ticket):
-            wait = submit(native, matchers, tokens, live, host, rows, gate, ticket)
+        def spied(native, matchers, tokens, live, host, rows, gate, ticket, after=None):
+            wait = submit(native, matchers, tokens, live, host, rows, gate, ticket, after)
 
             def checked_wait():  # each native mask against xgrammar's Python call on the same matchers
                 rejected = wait()
@@ -114,8 +114,8 @@ class NativeFillTest(unittest.TestCase):
         self.sample_json(2)  # (the first fill's check passed)
         submit = NativeMatcherJob.submit
 
-        def out_of_range(native, matchers, tokens, live, host, rows, gate_, ticket):  # rows past the mask
-            return submit(native, matchers, tokens, live, host, [host.shape[0] + 5] * len(rows), gate_, ticket)
+        def out_of_range(native, matchers, tokens, live, host, rows, gate_, ticket, after=None):  # rows past the mask
+            return submit(native, matchers, tokens, live, host, [host.shape[0] + 5] * len(rows), gate_, ticket, after)
         NativeMatcherJob.submit = out_of_range
         try:
             for out in self.sample_json():  # no gate: the sampling waits for the fill on the host
@@ -132,8 +132,8 @@ class NativeFillTest(unittest.TestCase):
     def test_a_native_fill_that_differs_from_xgrammars_is_dropped_for_the_python_thread(self):
         submit = NativeMatcherJob.submit
 
-        def wrong(native, matchers, tokens, live, host, rows, gate, ticket):  # a mask allowing nothing in a row
-            wait = submit(native, matchers, tokens, live, host, rows, gate, ticket)
+        def wrong(native, matchers, tokens, live, host, rows, gate, ticket, after=None):  # a row allowing nothing
+            wait = submit(native, matchers, tokens, live, host, rows, gate, ticket, after)
 
             def wait_and_spoil():
                 rejected = wait()

@@ -298,11 +298,15 @@ RtpFillWorker* rtp_llm_fill_worker_create(void) { return new RtpFillWorker(); }
 
 void rtp_llm_fill_worker_destroy(RtpFillWorker* worker) { delete worker; }
 
-int32_t rtp_llm_fill_worker_submit(RtpFillWorker* worker, RtpFillCall call, const RtpFillCallSpec* specs,
-                                   int32_t num_calls, int64_t* gate, int64_t ticket) {
+int32_t rtp_llm_fill_worker_submit(RtpFillWorker* worker, const RtpFillCallSpec* specs, int32_t num_calls,
+                                   int64_t* gate, int64_t ticket) {
   static_assert(sizeof(RtpFillCallSpec) == sizeof(rtp_llm::FillWorker::Spec), "one layout");
   const auto* s = reinterpret_cast<const rtp_llm::FillWorker::Spec*>(specs);
-  return worker->worker.submit(call, s, num_calls, gate, ticket) ? 0 : -1;
+  return worker->worker.submit(s, num_calls, gate, ticket) ? 0 : -1;
+}
+
+int rtp_llm_fill_call_c_function(void* func, void* args, int32_t num_args, void* result) {
+  return rtp_llm::call_c_function(func, args, num_args, result);
 }
 
 int32_t rtp_llm_fill_worker_wait(RtpFillWorker* worker, int32_t* failed_at) { return worker->worker.wait(failed_at); }

@@ -171,6 +171,7 @@ typedef struct RtpFillWorker RtpFillWorker;
 typedef int (*RtpFillCall)(void* func, void* args, int32_t num_args, void* result);
 // One call of a job: call(func, args, num_args, result); result must come back a plain value.
 typedef struct RtpFillCallSpec {
+  RtpFillCall call;
   void* func;
   void* args;
   int32_t num_args;
@@ -183,11 +184,14 @@ void rtp_llm_fill_worker_destroy(RtpFillWorker* worker);  // waits for a job in 
 // fails; specs and all they point to stay the caller's until wait returns. gate: NULL, or a
 // 64-bit host counter that receives `ticket` (a release store) once the job ended, however it
 // ended. Returns 0, or -1 (nothing started) while a job is in flight or for num_calls < 1.
-int32_t rtp_llm_fill_worker_submit(RtpFillWorker* worker, RtpFillCall call, const RtpFillCallSpec* specs,
-                                   int32_t num_calls, int64_t* gate, int64_t ticket);
+int32_t rtp_llm_fill_worker_submit(RtpFillWorker* worker, const RtpFillCallSpec* specs, int32_t num_calls,
+                                   int64_t* gate, int64_t ticket);
 // Blocks until the last job ended: 0, the failing call's code (-2: it gave back an object), 0
 // when none was submitted; *failed_at (may be NULL): the failing call's index, or -1.
 int32_t rtp_llm_fill_worker_wait(RtpFillWorker* worker, int32_t* failed_at);
+// An RtpFillCall that calls a plain C function `int f(...)` of num_args (1 to 4) pointer-sized
+// integer arguments, given as that many uint64 at args; the result gets f's return value.
+int rtp_llm_fill_call_c_function(void* func, void* args, int32_t num_args, void* result);
 
 #ifdef __cplusplus
 }

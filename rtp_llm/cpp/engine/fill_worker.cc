@@ -16,12 +16,11 @@ FillWorker::~FillWorker() {
   thread_.join();
 }
 
-bool FillWorker::submit(Call call, const Spec* specs, int32_t num_calls, int64_t* gate, int64_t ticket) {
-  if (call == nullptr || specs == nullptr || num_calls < 1) return false;
+bool FillWorker::submit(const Spec* specs, int32_t num_calls, int64_t* gate, int64_t ticket) {
+  if (specs == nullptr || num_calls < 1) return false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ != State::kIdle) return false;
-    call_ = call;
     specs_ = specs;
     num_calls_ = num_calls;
     gate_ = gate;
@@ -44,7 +43,7 @@ int FillWorker::wait(int32_t* failed_at) {
 int FillWorker::run_job(int32_t* failed_at) const {
   for (int32_t i = 0; i < num_calls_; ++i) {
     const Spec& s = specs_[i];
-    int rc = call_(s.func, s.args, s.num_args, s.result);
+    int rc = s.call != nullptr ? s.call(s.func, s.args, s.num_args, s.result) : -1;
     int32_t type_index;
     std::memcpy(&type_index, s.result, sizeof(type_index));
     if (rc == 0 && type_index >= kFirstObjectType) rc = kResultIsObject;
@@ -72,6 +71,25 @@ void FillWorker::run() {
     state_ = State::kDone;
     cv_.notify_all();
   }
+}
+
+int call_c_function(void* func, void* args, int32_t num_args, void* result) {
+  using U = uint64_t;
+  const U* a = static_cast<const U*>(args);
+  int rc = -1;
+  switch (num_args) {
+    case 1: rc = reinterpret_cast<int (*)(U)>(func)(a[0]); break;
+    case 2: rc = reinterpret_cast<int (*)(U, U)>(func)(a[0], a[1]); break;
+    case 3: rc = reinterpret_cast<int (*)(U, U, U)>(func)(a[0], a[1], a[2]); break;
+    case 4: rc = reinterpret_cast<int (*)(U, U, U, U)>(func)(a[0], a[1], a[2], a[3]); break;
+    default: break;
+  }
+  const int32_t type_index = 1;  // tvm-ffi's kTVMFFIInt: a plain value
+  const int64_t value = rc;
+  std::memset(result, 0, 16);
+  std::memcpy(result, &type_index, sizeof(type_index));
+  std::memcpy(static_cast<unsigned char*>(result) + 8, &value, sizeof(value));
+  return rc;
 }
 
 }  // namespace rtp_llm

@@ -1,8 +1,10 @@
 // A thread that runs a job of C calls for a host that must not block on them, then opens a
 // device gate: the grammar step's matcher work (each matcher accepting the token its stream
-// kept, then xgrammar's batch mask fill, all called through tvm-ffi's C ABI,
-// TVMFFIFunctionCall), so that it never takes Python's GIL and the engine thread's Python never
-// waits for the filling thread's (docs/serving_benchmarks.md, sessions 17-20).
+// kept, then xgrammar's batch mask fill, both called through tvm-ffi's C ABI,
+// TVMFFIFunctionCall; then, where the device allows, the mask's copy to the device, through
+// plain C calls of its driver: call_c_function), so that it never takes Python's GIL and the
+// engine thread's Python never waits for the filling thread's (docs/serving_benchmarks.md,
+// sessions 17-20).
 //
 // Invariants:
 // - At most one job in flight: submit() refuses a second until wait() took the first's result.
@@ -27,10 +29,11 @@ class FillWorker {
  public:
   // tvm-ffi's calling convention: args are num_args 16-byte records (TVMFFIAny), result one more.
   using Call = int (*)(void* func, void* args, int32_t num_args, void* result);
-  // One call of a job (the C ABI's RtpFillCallSpec, same layout). result: 16 bytes the call
-  // writes; it must hold a plain value (a type index below kFirstObjectType), never an object,
-  // which nothing here could release.
+  // One call of a job (the C ABI's RtpFillCallSpec, same layout): call(func, args, num_args,
+  // result). result: 16 bytes the call writes; it must hold a plain value (a type index below
+  // kFirstObjectType), never an object, which nothing here could release.
   struct Spec {
+    Call call;
     void* func;
     void* args;
     int32_t num_args;
@@ -45,9 +48,9 @@ class FillWorker {
   FillWorker(const FillWorker&) = delete;
   FillWorker& operator=(const FillWorker&) = delete;
 
-  // False (nothing started) while a job is in flight, or for no call / num_calls < 1.
+  // False (nothing started) while a job is in flight, or for no specs / num_calls < 1.
   // gate: nullptr, or the 64-bit counter that receives `ticket` once the job ended.
-  bool submit(Call call, const Spec* specs, int32_t num_calls, int64_t* gate, int64_t ticket);
+  bool submit(const Spec* specs, int32_t num_calls, int64_t* gate, int64_t ticket);
   // Blocks until the job submitted last ended: 0, the failing call's code, or kResultIsObject
   // (0 when none was submitted). failed_at (may be null): the failing call's index, or -1.
   int wait(int32_t* failed_at = nullptr);
@@ -61,7 +64,6 @@ class FillWorker {
   std::condition_variable cv_;
   State state_ = State::kIdle;
   bool stop_ = false;
-  Call call_ = nullptr;
   const Spec* specs_ = nullptr;
   int32_t num_calls_ = 0;
   int64_t* gate_ = nullptr;
@@ -70,5 +72,11 @@ class FillWorker {
   int32_t failed_at_ = -1;
   std::thread thread_;  // last: started once the members above exist
 };
+
+// A Call that calls a plain C function: func is `int f(a_0, ..., a_{n-1})` taking num_args (1 to
+// 4) pointer-sized integer arguments, args those n 64-bit values (e.g. the CUDA driver's
+// cuMemcpyHtoDAsync, cuStreamSynchronize). The result record gets f's return value as a plain
+// int; the call returns it too (nonzero fails the job), or -1 for a num_args outside [1, 4].
+int call_c_function(void* func, void* args, int32_t num_args, void* result);
 
 }  // namespace rtp_llm
