@@ -89,6 +89,28 @@ class _CallTable:
         return n + 1 + len(after)
 
 
+class _FillCall:
+    """xgrammar's batch fill of host[rows[j]] from matcher live[j], as a call spec, with what its
+    arguments point to (tvm-ffi arrays of the matchers and rows, the mask's DLTensor) kept here."""
+
+    def __init__(self, call: int, method, self_arg: "_Any", live: list, host: torch.Tensor, rows: List[int]):
+        import tvm_ffi
+
+        self.live, self.host, self.rows = list(live), host, list(rows)
+        self._live = tvm_ffi.convert([m._handle for m in live])
+        self._rows = tvm_ffi.convert(self.rows)
+        self._shape = (ctypes.c_int64 * 2)(*host.shape)
+        self._tensor = _DLTensor(host.data_ptr(), _KDL_CPU, 0, 2, _KDL_INT, 32, 1, self._shape, None, 0)
+        self._args = (_Any * 5)(self_arg, _Any(_ARRAY, 0, self._live.__chandle__()),
+                                _Any(_DL_TENSOR_PTR, 0, ctypes.addressof(self._tensor)),
+                                _Any(_ARRAY, 0, self._rows.__chandle__()), _Any(_BOOL, 0, 0))
+        self.spec = (call, method.__chandle__(), ctypes.addressof(self._args), len(self._args))
+
+    def same(self, live: list, host: torch.Tensor, rows: List[int]) -> bool:
+        return (host.data_ptr() == self.host.data_ptr() and host.shape == self.host.shape and rows == self.rows
+                and len(live) == len(self.live) and all(a is b for a, b in zip(live, self.live)))
+
+
 class NativeMatcherJob:
     """One BatchGrammarMatcher's accepts and batch fill, submitted to a FillWorker. Made by create()."""
 
@@ -98,6 +120,7 @@ class NativeMatcherJob:
         self._worker = lib.rtp_llm_fill_worker_create()
         self._accept = None  # (accept_token's ffi.Function handle, GrammarMatcher's type index), at the first accept
         self._table: Optional[_CallTable] = None
+        self._last_fill: Optional[_FillCall] = None
         self._keep = None  # what the job in flight reads (its Python owners), until wait()
 
     @classmethod
@@ -124,32 +147,30 @@ class NativeMatcherJob:
         """Starts: matchers[i] accepts tokens[i] (in order), then host[rows[j]] ([G, W] int32, CPU,
         contiguous) fills from matcher live[j], then the calls after() gives once no earlier job is
         in flight (RtpFillCallSpec's call, func, args address, num_args: the mask's copy to the
-        device, HostGate.worker_copy);
-        the worker opens `ticket` of `gate` (a HostGate with a counter_address(), or None) once
-        done. Returns the job's wait: it returns once the job is done, with the indices i whose
+        device, HostGate.worker_copy); the worker opens `ticket` of `gate` (a HostGate with a
+        counter_address(), or None) once done. Returns the job's wait: it returns once the job is done, with the indices i whose
         token its matcher rejected, raising if a call failed."""
-        import tvm_ffi
-
         if self._keep is not None:  # a job whose step failed before its commit waited for it
             self._lib.rtp_llm_fill_worker_wait(self._worker, None)
             self._keep = None
         table = self._table_for(matchers)
-        live_array = tvm_ffi.convert([m._handle for m in live])
-        indices = tvm_ffi.convert(list(rows))
-        shape = (ctypes.c_int64 * 2)(*host.shape)
-        tensor = _DLTensor(host.data_ptr(), _KDL_CPU, 0, 2, _KDL_INT, 32, 1, shape, None, 0)
-        fill_args = (_Any * 5)(self._self_arg, _Any(_ARRAY, 0, live_array.__chandle__()),
-                               _Any(_DL_TENSOR_PTR, 0, ctypes.addressof(tensor)),
-                               _Any(_ARRAY, 0, indices.__chandle__()), _Any(_BOOL, 0, 0))
-        fill = (self._call, self._fill.__chandle__(), ctypes.addressof(fill_args), len(fill_args))
-        n = table.pack([m._handle.__chandle__() for m in matchers], tokens, fill, after() if after else ())
+        fill = self._fill_call(live, host, rows)
+        n = table.pack([m._handle.__chandle__() for m in matchers], tokens, fill.spec, after() if after else ())
         counter = gate.counter_address() if gate is not None else None
         rc = self._lib.rtp_llm_fill_worker_submit(self._worker, table.specs.ctypes.data, n, counter,
                                                   ticket if counter else 0)
         if rc:
             raise RuntimeError(f"the native matcher job refused its {n} calls")
-        self._keep = (table, live_array, indices, shape, tensor, fill_args, host, live, matchers)
+        self._keep = (table, fill, matchers)
         return lambda: self._wait(len(matchers))
+
+    def _fill_call(self, live: list, host: torch.Tensor, rows: List[int]) -> "_FillCall":
+        """The batch fill's call; the last one again where its matchers, mask and rows are (the
+        steps of a steady batch: the same streams in the same rows)."""
+        last = self._last_fill
+        if last is None or not last.same(live, host, rows):
+            last = self._last_fill = _FillCall(self._call, self._fill, self._self_arg, live, host, rows)
+        return last
 
     def _table_for(self, matchers: list) -> _CallTable:
         if self._accept is None and matchers:  # (the matchers' type is known once there is one)
