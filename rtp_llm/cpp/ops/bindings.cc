@@ -26,6 +26,9 @@ PYBIND11_MODULE(librtp_compute_ops, m) {
         pybind11::arg("eps") = 0.0);
   m.def("argmax_rows", &rtp_llm::ops::argmax_rows, "logits [N, V] -> [N] int64: each row's argmax",
         pybind11::arg("logits"));
+  m.def("apply_token_bitmask", &rtp_llm::ops::apply_token_bitmask,
+        "logits [N, V] fp32: rows[g] keep the tokens whose bit is set in bits[g], the others -inf (in place)",
+        pybind11::arg("logits"), pybind11::arg("rows"), pybind11::arg("bits"));
   m.def("silu_and_mul", &rtp_llm::ops::silu_and_mul, "x: [T, 2I] -> silu(gate) * up", pybind11::arg("x"));
   m.def("cpu_bf16_peak_gflops", &rtp_llm::ops::cpu_bf16_peak_gflops,
         "the cores' bf16 multiply-add peak (GFLOP/s; 0 without AVX512-BF16)");

@@ -50,6 +50,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rope_store(const at::Tensor& 
 // torch's); others take torch.argmax.
 at::Tensor argmax_rows(const at::Tensor& logits);
 
+// A grammar step's token mask, in place: logits [N, V] fp32 (unit-stride rows, CPU); row rows[g]
+// ([G] int64) keeps the tokens whose bit is set in bits[g] ([G, ceil(V/32)] int32, xgrammar's
+// layout: bit j of word w allows token 32 w + j), the others become -inf; only banned entries
+// are written. Every argument is checked before anything is written.
+void apply_token_bitmask(at::Tensor& logits, const at::Tensor& rows, const at::Tensor& bits);
+
 // x: [T, 2 I] (gate, then up) -> silu(gate) * up: [T, I].
 at::Tensor silu_and_mul(const at::Tensor& x);
 

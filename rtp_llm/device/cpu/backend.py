@@ -247,13 +247,11 @@ class CpuBackend(DeviceBackend):
         return self._ops.argmax_rows(logits)
 
     def apply_token_bitmask(self, logits, rows, bits):
-        # xgrammar's own CPU kernel (it is installed wherever a grammar compiled) on the grammar
-        # rows, gathered: its indices address the logits and the bitmask alike.
-        from xgrammar import apply_token_bitmask_inplace
-
-        sub = logits[rows]
-        apply_token_bitmask_inplace(sub, bits)
-        logits[rows] = sub
+        # In place on the rows, only the banned entries written (xgrammar's CPU kernel, on the
+        # rows gathered and scattered back, took ~10x as long: docs/benchmarks.md).
+        if logits.dtype != torch.float32 or logits.stride(1) != 1:
+            return super().apply_token_bitmask(logits, rows, bits)
+        self._ops.apply_token_bitmask(logits, rows, bits)
 
     def rms_norm(self, x, weight, eps):
         return self._ops.rms_norm(x, weight, eps)

@@ -87,6 +87,10 @@ void rotate_heads(Dtype dtype, void* x, int64_t heads, int64_t head_stride, int6
 // Index of the first largest of x's n (> 0) floats, or of the first NaN (torch.argmax's).
 int64_t argmax(const float* x, int64_t n);
 
+// row[t] = -inf for each t < n whose bit is clear in mask (bit t % 32 of word t / 32): a grammar
+// mask's bans, two masked 16-lane stores a word.
+void ban_unset_bits(float* row, const uint32_t* mask, int64_t n);
+
 // Elements [begin, end) of out: [rows, inter] = round(round(silu(gate)) * up), x: [rows, 2 inter].
 void silu_and_mul(Dtype dtype, const void* x, void* out, int64_t inter, int64_t begin, int64_t end);
 

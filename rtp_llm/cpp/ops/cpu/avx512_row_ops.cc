@@ -1,5 +1,5 @@
 // AVX-512 row kernels: RMSNorm (after a residual add or not), rotary of a token's heads,
-// SiLU-and-mul and the rows' argmax. Called by rms_norm.cc and fused_ops.cc where
+// SiLU-and-mul, the rows' argmax and a grammar mask's bans. Called by rms_norm.cc and fused_ops.cc where
 // avx512::usable_for() says so.
 #include <algorithm>
 #include <cmath>
@@ -149,6 +149,19 @@ int64_t argmax(const float* x, int64_t n) {
   return _mm512_mask_reduce_min_epi32(winners, best_idx);
 }
 
+void ban_unset_bits(float* row, const uint32_t* mask, int64_t n) {
+  const __m512 banned = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t t = 0; t < n; t += 32) {
+    const uint32_t word = mask[t / 32];
+    if (word == 0xffffffffu) continue;
+    const int64_t left = n - t;  // (> 0; masked-off lanes past the row are never touched)
+    const __mmask16 lo = static_cast<__mmask16>(~word) & tail_mask(left);
+    const __mmask16 hi = left > 16 ? static_cast<__mmask16>(~word >> 16) & tail_mask(left - 16) : 0;
+    _mm512_mask_storeu_ps(row + t, lo, banned);
+    _mm512_mask_storeu_ps(row + t + 16, hi, banned);
+  }
+}
+
 void silu_and_mul(Dtype dtype, const void* x, void* out, int64_t inter, int64_t begin, int64_t end) {
   with_type(dtype, [&](auto e) {
     using T = typename decltype(e)::T;
@@ -168,6 +181,7 @@ void rms_norm(Dtype, const void*, const void*, void*, int64_t, int64_t, float) {
 void add_rms_norm(Dtype, const void*, void*, const void*, void*, int64_t, int64_t, float) { std::abort(); }
 void rotate_heads(Dtype, void*, int64_t, int64_t, int64_t, const float*, const float*) { std::abort(); }
 int64_t argmax(const float*, int64_t) { std::abort(); }
+void ban_unset_bits(float*, const uint32_t*, int64_t) { std::abort(); }
 void silu_and_mul(Dtype, const void*, void*, int64_t, int64_t, int64_t) { std::abort(); }
 
 }  // namespace rtp_llm::ops::avx512

@@ -1,7 +1,9 @@
 // Element-wise pieces of a decoder layer fused into single passes: each replaces several
 // torch ops (and their per-op dispatch cost, which dominates small decode batches).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -199,6 +201,46 @@ at::Tensor argmax_rows(const at::Tensor& logits) {
     for (int64_t r = begin; r < end; ++r) o[r] = avx512::argmax(x.data_ptr<float>() + r * x.stride(0), x.size(1));
   });
   return out;
+}
+
+void apply_token_bitmask(at::Tensor& logits, const at::Tensor& rows, const at::Tensor& bits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.device().is_cpu() &&
+                  logits.stride(1) == 1,
+              "apply_token_bitmask: logits must be [N, V] fp32 on the CPU with unit-stride rows");
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong, "apply_token_bitmask: rows must be [G] int64");
+  const int64_t n = logits.size(0), vocab = logits.size(1), words = (vocab + 31) / 32;
+  TORCH_CHECK(bits.dim() == 2 && bits.scalar_type() == at::kInt && bits.size(0) == rows.size(0) &&
+                  bits.size(1) == words,
+              "apply_token_bitmask: bits must be [G, ceil(V/32)] = [", rows.size(0), ", ", words, "] int32");
+  const at::Tensor r = rows.contiguous(), b = bits.contiguous();
+  const int64_t* row_ids = r.data_ptr<int64_t>();
+  for (int64_t g = 0; g < r.size(0); ++g) {
+    TORCH_CHECK(row_ids[g] >= 0 && row_ids[g] < n, "apply_token_bitmask: row ", row_ids[g], " out of range [0, ", n,
+                ")");
+  }
+  float* base = logits.data_ptr<float>();
+  const auto* masks = reinterpret_cast<const uint32_t*>(b.data_ptr<int32_t>());
+  const float banned = -std::numeric_limits<float>::infinity();
+  // (rows listed twice get the union of their bans, in any order: every write is -inf)
+  const bool vector = avx512::supported();
+  at::parallel_for(0, r.size(0), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      float* row = base + row_ids[g] * logits.stride(0);
+      const uint32_t* mask = masks + g * words;
+      if (vector) {
+        avx512::ban_unset_bits(row, mask, vocab);
+        continue;
+      }
+      for (int64_t w = 0; w < words; ++w) {
+        const uint32_t word = mask[w];
+        if (word == 0xffffffffu) continue;  // (most words of a permissive grammar state)
+        const int64_t start = w * 32, count = std::min<int64_t>(32, vocab - start);
+        for (int64_t j = 0; j < count; ++j) {
+          if (!((word >> j) & 1u)) row[start + j] = banned;
+        }
+      }
+    }
+  });
 }
 
 double cpu_bf16_peak_gflops() { return avx512::bf16_dot_peak_gflops(); }

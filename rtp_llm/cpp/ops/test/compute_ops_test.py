@@ -268,6 +268,28 @@ class FusedOpsTest(unittest.TestCase):
         cols = torch.randn(40, 3, generator=self.g).t()  # columns of unit stride only after a copy
         torch.testing.assert_close(self.ops.argmax_rows(cols), cols.argmax(-1))
 
+    def test_token_bitmask_bans_exactly_the_unset_bits_of_its_rows(self):
+        from rtp_llm.device.base import apply_token_bitmask as reference
+
+        for vocab in (37, 4096 + 70):
+            logits = torch.randn(5, vocab, generator=self.g)
+            rows = torch.tensor([3, 0, 4, 3])  # row 3 twice: the union of both masks' bans
+            bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (4, -(-vocab // 32)), generator=self.g,
+                                 dtype=torch.int64).to(torch.int32)
+            bits[1, 0], bits[2, 0] = -1, 0  # every bit of word 0 set (bit 31: the sign), then none
+            want = logits.clone()
+            for g in range(4):
+                reference(want, rows[g:g + 1], bits[g:g + 1])
+            got = logits.clone()
+            self.ops.apply_token_bitmask(got, rows, bits)
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+            self.assertTrue(torch.equal(got[[1, 2]], logits[[1, 2]]))  # other rows as they were
+        with self.assertRaisesRegex(RuntimeError, "out of range"):
+            self.ops.apply_token_bitmask(got, torch.tensor([5]), bits[:1])
+        with self.assertRaisesRegex(RuntimeError, "bits must be"):
+            self.ops.apply_token_bitmask(got, rows[:1], bits[:1, :3])
+        self.assertTrue(torch.equal(got[[1, 2]], logits[[1, 2]]))  # (nothing written by a refused call)
+
     def test_store_kv_writes_each_token_at_its_slot(self):
         cache = torch.zeros(2, 4, 4, 2, 8)
         k, v = torch.randn(3, 2, 8, generator=self.g), torch.randn(3, 2, 8, generator=self.g)
