@@ -118,7 +118,8 @@ class NativeMatcherJob:
         self._lib, self._call, self._fill, self._batch = lib, call, fill_method, batch_handle
         self._self_arg = _Any(batch_type, 0, batch_handle.__chandle__())
         self._worker = lib.rtp_llm_fill_worker_create()
-        self._accept = None  # (accept_token's ffi.Function handle, GrammarMatcher's type index), at the first accept
+        self._accept_fn = None  # GrammarMatcher.accept_token's ffi.Function, at the first accept
+        self._accept = None  # (its handle, GrammarMatcher's type index): what the call table holds
         self._table: Optional[_CallTable] = None
         self._last_fill: Optional[_FillCall] = None
         self._keep = None  # what the job in flight reads (its Python owners), until wait()
@@ -148,8 +149,8 @@ class NativeMatcherJob:
         contiguous) fills from matcher live[j], then the calls after() gives once no earlier job is
         in flight (RtpFillCallSpec's call, func, args address, num_args: the mask's copy to the
         device, HostGate.worker_copy); the worker opens `ticket` of `gate` (a HostGate with a
-        counter_address(), or None) once done. Returns the job's wait: it returns once the job is done, with the indices i whose
-        token its matcher rejected, raising if a call failed."""
+        counter_address(), or None) once done. Returns the job's wait: it returns once the job is
+        done, with the indices i whose token its matcher rejected, raising if a call failed."""
         if self._keep is not None:  # a job whose step failed before its commit waited for it
             self._lib.rtp_llm_fill_worker_wait(self._worker, None)
             self._keep = None
@@ -175,7 +176,7 @@ class NativeMatcherJob:
     def _table_for(self, matchers: list) -> _CallTable:
         if self._accept is None and matchers:  # (the matchers' type is known once there is one)
             info = type(matchers[0]._handle).__tvm_ffi_type_info__
-            self._accept_fn = _method(info, "accept_token")  # (kept: the table holds its handle)
+            self._accept_fn = _method(info, "accept_token")
             self._accept = (self._accept_fn.__chandle__(), info.type_index)
         accept = self._accept or (0, 0)
         table = self._table
