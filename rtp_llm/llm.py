@@ -64,7 +64,7 @@ class LLM:
             self._workers = spawn_workers(load_args, engine_args, parallel)
             tp = init_tensor_parallel(parallel, set_rank_device(EngineArgs(**engine_args).device, parallel))
         self.loaded = load_model(checkpoint_path, model_type, parse_dtype(act_type), tokenizer_path, progress,
-                                 quantization, load_format)
+                                 quantization, load_format, device=EngineArgs(**engine_args).device)
         self.tokenizer = self.loaded.tokenizer
         self.engine = EngineLoop(self.loaded, EngineArgs(**engine_args), tp)
 

@@ -42,7 +42,7 @@ def _model_engine(config: ServerConfig):
     # docs/benchmarks.md).
     loaded = load_model(config.checkpoint_path, config.model_type, parse_dtype(config.act_type),
                         config.tokenizer_path, progress=tp.rank == 0, quantization=config.quantization or None,
-                        load_format=config.load_format, tokenizer=False)
+                        load_format=config.load_format, tokenizer=False, device=config.device)
     return EngineLoop(loaded, _engine_args(config), tp)
 
 

@@ -46,8 +46,7 @@ def _check_greedy(paths, hf, name, batch, **kw):
 @pytest.mark.parametrize("name", ["qwen3_gqa_untied", "qwen2_mqa_tied", "llama_gqa_tied", "llama_mha_untied",
                                   *TINY_MOE])
 def test_greedy_tokens_equal_hf_mixed_batch(tiny, name, graphs):
-    # (MoE models run eagerly with graphs on too: DecoderModel.graph_capturable, until a fused
-    # MoE kernel without host syncs exists.)
+    # (MoE models too: their routed experts on the fused kernel, in graphs where asked.)
     paths, hf = tiny
     _check_greedy(paths, hf, name, random_prompts(1, [3, 17, 40, 9, 64, 1, 120]), cuda_graph=graphs)
 

@@ -2,33 +2,12 @@
 GPU they run in Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported),
 so the kernels' indexing and masking are checked in CI too; on a GPU they run natively."""
 
-import os
-
 import pytest
 import torch
+from interpreted_triton import DEV, DTYPES, INTERPRETED, skip_interpreted_bf16_dot
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-triton = pytest.importorskip("triton")
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-if INTERPRETED:
-    # Triton 3.6's interpreter turns a loaded scalar (a 1-element array) into a loop bound with
-    # int(array), which numpy >= 2.4 rejects; take the element instead.
-    import triton.runtime.interpreter as _interp
-
-    _patch_lang_tensor = _interp._patch_lang_tensor
-
-    def _patch_with_scalar_index(tensor, scope):
-        _patch_lang_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    _interp._patch_lang_tensor = _patch_with_scalar_index
-
-from rtp_llm.device.base import _rotate  # noqa: E402
-from rtp_llm.device.cuda import kernels as K  # noqa: E402
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.float32, torch.bfloat16]
+from rtp_llm.device.base import _rotate
+from rtp_llm.device.cuda import kernels as K
 
 
 def _elementwise_tol(dtype):
@@ -192,12 +171,6 @@ def _reference(q, ks, vs, starts, ctx_lens, scale):
     return out
 
 
-def _skip_interpreted_bf16_dot(dtype):
-    if INTERPRETED and dtype == torch.bfloat16:
-        pytest.skip("Triton 3.6's interpreter computes bf16 tl.dot wrongly (off by ~1e10 on 16x16 "
-                    "randn); bf16 attention is checked on a GPU")
-
-
 def _tol(dtype):
     return dict(rtol=0, atol=2e-5) if dtype == torch.float32 else dict(rtol=0, atol=3e-2)
 
@@ -206,7 +179,7 @@ def _tol(dtype):
 def test_extend_attention_prefill_chunk_after_prefix_and_decode_rows(dtype):
     # stream 0: whole 40-token prompt; 1: a 20-token chunk after a 50-token cached prefix;
     # 2: one decode token at position 70; 3: a prompt of 1 token.
-    _skip_interpreted_bf16_dot(dtype)
+    skip_interpreted_bf16_dot(dtype)
     ctx, qn = [40, 70, 71, 1], [40, 20, 1, 1]
     assert K.EXTEND_BLOCK_M >= 40
     kv, tables, starts, ctx_t, q, ks, vs = _paged_case(dtype, ctx, qn)
@@ -224,7 +197,7 @@ def test_extend_attention_prefill_chunk_after_prefix_and_decode_rows(dtype):
 @pytest.mark.parametrize("splits,longest", [(1, 130), (4, 130), (64, 2100)])
 def test_split_decode_attention_with_a_padding_stream(dtype, splits, longest):
     # 64 splits over 2100 keys: 33 non-empty splits, merged in two tiles of 32.
-    _skip_interpreted_bf16_dot(dtype)
+    skip_interpreted_bf16_dot(dtype)
     ctx = [1, 37, longest]
     kv, tables, starts, ctx_t, q, ks, vs = _paged_case(dtype, ctx, [1, 1, 1], group=4)
     # a fourth, padding stream (context 0), as a captured graph has: its output must be zeros
@@ -420,26 +393,6 @@ def test_cuda_backend_greedy_equals_hf_with_chunked_prefill(tmp_path, monkeypatc
     # Eager mixed steps split; a captured extend graph keeps its few decode rows in its tiles.
     assert any(split_steps) == (not graphs)
     llm.close()
-
-
-@pytest.mark.skipif(not INTERPRETED, reason="on a GPU, tests/test_cuda.py runs the real backend")
-def test_cuda_backend_runs_moe_eagerly_and_equals_hf(tmp_path, monkeypatch):
-    # A MoE model (Qwen2-MoE: routed experts on the torch reference, shared expert) through the
-    # CUDA step path: graphs asked for, none captured (DecoderModel.graph_capturable), in chunks.
-    from testlib import hf_greedy, hf_model, make_tiny, random_prompts
-
-
-    path = make_tiny("qwen2_moe_shared", str(tmp_path))
-    hf = hf_model(path)
-    llm = _interpreted_cuda_llm(path, monkeypatch, _InterpretedCudaBackend.make(True))
-    try:
-        assert llm.engine.runner.graphs is None
-        prompts = random_prompts(5, (30, 7))
-        outs = llm.generate(prompts, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
-        for prompt, out in zip(prompts, outs):
-            assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 8), len(prompt)
-    finally:
-        llm.close()
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="on a GPU, tests/test_cuda.py runs the real backend")

@@ -305,6 +305,9 @@ class DeviceBackend(ABC):
         from pack_gate_up()."""
         return self.silu_and_mul(self.linear(x, gate_up))
 
+    # Whether moe() runs without a host sync (a step with it can be captured in a graph).
+    moe_capturable = False
+
     def moe(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
             topk_ids: torch.Tensor) -> torch.Tensor:
         """A MoE MLP's routed experts: out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]),
@@ -312,7 +315,7 @@ class DeviceBackend(ABC):
         (expert e's gate rows, then its up rows); down: [E, hidden, I]; topk_weights: [T, K] in
         x's dtype; topk_ids: [T, K] int64. Returns [T, hidden] in x's dtype. Default: moe_reference
         (torch ops; its per-expert slice bounds reach the host, so a step with it is not
-        capturable in a graph: DecoderModel.graph_capturable)."""
+        capturable in a graph: moe_capturable)."""
         return moe_reference(x, gate_up, down, topk_weights, topk_ids, self.silu_and_mul)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
@@ -393,7 +396,7 @@ def moe_reference(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, to
     out *= topk_weights.reshape(-1)[order].unsqueeze(1)
     pairs = torch.empty_like(out)
     pairs[order] = out                                                       # (token, k) order again
-    return pairs.view(t, k, -1).sum(dim=1)
+    return pairs.view(t, k, x.shape[1]).sum(dim=1)
 
 
 def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bits: torch.Tensor) -> None:

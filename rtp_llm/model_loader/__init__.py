@@ -84,10 +84,10 @@ def load_tokenizer(checkpoint_path: str, tokenizer_path: Optional[str] = None):
 def load_model(checkpoint_path: str, model_type: Optional[str] = None, dtype: torch.dtype = torch.float32,
                tokenizer_path: Optional[str] = None, progress: bool = True,
                quantization: Optional[str] = None, load_format: str = "auto",
-               tokenizer: bool = True) -> LoadedModel:
+               tokenizer: bool = True, device: str = "cpu") -> LoadedModel:
     """quantization: a config/quantization.py scheme (None: the checkpoint's dtypes), checked by
     the caller against the device. load_format: "auto" (the checkpoint's files) or "dummy"
-    (random weights of its config.json's shapes: dummy.py). tokenizer=False: not loaded unless
+    (random weights of its config.json's shapes, made on `device` where it is a GPU: dummy.py). tokenizer=False: not loaded unless
     the config lacks EOS ids, which it then gives (LoadedModel.reload_tokenizer loads it)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"--load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
@@ -101,7 +101,7 @@ def load_model(checkpoint_path: str, model_type: Optional[str] = None, dtype: to
         from rtp_llm.model_loader.hf_loader import read_hf_config
 
         config = read_hf_config(checkpoint_path, model_type)
-        weights = dummy_weights(config, dtype, progress)
+        weights = dummy_weights(config, dtype, progress, device=device)
     elif gguf_path:
         from rtp_llm.model_loader.gguf_loader import load_gguf
 

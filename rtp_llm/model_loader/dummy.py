@@ -23,18 +23,21 @@ _BOUND = 0.035
 
 
 def _value(name: str, shape, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    dev = gen.device
     if name.endswith("norm.weight"):
-        return torch.ones(shape, dtype=dtype)
+        return torch.ones(shape, dtype=dtype, device=dev)
     if name.endswith(".bias") or name.endswith("e_score_correction_bias"):
-        return torch.zeros(shape, dtype=dtype)
-    return torch.empty(shape, dtype=dtype).uniform_(-_BOUND, _BOUND, generator=gen)
+        return torch.zeros(shape, dtype=dtype, device=dev)
+    return torch.empty(shape, dtype=dtype, device=dev).uniform_(-_BOUND, _BOUND, generator=gen)
 
 
-def dummy_weights(config: ModelConfig, dtype: torch.dtype, progress: bool = True, seed: int = 0) -> Dict[str, torch.Tensor]:
+def dummy_weights(config: ModelConfig, dtype: torch.dtype, progress: bool = True, seed: int = 0,
+                  device: str = "cpu") -> Dict[str, torch.Tensor]:
     """Every weight the model expects (weights.expected_weights), random as above, MoE experts
-    packed as a checkpoint's are."""
+    packed as a checkpoint's are. device: where to make them: a CUDA run's GPU makes a 30B
+    model's in seconds (the CPU takes minutes); any other device's are made on the CPU."""
     log.warning("--load_format=dummy: random weights, for benchmarks only")
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device if str(device).startswith("cuda") else "cpu").manual_seed(seed)
     shapes = expected_weights(config)
     weights = {}
     for name, shape in tqdm(shapes.items(), desc="making dummy weights", unit="tensor", disable=not progress):

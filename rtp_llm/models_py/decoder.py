@@ -107,8 +107,10 @@ class DecoderModel:
             log.info("GGUF tensors widened to the run dtype at load (%s has no kernels for them): %s", dev.type,
                      ", ".join(f"{n} {q}" for q, n in sorted(widened.items())))
         # The reference MoE path sizes its per-expert slices on the host (DeviceBackend.moe):
-        # such steps run eagerly, not from captured graphs; nor does MLA have graph kernels.
-        self.graph_capturable = all(layer.moe is None and layer.mla is None for layer in self.layers)
+        # unless the backend's does not, such steps run eagerly, not from captured graphs; nor
+        # does MLA have graph kernels.
+        self.graph_capturable = all(layer.mla is None and (layer.moe is None or backend.moe_capturable)
+                                    for layer in self.layers)
         cos, sin = cos_sin_table(c, max_positions)
         self.cos, self.sin = cos.to(dev), sin.to(dev)
         self.q_size = self.num_heads * (c.mla.v_head_dim if c.mla else D)  # attention output width

@@ -66,12 +66,13 @@ def random_prompts(vocab: int, batch: int, length: int, seed: int):
     return torch.randint(min(1000, vocab // 2), min(vocab, 150000) - 100, (batch, length), generator=g).tolist()
 
 
-def offline(ckpt: str, emit_, overlap: bool = True, throughput: bool = True, max_batch_size: int = 256):
+def offline(ckpt: str, emit_, overlap: bool = True, throughput: bool = True, max_batch_size: int = 256,
+            load_format: str = "auto"):
+    """Our engine through the LLM API (load_format "dummy": random weights from config.json)."""
     from rtp_llm.llm import LLM
 
     llm = LLM(ckpt, act_type="bf16", progress=False, device="cuda", max_seq_len=2176, max_batch_size=max_batch_size,
-              max_num_batched_tokens=8192, overlap_schedule=None if overlap else False)
-    vocab = llm.loaded.config.vocab_size
+              max_num_batched_tokens=8192, overlap_schedule=None if overlap else False, load_format=load_format)
 
     def gen(prompts, n):
         t = time.perf_counter()
@@ -79,6 +80,36 @@ def offline(ckpt: str, emit_, overlap: bool = True, throughput: bool = True, max
         assert all(len(o.outputs[0].token_ids) == n for o in outs)
         return time.perf_counter() - t
 
+    measure_offline(gen, llm.loaded.config.vocab_size, emit_, throughput)
+    llm.close()
+
+
+def vllm_offline(ckpt: str, emit_, max_batch_size: int = 256):
+    """vLLM's LLM API with our offline rows' limits and prompts, random weights (its
+    load_format="dummy"), token ids in and out (no tokenizer needed)."""
+    from vllm import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(model=ckpt, dtype="bfloat16", max_model_len=2176, max_num_seqs=max_batch_size,
+              max_num_batched_tokens=8192, gpu_memory_utilization=0.85, seed=0, load_format="dummy",
+              skip_tokenizer_init=True)
+    emit_({"mode": "startup", "seconds": time.perf_counter() - t0})
+
+    def gen(prompts, n):
+        sp = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, detokenize=False)
+        t = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+        assert all(len(o.outputs[0].token_ids) == n for o in outs)
+        return time.perf_counter() - t
+
+    with open(os.path.join(ckpt, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    measure_offline(gen, vocab, emit_, True)
+
+
+def measure_offline(gen, vocab: int, emit_, throughput: bool = True):
+    """The offline rows through gen(prompts, n) -> seconds (an engine's greedy, ignore_eos
+    generation of n tokens for each token-id prompt): batch-1 TTFT and TPOT, then throughput."""
     gen(random_prompts(vocab, 4, 64, 0), 8)  # warm-up
     for p in LATENCY_PROMPTS:
         # A new prompt for every run: a repeated one would be served from the prefix cache.
@@ -93,8 +124,6 @@ def offline(ckpt: str, emit_, overlap: bool = True, throughput: bool = True, max
             seconds = gen(random_prompts(vocab, c, inp, c), outp)
             emit_({"mode": "offline", "case": "throughput", "input_len": inp, "output_len": outp, "concurrency": c,
                    "output_tok_s": c * outp / seconds, "total_tok_s": c * (inp + outp) / seconds})
-    llm.close()
-
 
 
 def serve_load(url: str, inp: int, outp: int, c: int, n: int) -> dict:

@@ -3,6 +3,7 @@ step, with the device synchronized) and prints torch.profiler's kernel table for
 
     python -m rtp_llm.tools.profile_step --checkpoint DIR --device cuda [--prompt_len 1024]
         [--batch 1] [--decode_steps 32] [--no_cuda_graph] [--no_overlap] [--tp N] [--trace out.json]
+        [--load_format dummy]
 
 --tp N profiles rank 0 of a tensor-parallel group (its kernels, collectives included, on its GPU).
 Step times synchronize the device after every step, so they show a step's own time, not the
@@ -39,6 +40,8 @@ def main():
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--act_type", default="bf16")
+    p.add_argument("--load_format", default="auto", choices=["auto", "dummy"],
+                   help="dummy: random weights from the checkpoint's config.json (a directory with only that)")
     p.add_argument("--prompt_len", type=int, default=1024)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--decode_steps", type=int, default=32)
@@ -53,7 +56,7 @@ def main():
     llm = LLM(a.checkpoint, act_type=a.act_type, progress=False, device=a.device, cuda_graph=not a.no_cuda_graph,
               tp_size=a.tp, overlap_schedule=False if a.no_overlap else None,
               max_seq_len=a.prompt_len + a.decode_steps + 16, max_batch_size=max(a.batch, 1),
-              max_num_batched_tokens=max(2048, a.prompt_len * a.batch))
+              max_num_batched_tokens=max(2048, a.prompt_len * a.batch), load_format=a.load_format)
     vocab = llm.loaded.config.vocab_size
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(100, vocab - 100, (a.batch, a.prompt_len), generator=g).tolist()

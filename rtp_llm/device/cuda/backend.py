@@ -1,6 +1,6 @@
 """CUDA backend: Triton kernels (rtp_llm.device.cuda.kernels) for attention over the paged KV
-cache, the cache write, rotary, RMSNorm with fused residual add, SiLU-and-mul and small-batch
-projections (GEMV); cuBLAS (torch) for the other GEMMs. A step's integer inputs reach the GPU in
+cache, the cache write, rotary, RMSNorm with fused residual add, SiLU-and-mul, small-batch
+projections (GEMV) and MoE's routed experts (grouped GEMMs); cuBLAS (torch) for the other GEMMs. A step's integer inputs reach the GPU in
 one copy from a pinned buffer."""
 
 import gc
@@ -184,6 +184,11 @@ class CudaBackend(DeviceBackend):
         if K.use_gemv(x, gate_up):
             return K.gemv(x, gate_up, gated=True)  # SiLU-and-mul in the GEMV's epilogue
         return super().gate_up_silu(x, gate_up)
+
+    moe_capturable = True
+
+    def moe(self, x, gate_up, down, topk_weights, topk_ids):
+        return K.moe(x, gate_up, down, topk_weights, topk_ids)  # grouped by expert on the device
 
     def rms_norm(self, x, weight, eps):
         return K.rms_norm(x, weight, eps)

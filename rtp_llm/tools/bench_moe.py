@@ -1,0 +1,218 @@
+"""MoE on the GPU: the fused routed-experts kernel (device/cuda/kernels/moe.py) alone, and whole
+MoE models offline with random weights (--load_format=dummy), ours or vLLM's, the same prompts
+as bench_gpu's offline rows.
+
+    python -m rtp_llm.tools.bench_moe kernel [--arch qwen3-30b-a3b] [--tokens 1,8,64] [--sweep --tuned_out F]
+    python -m rtp_llm.tools.bench_moe offline --engine ours|vllm [--arch qwen3-30b-a3b] [--out F.jsonl]
+
+`kernel` times one MoE layer's routed experts replayed from a CUDA graph (device time, no launch
+overhead) against moe_reference (torch, eager) and, where vLLM is importable, vLLM's fused_moe on
+the same tensors; --sweep times every tile configuration and prints the best per token count.
+`offline` prints batch-1 TTFT / TPOT (with the bandwidth floor of the weights a token reads: the
+dense ones and K of E experts) and throughput at 1024/128 and 128/1024; run it once per engine in
+the same session for the ratio. One JSON line per measurement."""
+
+import argparse
+import dataclasses
+import itertools
+import json
+import os
+import sys
+import tempfile
+
+import torch
+
+# Random-weight architectures: HF config.json fields (the published checkpoints' values).
+ARCHS = {
+    "qwen3-30b-a3b": dict(
+        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144,
+        moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=40960, rope_theta=1e6,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype="bfloat16", hidden_act="silu",
+        bos_token_id=151643, eos_token_id=151645),
+}
+
+
+def emit(out, record: dict):
+    line = json.dumps(record)
+    print(line, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
+
+def active_weight_bytes(cfg: dict, elem: int = 2) -> int:
+    """Bytes of the weights one decoded token reads: attention, norms, the router, K of the E
+    experts and the LM head (the embedding row is negligible)."""
+    h, d = cfg["hidden_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    attn = h * (q + 2 * kv) + q * h
+    experts = cfg["num_experts_per_tok"] * 3 * h * cfg["moe_intermediate_size"]
+    layer = attn + h * cfg["num_experts"] + experts
+    return elem * (cfg["num_hidden_layers"] * layer + h * cfg["vocab_size"])
+
+
+def copy_bandwidth() -> float:
+    """Device copy bandwidth, bytes/s (a copy reads and writes every byte)."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        b.copy_(a)
+    end.record()
+    end.synchronize()
+    return 2 * n * 20 / (start.elapsed_time(end) / 1e3)
+
+
+def _graph_us(fn, reps: int = 20) -> float:
+    """Device microseconds of one fn() call, replayed from a CUDA graph of `reps` calls."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(reps):
+                fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        g.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (5 * reps)
+
+
+def _eager_us(fn, reps: int = 10) -> float:
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / reps
+
+
+def _vllm_fused_moe():
+    try:
+        from vllm.model_executor.layers.fused_moe import fused_experts
+        return fused_experts
+    except Exception:  # not installed here, or not importable: measured without the peer
+        return None
+
+
+def sweep_space(rows_per_expert: float):
+    """The tile configurations worth timing for a token count (by the rows an active expert
+    gets): 16/32-row blocks for decode, larger ones for prompts; those whose pipeline needs
+    more shared memory than an H200 SM has (227 KiB) are left out."""
+    from rtp_llm.device.cuda.kernels.moe import MoeGemmConfig
+
+    if rows_per_expert <= 16:
+        space = itertools.product((16, 32), (32, 64, 128), (64, 128), (1,), (4,), (3, 4))
+    else:
+        space = itertools.product((32, 64, 128), (64, 128, 256), (64, 128), (1, 16), (4, 8), (3, 4))
+    configs = [MoeGemmConfig(*c) for c in space]
+    return [c for c in configs if c.shared_bytes(2) <= 227 * 1024]
+
+
+def kernel(args):
+    from rtp_llm.device.base import moe_reference
+    from rtp_llm.device.cuda import kernels as K
+    from rtp_llm.device.cuda.kernels.moe import layer_key, moe_config
+    from rtp_llm.device.cuda.kernels.moe_tuned import to_json
+
+    cfg = ARCHS[args.arch]
+    e, k, h, i = cfg["num_experts"], cfg["num_experts_per_tok"], cfg["hidden_size"], cfg["moe_intermediate_size"]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    gate_up = torch.empty(e, 2 * i, h, dtype=torch.bfloat16, device="cuda").uniform_(-0.035, 0.035, generator=g)
+    down = torch.empty(e, h, i, dtype=torch.bfloat16, device="cuda").uniform_(-0.035, 0.035, generator=g)
+    bw = copy_bandwidth()
+    vllm_moe = _vllm_fused_moe()
+    key, tuned = None, {}
+    for t in (int(s) for s in args.tokens.split(",")):
+        x = torch.randn(t, h, dtype=torch.bfloat16, device="cuda", generator=g)
+        w, ids = torch.softmax(torch.randn(t, e, device="cuda", generator=g), -1).topk(k, dim=-1)
+        w = (w / w.sum(-1, keepdim=True)).to(torch.bfloat16)
+        touched = int(torch.unique(ids).numel())
+        floor_us = touched * 3 * h * i * 2 / bw * 1e6  # each touched expert's weights read once
+        rec = {"tokens": t, "experts_touched": touched, "weights_floor_us": floor_us,
+               "ours_us": _graph_us(lambda: K.moe(x, gate_up, down, w, ids)),
+               "config": str(moe_config(t, k, e, key := layer_key(x, gate_up, k))),
+               "reference_eager_us": _eager_us(lambda: moe_reference(x, gate_up, down, w, ids, K.silu_and_mul))}
+        if vllm_moe is not None:
+            wf, idf = w.float(), ids.to(torch.int32)
+            rec["vllm_us"] = _graph_us(lambda: vllm_moe(x, gate_up, down, wf, idf))
+        if args.sweep:
+            best = None
+            for c in sweep_space(t * k / min(e, t * k)):
+                try:
+                    us = _graph_us(lambda: K.moe(x, gate_up, down, w, ids, c), reps=5)
+                except Exception as err:  # (a tile that does not fit the SM's shared memory)
+                    print(f"# {c}: {type(err).__name__}", file=sys.stderr)
+                    continue
+                if best is None or us < best[0]:
+                    best = (us, c)
+            rec["sweep_best_us"], rec["sweep_best"] = best[0], str(best[1])
+            tuned[t] = dataclasses.astuple(best[1])
+        emit(args.out, dict(rec, mode="kernel", arch=args.arch))
+    if tuned and args.tuned_out:
+        with open(args.tuned_out, "w") as f:
+            json.dump([to_json(key, tuned)], f, indent=1)
+
+
+def _checkpoint_dir(arch: str, tokenizer: str) -> str:
+    d = os.path.join(tempfile.gettempdir(), f"rtp_llm_bench_{arch}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(ARCHS[arch], f)
+    if tokenizer:
+        for name in os.listdir(tokenizer):
+            src = os.path.join(tokenizer, name)
+            if os.path.isfile(src) and not name.endswith(".safetensors"):
+                with open(src, "rb") as a, open(os.path.join(d, name), "wb") as b:
+                    b.write(a.read())
+    return d
+
+
+def offline(args):
+    from rtp_llm.tools.bench_gpu import offline as ours_offline
+    from rtp_llm.tools.bench_gpu import vllm_offline
+
+    ckpt = _checkpoint_dir(args.arch, args.tokenizer)
+    out = lambda r: emit(args.out, dict(r, arch=args.arch, engine=args.engine))  # noqa: E731
+    bw = copy_bandwidth()
+    floor = active_weight_bytes(ARCHS[args.arch])
+    out({"mode": "floor", "active_weight_bytes": floor, "copy_bandwidth_GBps": bw / 1e9, "tpot_floor_ms": floor / bw * 1e3})
+    if args.engine == "ours":
+        ours_offline(ckpt, out, max_batch_size=args.max_batch_size, load_format="dummy")
+    else:
+        vllm_offline(ckpt, out, max_batch_size=args.max_batch_size)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["kernel", "offline"])
+    p.add_argument("--arch", default="qwen3-30b-a3b", choices=sorted(ARCHS))
+    p.add_argument("--tokens", default="1,8,64,256,2048,8192", help="kernel: token counts")
+    p.add_argument("--sweep", action="store_true", help="kernel: time every tile configuration")
+    p.add_argument("--tuned_out", help="kernel --sweep: write the best per token count here (moe_tuned's JSON; "
+                   "RTP_LLM_MOE_TUNED=F uses it)")
+    p.add_argument("--engine", default="ours", choices=["ours", "vllm"], help="offline: whose engine")
+    p.add_argument("--tokenizer", help="offline: tokenizer files to put beside config.json (vLLM wants one)")
+    p.add_argument("--max_batch_size", type=int, default=256)
+    p.add_argument("--out")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    (kernel if args.what == "kernel" else offline)(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The CUDA backend's fused MoE (kernels/moe.py) against device/base.py's moe_reference, and
+MoE models through the CUDA step path with graphs. Without a GPU through Triton's interpreter."""
+
+import json
+
+import pytest
+import torch
+from interpreted_triton import DEV, DTYPES, INTERPRETED, skip_interpreted_bf16_dot
+from test_cuda_kernels import _interpreted_cuda_llm, _InterpretedCudaBackend
+
+from rtp_llm.device.base import moe_reference
+from rtp_llm.device.cuda import kernels as K
+from rtp_llm.device.cuda.kernels.moe import MoeGemmConfig, group_by_expert, max_rows, moe_config
+from rtp_llm.device.cuda.kernels.moe_tuned import to_json
+
+# Group sizes 1 and 3 (a last group of fewer blocks) walk the tiles in different orders.
+CONFIGS = [MoeGemmConfig(16, 32, 32, 1, 4, 2), MoeGemmConfig(32, 64, 64, 3, 4, 2), MoeGemmConfig(64, 32, 16, 8, 4, 2)]
+
+
+def _routing(t: int, k: int, e: int, seed: int, dtype, skew: bool = False):
+    """topk_ids [T, K] (distinct experts per token) and normalized weights [T, K]; skew: most
+    pairs on two experts, the others empty or nearly (many padding rows)."""
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.rand(t, e, generator=g)
+    if skew:
+        scores[:, :2] += 10
+    ids = scores.topk(k, dim=-1).indices
+    w = torch.rand(t, k, generator=g) + 0.1
+    return ids.to(DEV), (w / w.sum(-1, keepdim=True)).to(dtype).to(DEV)
+
+
+@pytest.mark.parametrize("t,k,e,skew", [(1, 1, 3, False), (5, 2, 7, False), (37, 3, 5, False), (64, 2, 9, True)])
+def test_grouping_places_every_pair_once_in_its_experts_blocks(t, k, e, skew):
+    ids, _ = _routing(t, k, e, t, torch.float32, skew)
+    for block_m in (16, 32):
+        rows, block_expert = group_by_expert(ids, e, block_m)
+        rows, block_expert = rows.cpu(), block_expert.cpu()
+        p = t * k
+        assert len(rows) == max_rows(p, e, block_m) and len(block_expert) * block_m == len(rows)
+        real = rows[rows < p]
+        assert sorted(real.tolist()) == list(range(p))                 # each pair exactly once
+        assert torch.all(rows[rows >= p] == p)                           # padding says "no pair"
+        flat = ids.reshape(-1).cpu()
+        blocks = rows.view(-1, block_m)
+        used = block_expert >= 0
+        # A used block holds its expert's pairs only (and padding); unused ones hold none, and
+        # come after every used one.
+        for b in torch.nonzero(used).flatten().tolist():
+            r = blocks[b][blocks[b] < p]
+            assert len(r) and torch.all(flat[r] == block_expert[b])
+        assert torch.all(blocks[~used] == p)
+        n_used = int(used.sum())
+        assert torch.all(used[:n_used]) and sorted(block_expert[:n_used].tolist()) == block_expert[:n_used].tolist()
+        counts = torch.bincount(flat, minlength=e)
+        assert n_used == int(sum(-(-c // block_m) for c in counts.tolist()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,k,e,i,h", [(1, 2, 5, 24, 40), (9, 3, 7, 40, 72), (70, 2, 3, 16, 48), (0, 2, 3, 16, 32)])
+def test_fused_moe_equals_the_reference(dtype, t, k, e, i, h):
+    # Ragged I and H (masked tiles), odd expert counts, a token count that is not a tile's.
+    skip_interpreted_bf16_dot(dtype)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(t, h, generator=g).to(dtype).to(DEV)
+    gate_up = (torch.randn(e, 2 * i, h, generator=g) / h ** 0.5).to(dtype).to(DEV)
+    down = (torch.randn(e, h, i, generator=g) / i ** 0.5).to(dtype).to(DEV)
+    ids, w = _routing(t, k, e, 3, dtype)
+    expected = moe_reference(x, gate_up, down, w, ids, K.silu_and_mul)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -5, atol=2e-2)
+    for cfg in CONFIGS + [None]:
+        torch.testing.assert_close(K.moe(x, gate_up, down, w, ids, cfg), expected, **tol)
+
+
+def test_default_configs_by_rows_per_expert():
+    # Decode (a few rows an expert) takes 16-row blocks; long prompts large tiles.
+    assert moe_config(1, 8, 128).block_m == 16
+    assert moe_config(512, 8, 128).block_m == 32
+    assert moe_config(8192, 8, 128).block_m == 64
+    assert max_rows(8, 128, 16) == 128  # 8 pairs, at most 8 experts padded
+
+
+def test_tuned_configs_from_a_file_win_by_the_nearest_token_count(tmp_path, monkeypatch):
+    key = ("NVIDIA H200", 128, 768, 2048, 8, "bfloat16")
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps([to_json(key, {1: (16, 32, 64, 1, 4, 3), 64: (32, 128, 64, 8, 8, 4)})]))
+    monkeypatch.setenv("RTP_LLM_MOE_TUNED", str(path))
+    assert moe_config(2, 8, 128, key) == MoeGemmConfig(16, 32, 64, 1, 4, 3)
+    assert moe_config(40, 8, 128, key) == MoeGemmConfig(32, 128, 64, 8, 8, 4)
+    other = ("NVIDIA H200", 64, 1408, 2048, 6, "bfloat16")  # no entry: the rule of thumb
+    assert moe_config(40, 6, 64, other) == moe_config(40, 6, 64)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="on a GPU, tests/test_cuda.py runs the real backend")
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-inputs"])
+@pytest.mark.parametrize("name", ["qwen2_moe_shared", "qwen3_moe_dense_first"])
+def test_cuda_backend_runs_moe_models_and_equals_hf(tmp_path, monkeypatch, name, graphs):
+    # MoE models (Qwen2-MoE's shared expert; Qwen3-MoE with a dense first layer) through the CUDA
+    # step path: the fused kernel, in graphs where asked (DecoderModel.graph_capturable), chunks.
+    from testlib import hf_greedy, hf_model, make_tiny, random_prompts
+
+    path = make_tiny(name, str(tmp_path))
+    hf = hf_model(path)
+    llm = _interpreted_cuda_llm(path, monkeypatch, _InterpretedCudaBackend.make(graphs))
+    try:
+        assert (llm.engine.runner.graphs is not None) == graphs
+        prompts = random_prompts(5, (30, 7))
+        outs = llm.generate(prompts, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+        for prompt, out in zip(prompts, outs):
+            assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 8), len(prompt)
+    finally:
+        llm.close()
