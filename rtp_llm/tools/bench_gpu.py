@@ -67,7 +67,7 @@ def random_prompts(vocab: int, batch: int, length: int, seed: int):
 
 
 def offline(ckpt: str, emit_, overlap: bool = True, throughput: bool = True, max_batch_size: int = 256,
-            load_format: str = "auto"):
+            load_format: str = "auto", concurrency=None):
     """Our engine through the LLM API (load_format "dummy": random weights from config.json)."""
     from rtp_llm.llm import LLM
 
@@ -80,11 +80,11 @@ def offline(ckpt: str, emit_, overlap: bool = True, throughput: bool = True, max
         assert all(len(o.outputs[0].token_ids) == n for o in outs)
         return time.perf_counter() - t
 
-    measure_offline(gen, llm.loaded.config.vocab_size, emit_, throughput)
+    measure_offline(gen, llm.loaded.config.vocab_size, emit_, throughput, llm.engine.core.stats, concurrency)
     llm.close()
 
 
-def vllm_offline(ckpt: str, emit_, max_batch_size: int = 256):
+def vllm_offline(ckpt: str, emit_, max_batch_size: int = 256, concurrency=None):
     """vLLM's LLM API with our offline rows' limits and prompts, random weights (its
     load_format="dummy"), token ids in and out (no tokenizer needed)."""
     from vllm import LLM, SamplingParams
@@ -104,12 +104,14 @@ def vllm_offline(ckpt: str, emit_, max_batch_size: int = 256):
 
     with open(os.path.join(ckpt, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
-    measure_offline(gen, vocab, emit_, True)
+    measure_offline(gen, vocab, emit_, True, concurrency=concurrency)
 
 
-def measure_offline(gen, vocab: int, emit_, throughput: bool = True):
+def measure_offline(gen, vocab: int, emit_, throughput: bool = True, stats=None, concurrency=None):
     """The offline rows through gen(prompts, n) -> seconds (an engine's greedy, ignore_eos
-    generation of n tokens for each token-id prompt): batch-1 TTFT and TPOT, then throughput."""
+    generation of n tokens for each token-id prompt): batch-1 TTFT and TPOT, then throughput.
+    stats: our engine's core stats (a throughput row then says its steps and preemptions, and
+    the KV cache's size)."""
     gen(random_prompts(vocab, 4, 64, 0), 8)  # warm-up
     for p in LATENCY_PROMPTS:
         # A new prompt for every run: a repeated one would be served from the prefix cache.
@@ -120,10 +122,16 @@ def measure_offline(gen, vocab: int, emit_, throughput: bool = True):
         emit_({"mode": "offline", "case": "latency", "prompt_len": p, "ttft_ms": ttft * 1e3,
                "tpot_ms": (full - ttft) / 127 * 1e3})
     for inp, outp in SHAPES if throughput else []:
-        for c in CONCURRENCY:
+        for c in concurrency or CONCURRENCY:
+            before = stats() if stats else {}
             seconds = gen(random_prompts(vocab, c, inp, c), outp)
+            extra = {}
+            if stats:
+                after = stats()
+                extra = {"steps": after["steps"] - before["steps"], "kv_tokens": after["total_blocks"] * after["block_size"],
+                         "preemptions": after["preemptions"] - before["preemptions"]}
             emit_({"mode": "offline", "case": "throughput", "input_len": inp, "output_len": outp, "concurrency": c,
-                   "output_tok_s": c * outp / seconds, "total_tok_s": c * (inp + outp) / seconds})
+                   "output_tok_s": c * outp / seconds, "total_tok_s": c * (inp + outp) / seconds, **extra})
 
 
 def serve_load(url: str, inp: int, outp: int, c: int, n: int) -> dict:

@@ -188,13 +188,14 @@ def offline(args):
 
     ckpt = _checkpoint_dir(args.arch, args.tokenizer)
     out = lambda r: emit(args.out, dict(r, arch=args.arch, engine=args.engine))  # noqa: E731
+    conc = [int(c) for c in args.concurrency.split(",")]
     bw = copy_bandwidth()
     floor = active_weight_bytes(ARCHS[args.arch])
     out({"mode": "floor", "active_weight_bytes": floor, "copy_bandwidth_GBps": bw / 1e9, "tpot_floor_ms": floor / bw * 1e3})
     if args.engine == "ours":
-        ours_offline(ckpt, out, max_batch_size=args.max_batch_size, load_format="dummy")
+        ours_offline(ckpt, out, max_batch_size=args.max_batch_size, load_format="dummy", concurrency=conc)
     else:
-        vllm_offline(ckpt, out, max_batch_size=args.max_batch_size)
+        vllm_offline(ckpt, out, max_batch_size=args.max_batch_size, concurrency=conc)
 
 
 def main():
@@ -208,6 +209,7 @@ def main():
     p.add_argument("--engine", default="ours", choices=["ours", "vllm"], help="offline: whose engine")
     p.add_argument("--tokenizer", help="offline: tokenizer files to put beside config.json (vLLM wants one)")
     p.add_argument("--max_batch_size", type=int, default=256)
+    p.add_argument("--concurrency", default="1,16,64,256", help="offline: the throughput rows' concurrencies")
     p.add_argument("--out")
     args = p.parse_args()
     torch.manual_seed(0)

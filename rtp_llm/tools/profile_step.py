@@ -59,9 +59,12 @@ def main():
               max_num_batched_tokens=max(2048, a.prompt_len * a.batch), load_format=a.load_format)
     vocab = llm.loaded.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(100, vocab - 100, (a.batch, a.prompt_len), generator=g).tolist()
-    _steps(llm, prompts, 4)  # warm-up
-    first, rest = _steps(llm, prompts, a.decode_steps + 1)
+
+    def fresh():  # new prompts for every run: a repeated one would be served from the prefix cache
+        return torch.randint(100, vocab - 100, (a.batch, a.prompt_len), generator=g).tolist()
+
+    _steps(llm, fresh(), 4)  # warm-up
+    first, rest = _steps(llm, fresh(), a.decode_steps + 1)
     rest.sort()
     print(f"batch {a.batch}, prompt {a.prompt_len}: prefill step {first * 1e3:.2f} ms; decode step median "
           f"{rest[len(rest) // 2] * 1e3:.3f} ms (min {rest[0] * 1e3:.3f}, {len(rest)} steps)")
@@ -69,7 +72,7 @@ def main():
     if a.device == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=acts) as prof:
-        _steps(llm, prompts, a.decode_steps + 1)
+        _steps(llm, fresh(), a.decode_steps + 1)
     sort = "cuda_time_total" if a.device == "cuda" else "cpu_time_total"
     print(prof.key_averages().table(sort_by=sort, row_limit=a.rows, max_name_column_width=60))
     if a.trace:

@@ -75,8 +75,12 @@ class CudaBackend(DeviceBackend):
         K.apply_token_bitmask(logits, rows, bits)
 
     def available_memory_bytes(self) -> int:
+        """Free device memory, counting what torch's allocator holds unused: tensors freed while
+        loading (e.g. a checkpoint's per-expert tensors once stacked on the GPU) stay reserved
+        by it, and the KV cache must not be sized without them."""
         free, _ = torch.cuda.mem_get_info(self.device)
-        return int(free)
+        unused = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return int(free + unused)
 
     def default_kv_cache_bytes(self) -> int:
         return accelerator_kv_cache_bytes(self.available_memory_bytes())

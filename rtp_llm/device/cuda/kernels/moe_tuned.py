@@ -15,7 +15,25 @@ from typing import Dict, Optional, Tuple
 Key = Tuple[str, int, int, int, int, str]
 Table = Dict[int, Tuple[int, int, int, int, int, int]]
 
-TUNED: Dict[Key, Table] = {}
+TUNED: Dict[Key, Table] = {
+    # Qwen3-30B-A3B (TP 1), session 21's sweep.
+    ('NVIDIA H200', 128, 768, 2048, 8, 'bfloat16'): {
+        1: (16, 32, 128, 1, 4, 4),
+        2: (16, 32, 64, 1, 4, 4),
+        4: (16, 64, 64, 1, 4, 3),
+        8: (16, 32, 128, 1, 4, 3),
+        16: (16, 32, 128, 1, 4, 4),
+        32: (16, 32, 128, 1, 4, 4),
+        64: (16, 32, 128, 1, 4, 4),
+        128: (16, 32, 128, 1, 4, 4),
+        256: (32, 64, 128, 1, 4, 3),
+        512: (64, 64, 64, 1, 4, 3),
+        1024: (64, 64, 64, 1, 4, 3),
+        2048: (128, 128, 64, 1, 8, 3),
+        4096: (128, 128, 64, 1, 8, 3),
+        8192: (128, 128, 64, 1, 8, 3),
+    },
+}
 
 
 def to_json(key: Key, table: Table) -> dict:
