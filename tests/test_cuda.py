@@ -1,5 +1,5 @@
 """The engine on a CUDA GPU against HF transformers on the tiny fixture checkpoints (GQA, MQA,
-tied and untied; Qwen3, Qwen2, Llama; Qwen3-MoE and Qwen2-MoE): greedy tokens equal for
+tied and untied; Qwen3, Qwen2, Llama; Qwen3-MoE and Qwen2-MoE; DeepSeek-V2/V3's latent attention): greedy tokens equal for
 mixed-length batches, with chunked prefill, the prefix cache and preemption, with CUDA graphs and overlapped scheduling
 on and off; logits within a tolerance; the sampler's request-driven paths (top-k alternatives,
 logit_bias, a thinking budget's forced tokens, no_repeat_ngram_size) through the graphs and
@@ -7,7 +7,7 @@ eagerly. Marked `gpu`: skipped where torch sees no GPU."""
 
 import pytest
 import torch
-from testlib import (TINY, TINY_MOE, hf_greedy, hf_logprobs, hf_model, make_tiny, overlap_sampling_configs,
+from testlib import (TINY, TINY_MLA, TINY_MOE, hf_greedy, hf_logprobs, hf_model, make_tiny, overlap_sampling_configs,
                      random_prompts)
 
 pytestmark = [pytest.mark.gpu,
@@ -19,7 +19,7 @@ NEW_TOKENS = 48
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("tiny"))
-    paths = {name: make_tiny(name, root) for name in (*TINY, *TINY_MOE)}
+    paths = {name: make_tiny(name, root) for name in (*TINY, *TINY_MOE, *TINY_MLA)}
     hf = {name: hf_model(p) for name, p in paths.items()}
     return paths, hf
 
@@ -44,9 +44,10 @@ def _check_greedy(paths, hf, name, batch, **kw):
 
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
 @pytest.mark.parametrize("name", ["qwen3_gqa_untied", "qwen2_mqa_tied", "llama_gqa_tied", "llama_mha_untied",
-                                  *TINY_MOE])
+                                  *TINY_MOE, *TINY_MLA])
 def test_greedy_tokens_equal_hf_mixed_batch(tiny, name, graphs):
-    # (MoE models too: their routed experts on the fused kernel, in graphs where asked.)
+    # (MoE models too: their routed experts on the fused kernel, DeepSeek's attention on the
+    # latent kernel, in graphs where asked.)
     paths, hf = tiny
     _check_greedy(paths, hf, name, random_prompts(1, [3, 17, 40, 9, 64, 1, 120]), cuda_graph=graphs)
 

@@ -192,12 +192,14 @@ class DeviceBackend(ABC):
 
     # Whether mla_attention runs here (DeepSeek-V2/V3); check_mla() refuses such models otherwise.
     supports_mla: bool = False
+    # Whether write_latent and mla_attention run without a host sync (graph capture).
+    mla_capturable: bool = False
 
     def check_mla(self) -> None:
         """Raises, naming the device, where multi-head latent attention does not run."""
         if not self.supports_mla:
             raise ModelRefused(f"MLA kernels for {self.name.upper()} are not built yet: DeepSeek-V2/V3 models "
-                             f"(deepseek2, deepseek3) run on --device=cpu only")
+                             f"(deepseek2, deepseek3) run on --device=cpu and cuda only")
 
     def allocate_cache(self, spec: KVCacheSpec, num_blocks: int, block_size: int, dtype: torch.dtype) -> torch.Tensor:
         """The whole pool in spec's layout: allocate_latent_cache or allocate_kv_cache."""

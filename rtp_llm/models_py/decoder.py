@@ -106,11 +106,11 @@ class DecoderModel:
         if widened:
             log.info("GGUF tensors widened to the run dtype at load (%s has no kernels for them): %s", dev.type,
                      ", ".join(f"{n} {q}" for q, n in sorted(widened.items())))
-        # The reference MoE path sizes its per-expert slices on the host (DeviceBackend.moe):
-        # unless the backend's does not, such steps run eagerly, not from captured graphs; nor
-        # does MLA have graph kernels.
-        self.graph_capturable = all(layer.mla is None and (layer.moe is None or backend.moe_capturable)
-                                    for layer in self.layers)
+        # The reference MoE path sizes its per-expert slices on the host (DeviceBackend.moe), as
+        # the CPU's MLA plans its gathers: unless the backend's do not, such steps run eagerly,
+        # not from captured graphs.
+        self.graph_capturable = all((layer.mla is None or backend.mla_capturable) and
+                                    (layer.moe is None or backend.moe_capturable) for layer in self.layers)
         cos, sin = cos_sin_table(c, max_positions)
         self.cos, self.sin = cos.to(dev), sin.to(dev)
         self.q_size = self.num_heads * (c.mla.v_head_dim if c.mla else D)  # attention output width

@@ -136,11 +136,9 @@ class MlaParityTest(TinyHfFixtures, unittest.TestCase):
         from rtp_llm.models_py.decoder import DecoderModel
 
         config = read_hf_config(self.paths["deepseek_v3_noaux"])
-        for device in ("cuda", "npu"):  # (never built: the refusal comes first)
-            with self.subTest(device):
-                backend = object.__new__(backend_class(device))
-                with self.assertRaisesRegex(ValueError, f"MLA kernels for {device.upper()} are not built yet"):
-                    DecoderModel(config, {}, backend, 16)
+        backend = object.__new__(backend_class("npu"))  # (never built: the refusal comes first)
+        with self.assertRaisesRegex(ValueError, "MLA kernels for NPU are not built yet"):
+            DecoderModel(config, {}, backend, 16)
         import gguf
 
         path = os.path.join(self.tmp.name, "deepseek2.gguf")

@@ -1,6 +1,6 @@
 """CUDA backend: Triton kernels (rtp_llm.device.cuda.kernels) for attention over the paged KV
 cache, the cache write, rotary, RMSNorm with fused residual add, SiLU-and-mul, small-batch
-projections (GEMV) and MoE's routed experts (grouped GEMMs); cuBLAS (torch) for the other GEMMs. A step's integer inputs reach the GPU in
+projections (GEMV), MoE's routed experts (grouped GEMMs) and DeepSeek's latent attention; cuBLAS (torch) for the other GEMMs. A step's integer inputs reach the GPU in
 one copy from a pinned buffer."""
 
 import gc
@@ -190,6 +190,15 @@ class CudaBackend(DeviceBackend):
         return super().gate_up_silu(x, gate_up)
 
     moe_capturable = True
+    supports_mla = True
+    mla_capturable = True
+
+    def write_latent(self, entry, cache, meta):
+        K.store_latent(entry, cache, meta.slot_mapping)
+
+    def mla_attention(self, q_nope, q_pe, entry, cache, meta, w_uk, w_uv, kv_b, scale):
+        return K.mla_attention(q_nope, q_pe, cache, meta.block_tables, meta.query_starts, meta.context_lens, w_uk,
+                               w_uv, scale)  # absorbed form for every row (kernels/mla.py)
 
     def moe(self, x, gate_up, down, topk_weights, topk_ids):
         return K.moe(x, gate_up, down, topk_weights, topk_ids)  # grouped by expert on the device

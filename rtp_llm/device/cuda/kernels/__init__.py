@@ -1,5 +1,5 @@
 """Triton kernels of the CUDA backend, one module per family: attention over the paged KV cache
-(attention), small-batch projections (gemv), the routed experts of MoE MLPs (moe), row-wise ops (row_ops: RMSNorm, rotary, the fused
+(attention), small-batch projections (gemv), the routed experts of MoE MLPs (moe), DeepSeek's latent attention (mla), row-wise ops (row_ops: RMSNorm, rotary, the fused
 q/k norm + rotary + KV write, SiLU-and-mul, the KV write, overlap placeholders, grammar
 bitmasks), and the launch helpers they share (launch: programmatic dependent launch). This
 package is their one namespace (`from rtp_llm.device.cuda import kernels as K`)."""
@@ -14,6 +14,7 @@ from rtp_llm.device.cuda.kernels.attention import (  # noqa: F401
 )
 from rtp_llm.device.cuda.kernels.gemv import GEMV_MAX_ROWS, gemv, gemv_config, use_gemv  # noqa: F401
 from rtp_llm.device.cuda.kernels.launch import launch_options, pdl, pdl_enter  # noqa: F401
+from rtp_llm.device.cuda.kernels.mla import mla_attention, store_latent  # noqa: F401
 from rtp_llm.device.cuda.kernels.moe import moe  # noqa: F401
 from rtp_llm.device.cuda.kernels.row_ops import (  # noqa: F401
     apply_token_bitmask,

@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rtp_llm.device.cuda.kernels.attention import _dot_precision
 from rtp_llm.device.cuda.kernels.moe_tuned import Key, tuned_table
 
 
@@ -199,7 +200,7 @@ def group_by_expert(topk_ids: torch.Tensor, experts: int, block_m: int):
 def _gemm(a, w, out, rows, block_expert, weights, n: int, top_k: int, cfg: MoeGemmConfig, a_by_token: bool,
           gated: bool):
     """out [P, n] = _expert_gemm_kernel over a's rows and the experts' weights w [E, n (2 n), KDIM]."""
-    prec = "ieee" if a.dtype == torch.float32 else "tf32"
+    prec = _dot_precision(a.dtype)
     blocks = block_expert.numel()
     grid = (blocks * triton.cdiv(n, cfg.block_n),)
     _expert_gemm_kernel[grid](a, w, out, rows, block_expert, rows if weights is None else weights, n, a.shape[1],
