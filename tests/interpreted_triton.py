@@ -34,3 +34,60 @@ def skip_interpreted_bf16_dot(dtype):
     if INTERPRETED and dtype == torch.bfloat16:
         pytest.skip("Triton 3.6's interpreter computes bf16 tl.dot wrongly (off by ~1e10 on 16x16 "
                     "randn); bf16 products are checked on a GPU")
+
+
+class InterpretedCudaBackend:
+    """The CUDA backend's whole step path (input packing, tile tables, fused kernels, the
+    graph runner's padded persistent inputs, replayed by rerunning the step, and overlapped
+    scheduling's placeholder tokens) on the CPU through Triton's interpreter, without CUDA
+    runtime calls."""
+
+    @staticmethod
+    def make(graphs: bool):
+        from rtp_llm.device.cuda.backend import CudaBackend
+        from rtp_llm.device.cuda.graph_runner import CudaGraphRunner
+
+        class Rerun(CudaGraphRunner):
+            def _capture(self, model, plan, dev):
+                for kind, size, args in plan:  # every size's logits in the one shared buffer, as captured
+                    logits = model.forward(*args, logits_out=self.logits)
+
+                    @torch.inference_mode()
+                    def replay(a=args):
+                        model.forward(*a, logits_out=self.logits)
+
+                    self.graphs[(kind, size)] = (replay, logits)
+
+        class Backend(CudaBackend):
+            def __init__(self):
+                self.device = torch.device(DEV)
+                self.num_sms = 8
+                self._pinned = torch.empty(1 << 12, dtype=torch.int32)
+                self._copied = None
+                self._ws, self._ws_shape = None, (0, 0, 0, 0)
+                self._gate = None  # no stream to hold: a grammar step's sampling waits on the host
+
+            def make_graph_runner(self, *args):
+                return Rerun(args[0], self, *args[1:]) if graphs else None
+
+            def host_copy_event(self):
+                return None  # copies to the host are synchronous here
+
+            def available_memory_bytes(self):
+                return 1 << 30
+
+            def release_memory(self):
+                pass
+
+        return Backend()
+
+
+def interpreted_cuda_llm(path, monkeypatch, backend):
+    """An LLM of `path` on `backend` (an InterpretedCudaBackend) instead of the real device's:
+    fp32, 16-token steps (prompts run in chunks), 64 KV blocks, 4 streams, no warm-up."""
+    import rtp_llm.async_decoder_engine.engine as engine_mod
+    from rtp_llm.llm import LLM
+
+    monkeypatch.setattr(engine_mod, "get_backend", lambda _: backend)
+    return LLM(path, act_type="fp32", progress=False, max_seq_len=128, max_num_batched_tokens=16, num_kv_blocks=64,
+               max_batch_size=4, warm_up=False)

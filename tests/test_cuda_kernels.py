@@ -4,7 +4,8 @@ so the kernels' indexing and masking are checked in CI too; on a GPU they run na
 
 import pytest
 import torch
-from interpreted_triton import DEV, DTYPES, INTERPRETED, skip_interpreted_bf16_dot
+from interpreted_triton import (DEV, DTYPES, INTERPRETED, InterpretedCudaBackend, interpreted_cuda_llm,
+                                skip_interpreted_bf16_dot)
 
 from rtp_llm.device.base import _rotate
 from rtp_llm.device.cuda import kernels as K
@@ -311,63 +312,6 @@ def test_fused_qkv_to_cache_equals_the_composed_ops(dtype, qk_norm):
     torch.testing.assert_close(kv, want_kv, **tol)
 
 
-class _InterpretedCudaBackend:
-    """The CUDA backend's whole step path (input packing, tile tables, fused kernels, the
-    graph runner's padded persistent inputs, replayed by rerunning the step, and overlapped
-    scheduling's placeholder tokens) on the CPU through Triton's interpreter, without CUDA
-    runtime calls."""
-
-    @staticmethod
-    def make(graphs: bool):
-        from rtp_llm.device.cuda.backend import CudaBackend
-        from rtp_llm.device.cuda.graph_runner import CudaGraphRunner
-
-        class Rerun(CudaGraphRunner):
-            def _capture(self, model, plan, dev):
-                for kind, size, args in plan:  # every size's logits in the one shared buffer, as captured
-                    logits = model.forward(*args, logits_out=self.logits)
-
-                    @torch.inference_mode()
-                    def replay(a=args):
-                        model.forward(*a, logits_out=self.logits)
-
-                    self.graphs[(kind, size)] = (replay, logits)
-
-        class Backend(CudaBackend):
-            def __init__(self):
-                self.device = torch.device(DEV)
-                self.num_sms = 8
-                self._pinned = torch.empty(1 << 12, dtype=torch.int32)
-                self._copied = None
-                self._ws, self._ws_shape = None, (0, 0, 0, 0)
-                self._gate = None  # no stream to hold: a grammar step's sampling waits on the host
-
-            def make_graph_runner(self, *args):
-                return Rerun(args[0], self, *args[1:]) if graphs else None
-
-            def host_copy_event(self):
-                return None  # copies to the host are synchronous here
-
-            def available_memory_bytes(self):
-                return 1 << 30
-
-            def release_memory(self):
-                pass
-
-        return Backend()
-
-
-def _interpreted_cuda_llm(path, monkeypatch, backend):
-    """An LLM of `path` on `backend` (an _InterpretedCudaBackend) instead of the real device's:
-    fp32, 16-token steps (prompts run in chunks), 64 KV blocks, 4 streams, no warm-up."""
-    import rtp_llm.async_decoder_engine.engine as engine_mod
-    from rtp_llm.llm import LLM
-
-    monkeypatch.setattr(engine_mod, "get_backend", lambda _: backend)
-    return LLM(path, act_type="fp32", progress=False, max_seq_len=128, max_num_batched_tokens=16, num_kv_blocks=64,
-               max_batch_size=4, warm_up=False)
-
-
 @pytest.mark.skipif(not INTERPRETED, reason="on a GPU, tests/test_cuda.py runs the real backend")
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-inputs"])
 @pytest.mark.parametrize("name", ["llama_mha_untied", "qwen3_gqa_untied"])
@@ -377,12 +321,12 @@ def test_cuda_backend_greedy_equals_hf_with_chunked_prefill(tmp_path, monkeypatc
 
     path = make_tiny(name, str(tmp_path))
     hf = hf_model(path)
-    backend = _InterpretedCudaBackend.make(graphs)
+    backend = InterpretedCudaBackend.make(graphs)
     split_steps = []  # attention calls with decode rows beside extend tiles
     attention = backend.attention
     backend.attention = lambda q, k, v, kv, meta, scale: (
         split_steps.append(meta.decode_rows is not None), attention(q, k, v, kv, meta, scale))[1]
-    llm = _interpreted_cuda_llm(path, monkeypatch, backend)
+    llm = interpreted_cuda_llm(path, monkeypatch, backend)
     # (50, 7): chunks of one prompt, then both; (7, 50, 30): the first decodes beside the
     # others' chunks (mixed steps: eager, their one-token streams take the decode kernel).
     for lens in [(50, 7), (7, 50, 30)]:
@@ -406,7 +350,7 @@ def test_cuda_backend_prompt_logprobs_equal_hf_in_chunks(tmp_path, monkeypatch):
 
     path = make_tiny("qwen3_gqa_untied", str(tmp_path))
     hf = hf_model(path)
-    llm = _interpreted_cuda_llm(path, monkeypatch, _InterpretedCudaBackend.make(True))
+    llm = interpreted_cuda_llm(path, monkeypatch, InterpretedCudaBackend.make(True))
     try:
         prompts = random_prompts(3, (40, 9))
         config = GenerateConfig(max_new_tokens=2, temperature=0, ignore_eos=True, prompt_logprobs=2).to_proto()

@@ -3,8 +3,8 @@ DeepSeek-V2/V3 models through the CUDA step path. Without a GPU through Triton's
 
 import pytest
 import torch
-from interpreted_triton import DEV, DTYPES, INTERPRETED, skip_interpreted_bf16_dot
-from test_cuda_kernels import _interpreted_cuda_llm, _InterpretedCudaBackend
+from interpreted_triton import (DEV, DTYPES, INTERPRETED, InterpretedCudaBackend, interpreted_cuda_llm,
+                                skip_interpreted_bf16_dot)
 
 from rtp_llm.device.cuda import kernels as K
 
@@ -74,7 +74,7 @@ def test_cuda_backend_runs_deepseek_and_equals_hf(tmp_path, monkeypatch, name, g
 
     path = make_tiny(name, str(tmp_path))
     hf = hf_model(path)
-    llm = _interpreted_cuda_llm(path, monkeypatch, _InterpretedCudaBackend.make(graphs))
+    llm = interpreted_cuda_llm(path, monkeypatch, InterpretedCudaBackend.make(graphs))
     try:
         assert (llm.engine.runner.graphs is not None) == graphs
         prompts = random_prompts(6, (30, 7))

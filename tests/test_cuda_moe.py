@@ -5,12 +5,12 @@ import json
 
 import pytest
 import torch
-from interpreted_triton import DEV, DTYPES, INTERPRETED, skip_interpreted_bf16_dot
-from test_cuda_kernels import _interpreted_cuda_llm, _InterpretedCudaBackend
+from interpreted_triton import (DEV, DTYPES, INTERPRETED, InterpretedCudaBackend, interpreted_cuda_llm,
+                                skip_interpreted_bf16_dot)
 
 from rtp_llm.device.base import moe_reference
 from rtp_llm.device.cuda import kernels as K
-from rtp_llm.device.cuda.kernels.moe import MoeGemmConfig, group_by_expert, max_rows, moe_config
+from rtp_llm.device.cuda.kernels.moe import MoeGemmConfig, fit_shared_memory, group_by_expert, max_rows, moe_config
 from rtp_llm.device.cuda.kernels.moe_tuned import to_json
 
 # Group sizes 1 and 3 (a last group of fewer blocks) walk the tiles in different orders.
@@ -75,8 +75,16 @@ def test_default_configs_by_rows_per_expert():
     # Decode (a few rows an expert) takes 16-row blocks; long prompts large tiles.
     assert moe_config(1, 8, 128).block_m == 16
     assert moe_config(512, 8, 128).block_m == 32
-    assert moe_config(8192, 8, 128).block_m == 64
+    assert moe_config(8192, 8, 128).block_m == 128
     assert max_rows(8, 128, 16) == 128  # 8 pairs, at most 8 experts padded
+
+
+def test_configs_shrink_to_the_shared_memory_a_device_has():
+    big = MoeGemmConfig(128, 128, 64, 1, 8, 3)  # 144 KiB in bf16: an H200's, not a 99 KiB GPU's
+    assert fit_shared_memory(big, 2, 227 * 1024) == big
+    small = fit_shared_memory(big, 2, 99 * 1024)
+    assert small.shared_bytes(2) <= 99 * 1024 and (small.block_m, small.block_n) == (128, 128)
+    assert fit_shared_memory(big, 2, None) == big
 
 
 def test_tuned_configs_from_a_file_win_by_the_nearest_token_count(tmp_path, monkeypatch):
@@ -100,7 +108,7 @@ def test_cuda_backend_runs_moe_models_and_equals_hf(tmp_path, monkeypatch, name,
 
     path = make_tiny(name, str(tmp_path))
     hf = hf_model(path)
-    llm = _interpreted_cuda_llm(path, monkeypatch, _InterpretedCudaBackend.make(graphs))
+    llm = interpreted_cuda_llm(path, monkeypatch, InterpretedCudaBackend.make(graphs))
     try:
         assert (llm.engine.runner.graphs is not None) == graphs
         prompts = random_prompts(5, (30, 7))

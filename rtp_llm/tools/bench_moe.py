@@ -31,6 +31,17 @@ ARCHS = {
         decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=40960, rope_theta=1e6,
         rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype="bfloat16", hidden_act="silu",
         bos_token_id=151643, eos_token_id=151645),
+    "deepseek-v2-lite": dict(
+        architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", hidden_size=2048, intermediate_size=10944,
+        moe_intermediate_size=1408, n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6, n_group=1,
+        topk_group=1, topk_method="greedy", scoring_func="softmax", norm_topk_prob=False, routed_scaling_factor=1.0,
+        moe_layer_freq=1, first_k_dense_replace=1, num_hidden_layers=27, num_attention_heads=16,
+        num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, vocab_size=102400, max_position_embeddings=163840, rope_theta=10000, rms_norm_eps=1e-6,
+        rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                      "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+        attention_bias=False, tie_word_embeddings=False, torch_dtype="bfloat16", hidden_act="silu",
+        bos_token_id=100000, eos_token_id=100001),
 }
 
 
@@ -42,15 +53,25 @@ def emit(out, record: dict):
             f.write(line + "\n")
 
 
-def active_weight_bytes(cfg: dict, elem: int = 2) -> int:
-    """Bytes of the weights one decoded token reads: attention, norms, the router, K of the E
-    experts and the LM head (the embedding row is negligible)."""
-    h, d = cfg["hidden_size"], cfg["head_dim"]
-    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
-    attn = h * (q + 2 * kv) + q * h
-    experts = cfg["num_experts_per_tok"] * 3 * h * cfg["moe_intermediate_size"]
-    layer = attn + h * cfg["num_experts"] + experts
-    return elem * (cfg["num_hidden_layers"] * layer + h * cfg["vocab_size"])
+def active_weight_bytes(ckpt: str, elem: int = 2) -> int:
+    """Bytes of the weights one decoded token reads: every tensor of the model (weights.
+    expected_weights) but the embedding (one row of it) and, of the routed experts, K of E."""
+    import re
+
+    from rtp_llm.model_loader.hf_loader import read_hf_config
+    from rtp_llm.model_loader.weights import expected_weights
+
+    c = read_hf_config(ckpt)
+    routed = re.compile(r"\.mlp\.experts\.\d+\.")
+    total = 0
+    for name, shape in expected_weights(c).items():
+        n = 1
+        for d in shape:
+            n *= d
+        if name == "model.embed_tokens.weight":
+            continue
+        total += n * c.moe.top_k // c.moe.num_experts if routed.search(name) else n
+    return elem * total
 
 
 def copy_bandwidth() -> float:
@@ -130,7 +151,8 @@ def kernel(args):
     from rtp_llm.device.cuda.kernels.moe_tuned import to_json
 
     cfg = ARCHS[args.arch]
-    e, k, h, i = cfg["num_experts"], cfg["num_experts_per_tok"], cfg["hidden_size"], cfg["moe_intermediate_size"]
+    e = cfg.get("num_experts") or cfg["n_routed_experts"]
+    k, h, i = cfg["num_experts_per_tok"], cfg["hidden_size"], cfg["moe_intermediate_size"]
     g = torch.Generator(device="cuda").manual_seed(0)
     gate_up = torch.empty(e, 2 * i, h, dtype=torch.bfloat16, device="cuda").uniform_(-0.035, 0.035, generator=g)
     down = torch.empty(e, h, i, dtype=torch.bfloat16, device="cuda").uniform_(-0.035, 0.035, generator=g)
@@ -190,7 +212,7 @@ def offline(args):
     out = lambda r: emit(args.out, dict(r, arch=args.arch, engine=args.engine))  # noqa: E731
     conc = [int(c) for c in args.concurrency.split(",")]
     bw = copy_bandwidth()
-    floor = active_weight_bytes(ARCHS[args.arch])
+    floor = active_weight_bytes(ckpt)
     out({"mode": "floor", "active_weight_bytes": floor, "copy_bandwidth_GBps": bw / 1e9, "tpot_floor_ms": floor / bw * 1e3})
     if args.engine == "ours":
         ours_offline(ckpt, out, max_batch_size=args.max_batch_size, load_format="dummy", concurrency=conc)

@@ -25,6 +25,7 @@ differs from the reference's, and in fp32 the products are exact IEEE ones (no T
 Row buffer: P + min(E, P) (BLOCK_M - 1) rows at most (each expert that has a pair pads at most
 BLOCK_M - 1 rows)."""
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Optional
@@ -53,19 +54,45 @@ class MoeGemmConfig:
 
 def moe_config(tokens: int, top_k: int, experts: int, key: Optional[Key] = None) -> MoeGemmConfig:
     """The tiles for T tokens routed to K of E experts: the tuned entry of the nearest token count
-    where moe_tuned has the layer's key, else by the rows an active expert gets on average: few
-    (decode) -> 16-row blocks and narrow column tiles, so that enough programs stream the
-    experts' weights; many (prompts) -> large tiles that reuse each weight tile across rows."""
+    where moe_tuned has the layer's key, else by the rows an active expert gets on average, as
+    the H200's sweeps chose: few (decode) -> 16-row blocks and narrow column tiles, so that
+    enough programs stream the experts' weights; many (prompts) -> large tiles that reuse each
+    weight tile across rows."""
     table = tuned_table(key) if key is not None else None
     if table:
         return MoeGemmConfig(*table[min(table, key=lambda t: abs(t - tokens))])
     pairs = tokens * top_k
     rows = pairs / max(1, min(experts, pairs))
     if rows <= 16:
-        return MoeGemmConfig(16, 64, 128, 1, 4, 3)
+        return MoeGemmConfig(16, 32, 128, 1, 4, 4)
     if rows <= 64:
-        return MoeGemmConfig(32, 64, 128, 8, 4, 3)
-    return MoeGemmConfig(64, 128, 64, 8, 8, 4)
+        return MoeGemmConfig(32, 64, 128, 1, 4, 3)
+    return MoeGemmConfig(128, 128, 64, 1, 8, 3)
+
+
+def fit_shared_memory(cfg: MoeGemmConfig, elem: int, limit: Optional[int]) -> MoeGemmConfig:
+    """cfg with fewer stages, then shorter K and N tiles, until its pipeline fits `limit` bytes
+    of shared memory (None: no limit; GPUs with less than an H200's 227 KiB an SM)."""
+    while limit is not None and cfg.shared_bytes(elem) > limit:
+        if cfg.num_stages > 2:
+            cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+        elif cfg.block_k > 32:
+            cfg = dataclasses.replace(cfg, block_k=cfg.block_k // 2)
+        elif cfg.block_n > 32:
+            cfg = dataclasses.replace(cfg, block_n=cfg.block_n // 2)
+        else:
+            break
+    return cfg
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_memory_limit(device: torch.device) -> Optional[int]:
+    """Bytes of shared memory a program may take on `device`, less a margin for what the pipeline
+    estimate leaves out (epilogue layouts); None off CUDA (Triton's interpreter)."""
+    if device.type != "cuda":
+        return None
+    props = triton.runtime.driver.active.utils.get_device_properties(device.index or 0)
+    return props["max_shared_mem"] - 8 * 1024
 
 
 @functools.lru_cache(maxsize=None)
@@ -226,6 +253,7 @@ def moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights
         # The parity path: 4-byte tiles in 2 stages (the bf16 tiles' stages would not fit in
         # shared memory); its speed does not matter.
         cfg = MoeGemmConfig(cfg.block_m, min(cfg.block_n, 64), 32, cfg.group_m, 4, 2)
+    cfg = fit_shared_memory(cfg, x.element_size(), _shared_memory_limit(x.device))
     rows, block_expert = group_by_expert(topk_ids, e, cfg.block_m)
     act = torch.empty(t * k, i, dtype=x.dtype, device=x.device)   # [P, I]
     _gemm(x, gate_up, act, rows, block_expert, None, i, k, cfg, a_by_token=True, gated=True)
