@@ -12,6 +12,7 @@ from rtp_llm.device.base import moe_reference
 from rtp_llm.device.cuda import kernels as K
 from rtp_llm.device.cuda.kernels.moe import MoeGemmConfig, fit_shared_memory, group_by_expert, max_rows, moe_config
 from rtp_llm.device.cuda.kernels.moe_tuned import to_json
+from rtp_llm.models_py.moe import route
 
 # Group sizes 1 and 3 (a last group of fewer blocks) walk the tiles in different orders.
 CONFIGS = [MoeGemmConfig(16, 32, 32, 1, 4, 2), MoeGemmConfig(32, 64, 64, 3, 4, 2), MoeGemmConfig(64, 32, 16, 8, 4, 2)]
@@ -69,6 +70,36 @@ def test_fused_moe_equals_the_reference(dtype, t, k, e, i, h):
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -5, atol=2e-2)
     for cfg in CONFIGS + [None]:
         torch.testing.assert_close(K.moe(x, gate_up, down, w, ids, cfg), expected, **tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,e,k,norm", [(1, 8, 2, True), (7, 9, 3, False), (33, 128, 8, True), (2, 5, 1, True)])
+def test_fused_routing_equals_route(dtype, t, e, k, norm):
+    # Softmax in fp32, the K largest in descending order, renormalized: route()'s answer. bf16
+    # logits tie often (128 of them): equal scores may come in another order than torch.topk's
+    # (which leaves it unspecified), so there the chosen experts must score what route()'s do.
+    logits = torch.randn(t, e, generator=torch.Generator().manual_seed(t)).to(dtype).to(DEV)
+    weights, ids = K.moe_route(logits, k, norm)
+    want_w, want_ids = route(logits, k, norm)
+    assert ids.dtype == torch.int64
+    if dtype == torch.float32:
+        assert torch.equal(ids.cpu(), want_ids.cpu())
+    probs = torch.softmax(logits.cpu().float(), dim=-1)
+    assert torch.equal(probs.gather(1, ids.cpu()), probs.gather(1, want_ids.cpu()))
+    assert all(len(set(row)) == k for row in ids.cpu().tolist())
+    # bf16: rounded once from the same fp32 value (the interpreter truncates: a unit more).
+    tol = dict(rtol=1e-6, atol=1e-7) if dtype == torch.float32 else dict(rtol=2 ** -(6 if INTERPRETED else 8), atol=0)
+    torch.testing.assert_close(weights.cpu(), want_w.cpu(), **tol)
+
+
+def test_fused_routing_of_garbage_logits_stays_in_range():
+    # A captured graph's padding rows route whatever their hidden states hold, NaN and inf too:
+    # an id out of [0, E) would make the grouping write out of bounds.
+    logits = torch.tensor([[float("nan")] * 6, [float("inf"), 1.0, float("-inf"), float("nan"), 0.0, 2.0],
+                           [float("-inf")] * 6], device=DEV)
+    _, ids = K.moe_route(logits, 3, True)
+    assert all(0 <= i < 6 for i in ids.flatten().tolist())
+    assert all(len(set(row)) == 3 for row in ids.cpu().tolist())
 
 
 def test_default_configs_by_rows_per_expert():

@@ -307,6 +307,13 @@ class DeviceBackend(ABC):
         from pack_gate_up()."""
         return self.silu_and_mul(self.linear(x, gate_up))
 
+    def moe_route(self, router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool):
+        """Qwen-MoE's routing, models_py/moe.py route() (its contract; the default), which a
+        backend may fuse."""
+        from rtp_llm.models_py.moe import route
+
+        return route(router_logits, top_k, norm_topk_prob)
+
     # Whether moe() runs without a host sync (a step with it can be captured in a graph).
     moe_capturable = False
 

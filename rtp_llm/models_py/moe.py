@@ -1,7 +1,8 @@
 """The mixture-of-experts MLP of Qwen3-MoE, Qwen2-MoE and DeepSeek-V2/V3: the router and its
-top-k (route(), the one place of the routing math), the routed experts (DeviceBackend.moe) and
-the shared expert (Qwen2-MoE's gated, DeepSeek's plain). Shapes: T tokens, hidden, E experts, K = top_k, I this rank's slice of an
-expert's intermediate dimension.
+top-k (route(), the one place of the routing math, run through DeviceBackend.moe_route, which a
+device may fuse), the routed experts (DeviceBackend.moe) and the shared expert (Qwen2-MoE's
+gated, DeepSeek's plain). Shapes: T tokens, hidden, E experts, K = top_k, I this rank's slice of
+an expert's intermediate dimension.
 
 Tensor parallelism: every rank holds every expert, each with its slice of the intermediate
 dimension (rows of gate/up, columns of down: like the dense MLP's), and the replicated router;
@@ -92,7 +93,7 @@ class MoeMLP:
         caller all-reduces it (row-parallel)."""
         m = self.config
         if m.routing == "softmax":
-            weights, ids = route(be.linear(x, self.router), m.top_k, m.norm_topk_prob)
+            weights, ids = be.moe_route(be.linear(x, self.router), m.top_k, m.norm_topk_prob)
         else:  # DeepSeek: HF routes in fp32 with an fp32 router whatever the run dtype
             weights, ids = route_deepseek(torch.matmul(x.float(), self.router), m, self.correction_bias)
             weights = weights.to(x.dtype)

@@ -200,6 +200,9 @@ class CudaBackend(DeviceBackend):
         return K.mla_attention(q_nope, q_pe, cache, meta.block_tables, meta.query_starts, meta.context_lens, w_uk,
                                w_uv, scale)  # absorbed form for every row (kernels/mla.py)
 
+    def moe_route(self, router_logits, top_k, norm_topk_prob):
+        return K.moe_route(router_logits, top_k, norm_topk_prob)  # softmax, top-k, renormalization: one launch
+
     def moe(self, x, gate_up, down, topk_weights, topk_ids):
         return K.moe(x, gate_up, down, topk_weights, topk_ids)  # grouped by expert on the device
 

@@ -16,6 +16,7 @@ from rtp_llm.device.cuda.kernels.gemv import GEMV_MAX_ROWS, gemv, gemv_config, u
 from rtp_llm.device.cuda.kernels.launch import launch_options, pdl, pdl_enter  # noqa: F401
 from rtp_llm.device.cuda.kernels.mla import mla_attention, store_latent  # noqa: F401
 from rtp_llm.device.cuda.kernels.moe import moe  # noqa: F401
+from rtp_llm.device.cuda.kernels.moe import route as moe_route  # noqa: F401
 from rtp_llm.device.cuda.kernels.row_ops import (  # noqa: F401
     apply_token_bitmask,
     qkv_to_cache,

@@ -107,10 +107,11 @@ def layer_key(x: torch.Tensor, gate_up: torch.Tensor, top_k: int) -> Key:
 
 
 @triton.jit
-def _count_kernel(ids_ptr, counts_ptr, rank_ptr, P, BLOCK: tl.constexpr):
+def _count_kernel(ids_ptr, counts_ptr, rank_ptr, P, E, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < P
     e = tl.load(ids_ptr + offs, mask=m, other=0)
+    m &= (e >= 0) & (e < E)  # (never otherwise: no id can make it write outside the counts)
     r = tl.atomic_add(counts_ptr + e, 1, mask=m)
     tl.store(rank_ptr + offs, r, mask=m)
 
@@ -137,10 +138,11 @@ def _layout_kernel(counts_ptr, starts_ptr, block_expert_ptr, rows_ptr, E, P, NUM
 
 
 @triton.jit
-def _place_kernel(ids_ptr, rank_ptr, starts_ptr, rows_ptr, P, BLOCK: tl.constexpr):
+def _place_kernel(ids_ptr, rank_ptr, starts_ptr, rows_ptr, P, E, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < P
     e = tl.load(ids_ptr + offs, mask=m, other=0)
+    m &= (e >= 0) & (e < E)
     dest = tl.load(starts_ptr + e, mask=m, other=0) + tl.load(rank_ptr + offs, mask=m, other=0)
     tl.store(rows_ptr + dest, offs.to(tl.int32), mask=m)
 
@@ -197,6 +199,51 @@ def _expert_gemm_kernel(a_ptr, w_ptr, out_ptr, rows_ptr, block_expert_ptr, weigh
     tl.store(out_ptrs, res.to(dt), mask=rmask[:, None] & nmask[None, :])
 
 
+@triton.jit
+def _route_kernel(logits_ptr, weights_ptr, ids_ptr, E, stride_l, K: tl.constexpr, K_POW2: tl.constexpr,
+                  E_POW2: tl.constexpr, NORM: tl.constexpr):
+    """One token's routing (models_py/moe.py route()): softmax over the E logits in fp32, the K
+    largest, each the first of equals, in descending order, renormalized to sum 1 when NORM.
+    Invariant: every id is in [0, E) and a token's K ids are distinct, whatever the logits (a
+    graph's padding rows hold garbage, NaN too): the keys order valid probabilities (>= 0) above
+    NaN ones (-1), those above the ones taken (-2), those above the lanes past E (-3)."""
+    t = tl.program_id(0)
+    offs = tl.arange(0, E_POW2)
+    m = offs < E
+    x = tl.load(logits_ptr + t * stride_l + offs, mask=m, other=float("-inf")).to(tl.float32)
+    ex = tl.where(m, tl.exp(x - tl.max(x, 0)), 0.0)
+    p = ex / tl.sum(ex, 0)
+    key = tl.where(m, tl.where(p == p, p, -1.0), -3.0)
+    slots = tl.arange(0, K_POW2)
+    vals = tl.zeros([K_POW2], tl.float32)
+    ids = tl.zeros([K_POW2], tl.int64)
+    for k in tl.static_range(K):
+        best = tl.max(key, 0)
+        idx = tl.minimum(tl.min(tl.where(key == best, offs, E_POW2), 0), E - 1)
+        vals = tl.where(slots == k, tl.sum(tl.where(offs == idx, p, 0.0), 0), vals)
+        ids = tl.where(slots == k, idx.to(tl.int64), ids)
+        key = tl.where(offs == idx, -2.0, key)
+    if NORM:
+        vals = vals / tl.sum(vals, 0)
+    km = slots < K
+    tl.store(weights_ptr + t * K + slots, vals.to(weights_ptr.dtype.element_ty), mask=km)
+    tl.store(ids_ptr + t * K + slots, ids, mask=km)
+
+
+def route(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool):
+    """DeviceBackend.moe_route in one launch: router_logits [T, E] -> (weights [T, K] in the
+    logits' dtype, ids [T, K] int64), models_py/moe.py route()'s contract."""
+    t, e = router_logits.shape
+    assert router_logits.stride(1) == 1
+    weights = torch.empty(t, top_k, dtype=router_logits.dtype, device=router_logits.device)
+    ids = torch.empty(t, top_k, dtype=torch.int64, device=router_logits.device)
+    if t:
+        _route_kernel[(t,)](router_logits, weights, ids, e, router_logits.stride(0), K=top_k,
+                            K_POW2=max(2, triton.next_power_of_2(top_k)), E_POW2=max(2, triton.next_power_of_2(e)),
+                            NORM=norm_topk_prob)
+    return weights, ids
+
+
 def max_rows(pairs: int, experts: int, block_m: int) -> int:
     """The grouped rows' buffer length: every active expert pads at most block_m - 1 rows."""
     n = pairs + min(experts, pairs) * (block_m - 1)
@@ -217,10 +264,10 @@ def group_by_expert(topk_ids: torch.Tensor, experts: int, block_m: int):
     block_expert = torch.empty(n // block_m, dtype=torch.int32, device=dev)
     block = 1024
     grid = (triton.cdiv(p, block),)
-    _count_kernel[grid](ids, counts, rank, p, BLOCK=block)
+    _count_kernel[grid](ids, counts, rank, p, experts, BLOCK=block)
     _layout_kernel[(1,)](counts, starts, block_expert, rows, experts, p, n, BLOCK_M=block_m,
                          E_POW2=triton.next_power_of_2(experts), BLOCK=block, BLOCK_B=32)
-    _place_kernel[grid](ids, rank, starts, rows, p, BLOCK=block)
+    _place_kernel[grid](ids, rank, starts, rows, p, experts, BLOCK=block)
     return rows, block_expert
 
 
