@@ -11,6 +11,8 @@
 #     vLLM's server (--max-num-batched-tokens 8192, its H200 default) with the same client.
 # SERVER_ARGS: more flags for our server (e.g. --host_profile=1: its log then holds the engine
 # thread's host time by phase, a line per point).
+# ARCH: random_checkpoint's (written to disk), or bench_moe's (e.g. qwen3-30b-a3b, too large for
+# the disk: config.json only, and both servers make random weights at start, --load_format=dummy).
 # Results: $OUT/serve.jsonl (a line per server x budget x point), $OUT/ours_offline.jsonl, logs.
 #
 # Here, before the calls: the vLLM peer staged as ../shared/bench/vllm_peer/README.md says
@@ -33,6 +35,10 @@ POINTS=${POINTS-"128:1024:64:128 128:1024:256:512 128:1024:1024:1024 1024:128:64
 SCHEMA_POINTS=${SCHEMA_POINTS-"128:256:1:8 128:256:64:128 128:256:256:512"}
 MAXC=$(echo $POINTS $SCHEMA_POINTS | tr " " "\n" | cut -d: -f3 | sort -n | tail -1)  # (either list may be "")
 OURS="env PYTHONPATH=/tmp/ours python3"
+DUMMY=0 OUR_MODEL=--model_type=qwen_3 VLLM_LOAD=
+arch_kind() {  # (once ours is installed) bench_moe's architectures: random weights made at start
+  if $OURS -c "from rtp_llm.tools.bench_moe import ARCHS; exit(0 if '$ARCH' in ARCHS else 1)" 2>/dev/null; then
+    DUMMY=1 OUR_MODEL=--load_format=dummy VLLM_LOAD="--load-format dummy"; fi; }
 
 row() {  # label report.json: one line of serve.jsonl
   $OURS - "$@" <<'PY'
@@ -67,14 +73,18 @@ if [ "$PHASE" = ours ]; then
   mkdir -p $W/vb; rm -rf $TOK; cp -r "$ROOT/.gpu/qwen3-tokenizer" $TOK
   [ -d /tmp/vllm_site ] || [ ! -d "$ROOT/.peer/c4" ] || { t stage vllm; bash /tmp/vllm_dl/device_stage.sh "$ROOT/.peer/c4" >/dev/null && bash /tmp/vllm_dl/device_install.sh > $W/vllm_install.log 2>&1 || tail -20 $W/vllm_install.log; }
   t install ours; PYTHON=python3 bash "$ROOT/scripts/install_unpacked.sh" "$ROOT"/.gpu/rtp_llm-*.whl /tmp/ours $(ls "$ROOT"/.gpu/wheels/*.whl /tmp/gpu_wheels/*.whl 2>/dev/null) >/dev/null || exit 1
-  [ -f $CKPT/config.json ] || $OURS -c "from rtp_llm.tools.random_checkpoint import write; print(write('$ARCH', '$CKPT', '$TOK'))" | tail -1
+  arch_kind
+  if [ "$DUMMY" = 1 ]; then $OURS -c "from rtp_llm.tools.bench_moe import write_checkpoint; write_checkpoint('$ARCH', '$CKPT', '$TOK')"
+  else [ -f $CKPT/config.json ] || $OURS -c "from rtp_llm.tools.random_checkpoint import write; print(write('$ARCH', '$CKPT', '$TOK'))" | tail -1; fi
   t checkpoint $CKPT
   CONC=$(echo $POINTS | tr ' ' '\n' | cut -d: -f3 | sort -un | paste -sd,)
-  [ "${OFFLINE:-1}" = 1 ] && t offline && timeout 300 $OURS -m rtp_llm.tools.bench_gpu --arch $ARCH --checkpoint $CKPT --skip server,hf --shapes 128x1024,1024x128 \
-    --concurrency $CONC --max_batch_size $MAXC --out $OUT/ours_offline.jsonl 2>&1 | grep -E '"case"|Error' | cut -c1-300
+  if [ "${OFFLINE:-1}" = 1 ] && [ "$DUMMY" = 1 ]; then t offline; timeout 400 $OURS -m rtp_llm.tools.bench_moe offline --arch $ARCH \
+      --concurrency $CONC --max_batch_size $MAXC --out $OUT/ours_offline.jsonl 2>&1 | grep -E '"case"|Error' | cut -c1-300
+  elif [ "${OFFLINE:-1}" = 1 ]; then t offline; timeout 300 $OURS -m rtp_llm.tools.bench_gpu --arch $ARCH --checkpoint $CKPT --skip server,hf --shapes 128x1024,1024x128 \
+      --concurrency $CONC --max_batch_size $MAXC --out $OUT/ours_offline.jsonl 2>&1 | grep -E '"case"|Error' | cut -c1-300; fi
   BUDGETS=${BUDGETS:-8192}; LAST=${BUDGETS##* }
   for B in $BUDGETS; do
-    t our server, budget $B; $OURS -m rtp_llm.start_server --checkpoint_path=$CKPT --model_type=qwen_3 --start_port=30000 \
+    t our server, budget $B; $OURS -m rtp_llm.start_server --checkpoint_path=$CKPT $OUR_MODEL --start_port=30000 \
       --device=$DEVICE --max_batch_size=$MAXC --max_seq_len=2176 --max_num_batched_tokens=$B ${SERVER_ARGS:-} > $OUT/ours_server_$B.log 2>&1 & OP=$!
     if wait_up 30000 health $OP; then
       $OURS -m rtp_llm.tools.bench_serve --base_url http://127.0.0.1:30000 --num_prompts 8 --input_len 64 --output_len 8 --concurrency 4 >/dev/null 2>&1
@@ -84,9 +94,10 @@ if [ "$PHASE" = ours ]; then
   done
 else
   [ -d /tmp/vllm_site ] || { echo "vLLM is not staged (the machine was given back?): run the ours phase first"; exit 1; }
+  arch_kind
   t vllm server; PYTHONPATH=/tmp/vllm_site VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 python3 -m vllm.entrypoints.cli.main serve $CKPT \
     --dtype bfloat16 --port 8000 --max-model-len 2176 --max-num-seqs $MAXC --max-num-batched-tokens 8192 \
-    --gpu-memory-utilization 0.85 --served-model-name qwen3 --tokenizer $TOK > $OUT/vllm_server.log 2>&1 & VP=$!
+    --gpu-memory-utilization 0.85 --served-model-name qwen3 --tokenizer $TOK $VLLM_LOAD > $OUT/vllm_server.log 2>&1 & VP=$!
   if wait_up 8000 v1/models $VP; then t vllm up; our_client vllm_b8192 8000 schema; vllm_client vllm_client@vllm 8000
   else echo "vllm did not come up"; tail -20 $OUT/vllm_server.log; fi
   kill -TERM $VP; wait $VP

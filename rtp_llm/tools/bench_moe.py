@@ -190,25 +190,26 @@ def kernel(args):
             json.dump([to_json(key, tuned)], f, indent=1)
 
 
-def _checkpoint_dir(arch: str, tokenizer: str) -> str:
-    d = os.path.join(tempfile.gettempdir(), f"rtp_llm_bench_{arch}")
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "config.json"), "w") as f:
+def write_checkpoint(arch: str, path: str, tokenizer: str = None) -> str:
+    """A checkpoint directory for --load_format=dummy: ARCHS[arch]'s config.json, and the
+    tokenizer's files beside it (a server detokenizes; vLLM's wants one)."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(ARCHS[arch], f)
     if tokenizer:
         for name in os.listdir(tokenizer):
             src = os.path.join(tokenizer, name)
-            if os.path.isfile(src) and not name.endswith(".safetensors"):
-                with open(src, "rb") as a, open(os.path.join(d, name), "wb") as b:
+            if os.path.isfile(src) and not name.endswith(".safetensors") and name != "config.json":
+                with open(src, "rb") as a, open(os.path.join(path, name), "wb") as b:
                     b.write(a.read())
-    return d
+    return path
 
 
 def offline(args):
     from rtp_llm.tools.bench_gpu import offline as ours_offline
     from rtp_llm.tools.bench_gpu import vllm_offline
 
-    ckpt = _checkpoint_dir(args.arch, args.tokenizer)
+    ckpt = write_checkpoint(args.arch, os.path.join(tempfile.gettempdir(), f"rtp_llm_bench_{args.arch}"), args.tokenizer)
     out = lambda r: emit(args.out, dict(r, arch=args.arch, engine=args.engine))  # noqa: E731
     conc = [int(c) for c in args.concurrency.split(",")]
     bw = copy_bandwidth()
