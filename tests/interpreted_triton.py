@@ -91,3 +91,22 @@ def interpreted_cuda_llm(path, monkeypatch, backend):
     monkeypatch.setattr(engine_mod, "get_backend", lambda _: backend)
     return LLM(path, act_type="fp32", progress=False, max_seq_len=128, max_num_batched_tokens=16, num_kv_blocks=64,
                max_batch_size=4, warm_up=False)
+
+
+def assert_greedy_equals_hf(name: str, tmp_path, monkeypatch, graphs: bool, seed: int, lens):
+    """The tiny fixture `name` (testlib) through the interpreted CUDA step path (in graphs
+    where asked: DecoderModel.graph_capturable must allow them) gives HF's greedy tokens for
+    random prompts of `lens`, 8 new tokens each, in 16-token steps (prompts in chunks)."""
+    from testlib import hf_greedy, hf_model, make_tiny, random_prompts
+
+    path = make_tiny(name, str(tmp_path))
+    hf = hf_model(path)
+    llm = interpreted_cuda_llm(path, monkeypatch, InterpretedCudaBackend.make(graphs))
+    try:
+        assert (llm.engine.runner.graphs is not None) == graphs
+        prompts = random_prompts(seed, lens)
+        outs = llm.generate(prompts, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+        for prompt, out in zip(prompts, outs):
+            assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 8), (name, len(prompt))
+    finally:
+        llm.close()

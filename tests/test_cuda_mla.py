@@ -3,8 +3,7 @@ DeepSeek-V2/V3 models through the CUDA step path. Without a GPU through Triton's
 
 import pytest
 import torch
-from interpreted_triton import (DEV, DTYPES, INTERPRETED, InterpretedCudaBackend, interpreted_cuda_llm,
-                                skip_interpreted_bf16_dot)
+from interpreted_triton import DEV, DTYPES, INTERPRETED, assert_greedy_equals_hf, skip_interpreted_bf16_dot
 
 from rtp_llm.device.cuda import kernels as K
 
@@ -70,16 +69,4 @@ def test_store_latent_writes_slots_and_skips_negative_ones():
 def test_cuda_backend_runs_deepseek_and_equals_hf(tmp_path, monkeypatch, name, graphs):
     # MLA (q LoRA, YaRN or plain rope) with MoE routing through the CUDA step path, in chunks,
     # in graphs where asked (DecoderModel.graph_capturable).
-    from testlib import hf_greedy, hf_model, make_tiny, random_prompts
-
-    path = make_tiny(name, str(tmp_path))
-    hf = hf_model(path)
-    llm = interpreted_cuda_llm(path, monkeypatch, InterpretedCudaBackend.make(graphs))
-    try:
-        assert (llm.engine.runner.graphs is not None) == graphs
-        prompts = random_prompts(6, (30, 7))
-        outs = llm.generate(prompts, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
-        for prompt, out in zip(prompts, outs):
-            assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 8), len(prompt)
-    finally:
-        llm.close()
+    assert_greedy_equals_hf(name, tmp_path, monkeypatch, graphs, 6, (30, 7))

@@ -5,8 +5,7 @@ import json
 
 import pytest
 import torch
-from interpreted_triton import (DEV, DTYPES, INTERPRETED, InterpretedCudaBackend, interpreted_cuda_llm,
-                                skip_interpreted_bf16_dot)
+from interpreted_triton import DEV, DTYPES, INTERPRETED, assert_greedy_equals_hf, skip_interpreted_bf16_dot
 
 from rtp_llm.device.base import moe_reference
 from rtp_llm.device.cuda import kernels as K
@@ -135,16 +134,4 @@ def test_tuned_configs_from_a_file_win_by_the_nearest_token_count(tmp_path, monk
 def test_cuda_backend_runs_moe_models_and_equals_hf(tmp_path, monkeypatch, name, graphs):
     # MoE models (Qwen2-MoE's shared expert; Qwen3-MoE with a dense first layer) through the CUDA
     # step path: the fused kernel, in graphs where asked (DecoderModel.graph_capturable), chunks.
-    from testlib import hf_greedy, hf_model, make_tiny, random_prompts
-
-    path = make_tiny(name, str(tmp_path))
-    hf = hf_model(path)
-    llm = interpreted_cuda_llm(path, monkeypatch, InterpretedCudaBackend.make(graphs))
-    try:
-        assert (llm.engine.runner.graphs is not None) == graphs
-        prompts = random_prompts(5, (30, 7))
-        outs = llm.generate(prompts, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
-        for prompt, out in zip(prompts, outs):
-            assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 8), len(prompt)
-    finally:
-        llm.close()
+    assert_greedy_equals_hf(name, tmp_path, monkeypatch, graphs, 5, (30, 7))

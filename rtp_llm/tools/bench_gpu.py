@@ -41,8 +41,8 @@ def emit(out, record: dict):
             f.write(line + "\n")
 
 
-def bandwidth_floor(ckpt: str) -> dict:
-    weights = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt) if f.endswith(".safetensors"))
+def copy_bandwidth() -> float:
+    """The device's copy bandwidth in bytes/s (a copy reads and writes every byte)."""
     n = 1 << 30
     a = torch.empty(n, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
@@ -55,9 +55,14 @@ def bandwidth_floor(ckpt: str) -> dict:
     end.record()
     end.synchronize()
     seconds = start.elapsed_time(end) / 1e3 / 20
-    bw = 2 * n / seconds  # a copy reads and writes every byte
     del a, b
     torch.cuda.empty_cache()
+    return 2 * n / seconds
+
+
+def bandwidth_floor(ckpt: str) -> dict:
+    weights = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt) if f.endswith(".safetensors"))
+    bw = copy_bandwidth()
     return {"weights_bytes": weights, "copy_bandwidth_GBps": bw / 1e9, "tpot_floor_ms": weights / bw * 1e3}
 
 

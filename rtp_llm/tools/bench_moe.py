@@ -22,6 +22,9 @@ import tempfile
 
 import torch
 
+from rtp_llm.tools.bench_gemv import graph_us
+from rtp_llm.tools.bench_gpu import copy_bandwidth, emit
+
 # Random-weight architectures: HF config.json fields (the published checkpoints' values).
 ARCHS = {
     "qwen3-30b-a3b": dict(
@@ -45,14 +48,6 @@ ARCHS = {
 }
 
 
-def emit(out, record: dict):
-    line = json.dumps(record)
-    print(line, flush=True)
-    if out:
-        with open(out, "a") as f:
-            f.write(line + "\n")
-
-
 def active_weight_bytes(ckpt: str, elem: int = 2) -> int:
     """Bytes of the weights one decoded token reads: every tensor of the model (weights.
     expected_weights) but the embedding (one row of it) and, of the routed experts, K of E."""
@@ -74,41 +69,9 @@ def active_weight_bytes(ckpt: str, elem: int = 2) -> int:
     return elem * total
 
 
-def copy_bandwidth() -> float:
-    """Device copy bandwidth, bytes/s (a copy reads and writes every byte)."""
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
-        b.copy_(a)
-    end.record()
-    end.synchronize()
-    return 2 * n * 20 / (start.elapsed_time(end) / 1e3)
-
-
 def _graph_us(fn, reps: int = 20) -> float:
     """Device microseconds of one fn() call, replayed from a CUDA graph of `reps` calls."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            for _ in range(reps):
-                fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        g.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (5 * reps)
+    return graph_us(lambda: [fn() for _ in range(reps)], reps)
 
 
 def _eager_us(fn, reps: int = 10) -> float:
