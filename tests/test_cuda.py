@@ -1,7 +1,7 @@
 """The engine on a CUDA GPU against HF transformers on the tiny fixture checkpoints (GQA, MQA,
-tied and untied; Qwen3, Qwen2, Llama; Qwen3-MoE and Qwen2-MoE; DeepSeek-V2/V3's latent attention): greedy tokens equal for
-mixed-length batches, with chunked prefill, the prefix cache and preemption, with CUDA graphs and overlapped scheduling
-on and off; logits within a tolerance; the sampler's request-driven paths (top-k alternatives,
+tied and untied; Qwen3, Qwen2, Llama; Qwen3-MoE and Qwen2-MoE; DeepSeek-V2/V3): greedy tokens
+equal for mixed-length batches, with chunked prefill, the prefix cache and preemption, with CUDA
+graphs and overlapped scheduling on and off; logits within a tolerance; the sampler's request-driven paths (top-k alternatives,
 logit_bias, a thinking budget's forced tokens, no_repeat_ngram_size) through the graphs and
 eagerly. Marked `gpu`: skipped where torch sees no GPU."""
 

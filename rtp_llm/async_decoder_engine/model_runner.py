@@ -170,7 +170,7 @@ class ModelRunner:
         self.grammar = None  # rank 0's GrammarBook (EngineLoop sets it)
         backend.bind_model(model.num_heads, model.num_kv_heads, model.config.head_dim, max_batch_size, max_seq_len)
         # Steps replay captured graphs where the device has them (CUDA) and the model allows
-        # (DecoderModel.graph_capturable: not MLA layers, nor MoE ones on a backend whose MoE syncs).
+        # (DecoderModel.graph_capturable: not MoE or MLA layers on a backend whose kernels sync).
         self.graphs = backend.make_graph_runner(model, kv_cache, block_size, max_batch_size, max_seq_len,
                                                 max_num_batched_tokens) if use_graphs and model.graph_capturable else None
         self._slots = [HostSlot(max(max_batch_size, max_sampled_rows), max_top_logprobs(), pin, e) for e in events]

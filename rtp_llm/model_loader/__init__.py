@@ -87,8 +87,9 @@ def load_model(checkpoint_path: str, model_type: Optional[str] = None, dtype: to
                tokenizer: bool = True, device: str = "cpu") -> LoadedModel:
     """quantization: a config/quantization.py scheme (None: the checkpoint's dtypes), checked by
     the caller against the device. load_format: "auto" (the checkpoint's files) or "dummy"
-    (random weights of its config.json's shapes, made on `device` where it is a GPU: dummy.py). tokenizer=False: not loaded unless
-    the config lacks EOS ids, which it then gives (LoadedModel.reload_tokenizer loads it)."""
+    (random weights of its config.json's shapes, made on `device` where it is a GPU: dummy.py).
+    tokenizer=False: not loaded unless the config lacks EOS ids, which it then gives
+    (LoadedModel.reload_tokenizer loads it)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"--load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
     if not os.path.exists(checkpoint_path):

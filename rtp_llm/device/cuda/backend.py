@@ -1,7 +1,8 @@
 """CUDA backend: Triton kernels (rtp_llm.device.cuda.kernels) for attention over the paged KV
 cache, the cache write, rotary, RMSNorm with fused residual add, SiLU-and-mul, small-batch
-projections (GEMV), MoE's routed experts (grouped GEMMs) and DeepSeek's latent attention; cuBLAS (torch) for the other GEMMs. A step's integer inputs reach the GPU in
-one copy from a pinned buffer."""
+projections (GEMV), MoE's routing and routed experts (grouped GEMMs) and DeepSeek's latent
+attention; cuBLAS (torch) for the other GEMMs. A step's integer inputs reach the GPU in one copy
+from a pinned buffer."""
 
 import gc
 import os
@@ -75,12 +76,12 @@ class CudaBackend(DeviceBackend):
         K.apply_token_bitmask(logits, rows, bits)
 
     def available_memory_bytes(self) -> int:
-        """Free device memory, counting what torch's allocator holds unused: tensors freed while
-        loading (e.g. a checkpoint's per-expert tensors once stacked on the GPU) stay reserved
-        by it, and the KV cache must not be sized without them."""
+        """Free device memory once torch's allocator gave back what it holds unused: tensors freed
+        while loading (e.g. a checkpoint's per-expert tensors once stacked on the GPU) stay
+        reserved by it otherwise, and the KV cache would be sized without them."""
+        torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(self.device)
-        unused = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-        return int(free + unused)
+        return int(free)
 
     def default_kv_cache_bytes(self) -> int:
         return accelerator_kv_cache_bytes(self.available_memory_bytes())
