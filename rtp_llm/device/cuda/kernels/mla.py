@@ -109,7 +109,9 @@ def mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
     q = torch.cat([torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1), q_pe], dim=-1).contiguous()  # [T, H, W]
     o_lat = torch.empty(t, h, kvr, dtype=q.dtype, device=q.device)
     if t:
-        block_h = max(16, min(64, triton.next_power_of_2(h)))
+        # Wide latents (DeepSeek's 512) keep a [BLOCK_H, kvr] fp32 accumulator a program: 32 heads
+        # at most there (64 KiB of registers over 8 warps), 64 for narrow ones.
+        block_h = max(16, min(32 if kvr > 256 else 64, triton.next_power_of_2(h)))
         block_n = 32 if kvr > 256 else 64
         _mla_kernel[(t, triton.cdiv(h, block_h))](
             q, cache, block_tables, query_starts, context_lens, o_lat, context_lens.shape[0], h, scale * _LOG2E,
