@@ -29,7 +29,7 @@ def _reference(q_nope, q_pe, cache, block_tables, query_starts, context_lens, w_
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kvr,dr,heads", [(32, 8, 4), (64, 16, 20)])
+@pytest.mark.parametrize("kvr,dr,heads", [(32, 8, 4), (64, 16, 20), (288, 16, 40)])  # (the last: two head blocks)
 def test_latent_attention_equals_the_reference_over_pages(dtype, kvr, dr, heads):
     # One stream's chunk of 5 rows after 7 cached tokens, one decode row at context 40 (pages out
     # of order, a context over two BLOCK_N tiles), a padding row past every stream.
