@@ -133,8 +133,9 @@ def measure_offline(gen, vocab: int, emit_, throughput: bool = True, stats=None,
             extra = {}
             if stats:
                 after = stats()
-                extra = {"steps": after["steps"] - before["steps"], "kv_tokens": after["total_blocks"] * after["block_size"],
-                         "preemptions": after["preemptions"] - before["preemptions"]}
+                extra = {"steps": after["steps"] - before["steps"],
+                         "preemptions": after["preemptions"] - before["preemptions"],
+                         "kv_tokens": after["total_blocks"] * after["block_size"]}
             emit_({"mode": "offline", "case": "throughput", "input_len": inp, "output_len": outp, "concurrency": c,
                    "output_tok_s": c * outp / seconds, "total_tok_s": c * (inp + outp) / seconds, **extra})
 

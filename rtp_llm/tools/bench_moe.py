@@ -16,14 +16,16 @@ import argparse
 import dataclasses
 import itertools
 import json
+import math
 import os
+import shutil
 import sys
 import tempfile
 
 import torch
 
 from rtp_llm.tools.bench_gemv import graph_us
-from rtp_llm.tools.bench_gpu import copy_bandwidth, emit
+from rtp_llm.tools.bench_gpu import CONCURRENCY, copy_bandwidth, emit
 
 # Random-weight architectures: HF config.json fields (the published checkpoints' values).
 ARCHS = {
@@ -60,9 +62,7 @@ def active_weight_bytes(ckpt: str, elem: int = 2) -> int:
     routed = re.compile(r"\.mlp\.experts\.\d+\.")
     total = 0
     for name, shape in expected_weights(c).items():
-        n = 1
-        for d in shape:
-            n *= d
+        n = math.prod(shape)
         if name == "model.embed_tokens.weight":
             continue
         total += n * c.moe.top_k // c.moe.num_experts if routed.search(name) else n
@@ -130,7 +130,7 @@ def kernel(args):
         floor_us = touched * 3 * h * i * 2 / bw * 1e6  # each touched expert's weights read once
         rec = {"tokens": t, "experts_touched": touched, "weights_floor_us": floor_us,
                "ours_us": _graph_us(lambda: K.moe(x, gate_up, down, w, ids)),
-               "config": str(moe_config(t, k, e, key := layer_key(x, gate_up, k))),
+               "config": str(moe_config(t, k, e, key := layer_key(x.device, x.dtype, e, i, h, k))),
                "reference_eager_us": _eager_us(lambda: moe_reference(x, gate_up, down, w, ids, K.silu_and_mul))}
         if vllm_moe is not None:
             wf, idf = w.float(), ids.to(torch.int32)
@@ -163,8 +163,7 @@ def write_checkpoint(arch: str, path: str, tokenizer: str = None) -> str:
         for name in os.listdir(tokenizer):
             src = os.path.join(tokenizer, name)
             if os.path.isfile(src) and not name.endswith(".safetensors") and name != "config.json":
-                with open(src, "rb") as a, open(os.path.join(path, name), "wb") as b:
-                    b.write(a.read())
+                shutil.copyfile(src, os.path.join(path, name))
     return path
 
 
@@ -193,9 +192,11 @@ def main():
     p.add_argument("--tuned_out", help="kernel --sweep: write the best per token count here (moe_tuned's JSON; "
                    "RTP_LLM_MOE_TUNED=F uses it)")
     p.add_argument("--engine", default="ours", choices=["ours", "vllm"], help="offline: whose engine")
-    p.add_argument("--tokenizer", help="offline: tokenizer files to put beside config.json (vLLM wants one)")
+    p.add_argument("--tokenizer", help="offline: tokenizer files to put beside config.json (the rows send token "
+                   "ids: none is needed)")
     p.add_argument("--max_batch_size", type=int, default=256)
-    p.add_argument("--concurrency", default="1,16,64,256", help="offline: the throughput rows' concurrencies")
+    p.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)), help="offline: the throughput rows' "
+                   "concurrencies")
     p.add_argument("--out")
     args = p.parse_args()
     torch.manual_seed(0)

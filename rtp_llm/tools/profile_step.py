@@ -15,6 +15,8 @@ import time
 
 import torch
 
+from rtp_llm.config.model_config import LOAD_FORMATS
+
 
 def _steps(llm, prompts, new_tokens):
     """Enqueues, then steps until done; returns (first step's seconds, later steps' seconds)."""
@@ -40,7 +42,7 @@ def main():
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--act_type", default="bf16")
-    p.add_argument("--load_format", default="auto", choices=["auto", "dummy"],
+    p.add_argument("--load_format", default="auto", choices=LOAD_FORMATS,
                    help="dummy: random weights from the checkpoint's config.json (a directory with only that)")
     p.add_argument("--prompt_len", type=int, default=1024)
     p.add_argument("--batch", type=int, default=1)

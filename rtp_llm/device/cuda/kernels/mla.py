@@ -20,9 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rtp_llm.device.cuda.kernels.attention import _dot_precision
-
-_LOG2E = 1.4426950408889634
+from rtp_llm.device.cuda.kernels.attention import _LOG2E, _dot_precision, _pow2
 
 
 @triton.jit
@@ -116,7 +114,7 @@ def mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
         _mla_kernel[(t, triton.cdiv(h, block_h))](
             q, cache, block_tables, query_starts, context_lens, o_lat, context_lens.shape[0], h, scale * _LOG2E,
             q.stride(0), q.stride(1), block_tables.stride(0), o_lat.stride(0), o_lat.stride(1), KVR=kvr, DR=dr,
-            KVR_P=max(16, triton.next_power_of_2(kvr)), DR_P=max(16, triton.next_power_of_2(dr)),
+            KVR_P=_pow2(kvr), DR_P=_pow2(dr),
             PAGE=cache.shape[1], BLOCK_H=block_h, BLOCK_N=block_n, PREC=_dot_precision(q.dtype),
             num_warps=4 if kvr <= 256 else 8, num_stages=2)
     return torch.bmm(o_lat.transpose(0, 1), w_uv).transpose(0, 1)

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rtp_llm.device.cuda.kernels.attention import _dot_precision
+from rtp_llm.device.cuda.kernels.attention import _dot_precision, _pow2
 from rtp_llm.device.cuda.kernels.moe_tuned import Key, tuned_table
 
 
@@ -100,10 +100,22 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
-def layer_key(x: torch.Tensor, gate_up: torch.Tensor, top_k: int) -> Key:
+def layer_key(device: torch.device, dtype: torch.dtype, experts: int, inter: int, hidden: int, top_k: int) -> Key:
     """moe_tuned's key of a layer: the device's name and the experts' shape."""
-    e, two_i, h = gate_up.shape
-    return (_device_name(x.device), e, two_i // 2, h, top_k, str(x.dtype).replace("torch.", ""))
+    return (_device_name(device), experts, inter, hidden, top_k, str(dtype).replace("torch.", ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _launch_config(tokens: int, top_k: int, experts: int, inter: int, hidden: int, dtype: torch.dtype,
+                   device: torch.device) -> MoeGemmConfig:
+    """moe()'s tiles for a step's shape, resolved once per shape (every MoE layer of a step asks):
+    moe_config's, fp32's own small ones, fitted to the device's shared memory."""
+    cfg = moe_config(tokens, top_k, experts, layer_key(device, dtype, experts, inter, hidden, top_k))
+    if dtype == torch.float32:
+        # The parity path: 4-byte tiles in 2 stages (the bf16 tiles' stages would not fit in
+        # shared memory); its speed does not matter.
+        cfg = MoeGemmConfig(cfg.block_m, min(cfg.block_n, 64), 32, cfg.group_m, 4, 2)
+    return fit_shared_memory(cfg, dtype.itemsize, _shared_memory_limit(device))
 
 
 @triton.jit
@@ -239,7 +251,7 @@ def route(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool):
     ids = torch.empty(t, top_k, dtype=torch.int64, device=router_logits.device)
     if t:
         _route_kernel[(t,)](router_logits, weights, ids, e, router_logits.stride(0), K=top_k,
-                            K_POW2=max(2, triton.next_power_of_2(top_k)), E_POW2=max(2, triton.next_power_of_2(e)),
+                            K_POW2=_pow2(top_k, 2), E_POW2=_pow2(e, 2),
                             NORM=norm_topk_prob)
     return weights, ids
 
@@ -295,12 +307,10 @@ def moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights
     assert gate_up.is_contiguous() and down.is_contiguous() and topk_weights.is_contiguous()
     if t == 0:
         return torch.empty_like(x)
-    cfg = config or moe_config(t, k, e, layer_key(x, gate_up, k))
-    if x.dtype == torch.float32 and config is None:
-        # The parity path: 4-byte tiles in 2 stages (the bf16 tiles' stages would not fit in
-        # shared memory); its speed does not matter.
-        cfg = MoeGemmConfig(cfg.block_m, min(cfg.block_n, 64), 32, cfg.group_m, 4, 2)
-    cfg = fit_shared_memory(cfg, x.element_size(), _shared_memory_limit(x.device))
+    if config is None:
+        cfg = _launch_config(t, k, e, i, h, x.dtype, x.device)
+    else:
+        cfg = fit_shared_memory(config, x.element_size(), _shared_memory_limit(x.device))
     rows, block_expert = group_by_expert(topk_ids, e, cfg.block_m)
     act = torch.empty(t * k, i, dtype=x.dtype, device=x.device)   # [P, I]
     _gemm(x, gate_up, act, rows, block_expert, None, i, k, cfg, a_by_token=True, gated=True)

@@ -5,7 +5,8 @@ device for one layer shape by `python -m rtp_llm.tools.bench_moe kernel --sweep 
 Keys: (device name, E experts, I intermediate slice, H hidden, K top-k, dtype) -> {tokens:
 (block_m, block_n, block_k, group_m, num_warps, num_stages)}; a step takes the entry of the nearest token
 count. RTP_LLM_MOE_TUNED names a JSON file of more entries (what --tuned_out writes: a list of
-{"key": [...], "configs": {"tokens": [...]}}), which win over these."""
+{"key": [...], "configs": {"tokens": [...]}}), which win over these; read when a step shape first
+asks (kernels/moe.py resolves each shape's tiles once)."""
 
 import functools
 import json
