@@ -46,6 +46,7 @@ from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.device import get_backend
 from rtp_llm.distributed.tensor_parallel import CollectiveError, StepBroadcast, TPShard
 from rtp_llm.model_loader import LoadedModel
+from rtp_llm.model_loader.weights import active_elements
 from rtp_llm.models_py.decoder import DecoderModel
 from rtp_llm.ops.engine_core import EngineCore
 from rtp_llm.utils.host_heap import settle_heap
@@ -86,9 +87,13 @@ class EngineArgs:
         if not self.grammar.timeout_s > 0:
             raise ValueError(f"--grammar_admission_compile_timeout_s must be > 0, got {self.grammar.timeout_s}")
 
-    def step_tokens(self, backend) -> int:
-        """max_num_batched_tokens, or the device's default (a DeviceBackend or its class)."""
-        return self.max_num_batched_tokens or backend.default_max_num_batched_tokens
+    def step_tokens(self, backend, config=None, tp_size: int = 1) -> int:
+        """max_num_batched_tokens, or the device's default (a DeviceBackend or its class) for the
+        model `config` (a ModelConfig; None: the device's default budget) split over tp_size ranks."""
+        if self.max_num_batched_tokens:
+            return self.max_num_batched_tokens
+        token_flops = 2 * active_elements(config, lm_head=False) / tp_size if config is not None else None
+        return backend.default_step_tokens(token_flops)
 
     def seq_len(self, config) -> int:
         """max_seq_len, or its default for the model `config` (a ModelConfig)."""
@@ -130,7 +135,7 @@ class EngineLoop:
                              f"sequence of max_seq_len={self.max_seq_len} needs {min_blocks}: raise the budget or "
                              f"lower --max_seq_len")
         self.num_blocks = int(num_blocks)
-        step_tokens = args.step_tokens(self.backend)
+        step_tokens = args.step_tokens(self.backend, c, tp.size)
         log.info("KV cache: %d blocks x %d tokens (%d MiB), max_seq_len %d, max_batch_size %d, "
                  "max_num_batched_tokens %d", self.num_blocks, block, self.num_blocks * block_bytes >> 20,
                  self.max_seq_len, args.max_batch_size, step_tokens)

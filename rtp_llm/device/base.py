@@ -27,6 +27,10 @@ def accelerator_kv_cache_bytes(free_bytes: int) -> int:
     return max(0, int(free_bytes * 0.85) - (1 << 30))
 
 
+# The smallest budget default_step_tokens picks: fewer prompt tokens a step starve admission at high
+# concurrency (docs/serving_benchmarks.md: 2048 at 0.6B, 1024 / 128, c=256).
+MIN_STEP_TOKENS = 2048
+
 # torch.distributed's backend for host tensors: the CPU's collectives and, on every device,
 # the step-batch broadcasts.
 HOST_DIST_BACKEND = "gloo"
@@ -155,8 +159,24 @@ class DeviceBackend(ABC):
     # an accelerator runs thousands of prompt tokens beside its decodes for little more than
     # their own step, and a small budget starves admission at high concurrency.
     default_max_num_batched_tokens: int = 2048
+    # The matmul work (FLOPs, this rank's) the prompt tokens of one step should stay under when the
+    # budget is not given: the budget is then the largest power of two in [MIN_STEP_TOKENS,
+    # default_max_num_batched_tokens] whose tokens stay under it (default_step_tokens), so a big
+    # model's prompt chunk holds the decodes beside it for a few of their steps, not ten or more
+    # (docs/serving_benchmarks.md: ITL p99 at 8B). None: the default budget whatever the model.
+    prefill_step_flops: Optional[float] = None
     # torch.distributed's backend for this device's tensors (the model's collectives).
     dist_backend: str = HOST_DIST_BACKEND
+
+    @classmethod
+    def default_step_tokens(cls, token_flops: Optional[float] = None) -> int:
+        """--max_num_batched_tokens when not given, for a model whose prompt token costs
+        token_flops matmul FLOPs on this rank (None: unknown, the device's default budget)."""
+        cap = cls.default_max_num_batched_tokens
+        if cls.prefill_step_flops is None or not token_flops:
+            return cap
+        fits = int(cls.prefill_step_flops // token_flops)
+        return max(min(MIN_STEP_TOKENS, cap), min(cap, 1 << max(fits, 1).bit_length() - 1))
 
     @classmethod
     def rank_device(cls, local_rank: int) -> torch.device:

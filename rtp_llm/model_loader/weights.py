@@ -1,6 +1,8 @@
 """The tensors a decoder needs (HF names, as published), the check that a checkpoint provides
 them, and the packing of a MoE layer's per-expert tensors into stacks."""
 
+import math
+import re
 from typing import Dict, Iterable, Tuple
 
 import torch
@@ -40,6 +42,25 @@ def expected_weights(c: ModelConfig) -> Dict[str, Tuple[int, ...]]:
         if c.qk_norm:
             shapes.update({p + "self_attn.q_norm.weight": (c.head_dim,), p + "self_attn.k_norm.weight": (c.head_dim,)})
     return shapes
+
+
+_ROUTED = re.compile(r"\.mlp\.experts\.\d+\.")
+
+
+def active_elements(c: ModelConfig, lm_head: bool = True) -> int:
+    """Weight elements one token computes with: every expected tensor but the embedding (one row
+    of it is read) and, of the routed experts, top_k of num_experts; without the LM head when
+    lm_head is False (a prompt token that is not sampled). x2: its matmul FLOPs; x bytes per
+    element: the weight bytes a decoded token reads."""
+    total = 0
+    for name, shape in expected_weights(c).items():
+        if name == "model.embed_tokens.weight" or (name == "lm_head.weight" and not lm_head):
+            continue
+        n = math.prod(shape)
+        total += n * c.moe.top_k // c.moe.num_experts if _ROUTED.search(name) else n
+    if lm_head and c.tie_word_embeddings:
+        total += c.vocab_size * c.hidden_size  # the embedding, read again as the LM head
+    return total
 
 
 def _mla_weights(c: ModelConfig, a: str) -> Dict[str, Tuple[int, ...]]:

@@ -16,7 +16,6 @@ import argparse
 import dataclasses
 import itertools
 import json
-import math
 import os
 import shutil
 import sys
@@ -51,22 +50,11 @@ ARCHS = {
 
 
 def active_weight_bytes(ckpt: str, elem: int = 2) -> int:
-    """Bytes of the weights one decoded token reads: every tensor of the model (weights.
-    expected_weights) but the embedding (one row of it) and, of the routed experts, K of E."""
-    import re
-
+    """Bytes of the weights one decoded token reads (weights.active_elements)."""
     from rtp_llm.model_loader.hf_loader import read_hf_config
-    from rtp_llm.model_loader.weights import expected_weights
+    from rtp_llm.model_loader.weights import active_elements
 
-    c = read_hf_config(ckpt)
-    routed = re.compile(r"\.mlp\.experts\.\d+\.")
-    total = 0
-    for name, shape in expected_weights(c).items():
-        n = math.prod(shape)
-        if name == "model.embed_tokens.weight":
-            continue
-        total += n * c.moe.top_k // c.moe.num_experts if routed.search(name) else n
-    return elem * total
+    return elem * active_elements(read_hf_config(ckpt))
 
 
 def _graph_us(fn, reps: int = 20) -> float:
