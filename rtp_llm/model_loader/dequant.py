@@ -4,8 +4,9 @@ read_linear() finds the tensors a module is stored as and returns its weight as 
 [N, K] (out, in), in fp32. Each value is exact: an integer code minus its zero point (exact in
 int32) times its fp16/bf16/fp32 scale, or an e4m3 value times its scale, as one fp32 product
 (at most 4 + 24 significant bits: correctly rounded, so any correct implementation gives the
-same bits). The caller rounds that to the run dtype once. No kernel computes on the packed
-form yet: this is the slow, right path for every device (docs/engine.md).
+same bits). The caller rounds that to the run dtype once. An FP8 weight may instead stay as
+stored (read_linear's keep_fp8: an Fp8Tensor, fp8_weight.py) for a backend with FP8 kernels, which
+widens nothing; every other backend widens it with the same product (docs/engine.md).
 
 What decides a module's format is what the checkpoint stores for it, read against the
 QuantConfig: `<m>.qweight` (GPTQ/AWQ), an e4m3 `<m>.weight` with its scale, or a plain float
@@ -14,10 +15,11 @@ a MoE router), so a plain float weight is loaded as it is; a module the config l
 converted must be plain; anything else that does not fit (scales beside a float weight, an
 integer weight, packed tensors under a config of another method) is a CheckpointError."""
 
-from typing import Dict, Optional, Protocol, Tuple
+from typing import Dict, Optional, Protocol, Tuple, Union
 
 import torch
 
+from rtp_llm.model_loader.fp8_weight import Fp8Tensor
 from rtp_llm.model_loader.quant_config import AWQ, FP8, GPTQ, QuantConfig
 from rtp_llm.model_loader.weights import CheckpointError
 
@@ -47,33 +49,33 @@ def _check(t: torch.Tensor, name: str, shape: Tuple[int, ...], dtypes, why: str)
                               f"{want} {tuple(shape)} ({why})")
 
 
-def dequant_fp8(weight: torch.Tensor, scale: torch.Tensor, qc: QuantConfig, name: str) -> torch.Tensor:
-    """W = weight (e4m3 [N, K]) times its scale spread over the weight: one value, one per
-    row ([N, 1]), or one per bn x bk block ([ceil(N / bn), ceil(K / bk)]; the last row and
-    column of blocks may be partial). `name`: the scale tensor's, for errors."""
+def fp8_weight(weight: torch.Tensor, scale: torch.Tensor, qc: QuantConfig, name: str,
+               dtype: torch.dtype = torch.float32) -> Fp8Tensor:
+    """weight (e4m3 [N, K]) with its scale spread over it: one value, one per row ([N, 1]), or
+    one per bn x bk block ([ceil(N / bn), ceil(K / bk)]; the last row and column of blocks may
+    be partial), as an Fp8Tensor that dequantizes to `dtype`. `name`: the scale tensor's, for errors."""
     n, k = weight.shape
     s = scale.float()  # fp32, bf16 and e8m0 scales widen exactly
     if qc.fp8_scale == "tensor":
         if s.numel() != 1:
             raise CheckpointError(f"tensor {name} has shape {tuple(s.shape)}: a per-tensor scale (no "
                                   f"quantization_config.weight_block_size, {qc.quant_method}) must be one value")
-        return weight.float() * s.reshape(())
+        return Fp8Tensor.per_row(weight, s, dtype)
     if qc.fp8_scale == "channel":
         if tuple(s.shape) not in ((n, 1), (n,)):
             raise CheckpointError(f"tensor {name} has shape {tuple(s.shape)}: a per-channel scale "
                                   f"({qc.quant_method}) of a weight of {n} rows is ({n}, 1)")
-        return weight.float() * s.reshape(n, 1)
+        return Fp8Tensor.per_row(weight, s, dtype)
     bn, bk = qc.block
     if tuple(s.shape) != (_ceil(n, bn), _ceil(k, bk)):
         raise CheckpointError(f"tensor {name} has shape {tuple(s.shape)}, but quantization_config.{qc.block_field} "
                               f"= [{bn}, {bk}] over its weight {n} x {k} gives ({_ceil(n, bn)}, {_ceil(k, bk)})")
-    rows = s.repeat_interleave(bn, dim=0)[:n]  # [N, ceil(K / bk)]: each row's scales, never a second [N, K]
-    w = weight.float()
-    full, rest = divmod(k, bk)
-    w[:, :full * bk].unflatten(1, (full, bk)).mul_(rows[:, :full, None])
-    if rest:
-        w[:, full * bk:].mul_(rows[:, full:])
-    return w
+    return Fp8Tensor(weight, (n, k), dtype, s.contiguous(), (bn, bk))
+
+
+def dequant_fp8(weight: torch.Tensor, scale: torch.Tensor, qc: QuantConfig, name: str) -> torch.Tensor:
+    """W = weight times its scale (fp8_weight), in fp32."""
+    return fp8_weight(weight, scale, qc, name).dequantize()
 
 
 def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
@@ -164,9 +166,11 @@ def _packed(tensors: Tensors, qc: Optional[QuantConfig], module: str, n: int, k:
     return dequant_gptq(parts, qc, module, n, k) if qc.kind == GPTQ else dequant_awq(parts, qc, module, n, k)
 
 
-def read_linear(tensors: Tensors, qc: Optional[QuantConfig], module: str, shape: Tuple[int, int]) -> Optional[torch.Tensor]:
+def read_linear(tensors: Tensors, qc: Optional[QuantConfig], module: str, shape: Tuple[int, int],
+                keep_fp8: Optional[torch.dtype] = None) -> Optional[Union[torch.Tensor, Fp8Tensor]]:
     """The weight of linear module `module` (expected `shape` [N, K]) as stored: dequantized to
-    fp32 when quantized, as stored when plain; None when the checkpoint has neither form."""
+    fp32 when quantized, as stored when plain; None when the checkpoint has neither form. With
+    keep_fp8 (a run dtype), an FP8 weight stays an Fp8Tensor that dequantizes to it."""
     name = module + ".weight"
     if f"{module}.qweight" in tensors:
         if name in tensors:
@@ -188,7 +192,8 @@ def read_linear(tensors: Tensors, qc: Optional[QuantConfig], module: str, shape:
                                   f"({' or '.join(f'{module}.{s}' for s in qc.scale_names)}; {qc.describe()})")
         if tuple(w.shape) != tuple(shape):
             return w  # check_weights names the shape at fault
-        return dequant_fp8(w, tensors.get(f"{module}.{found[0]}"), qc, f"{module}.{found[0]}")
+        kept = fp8_weight(w, tensors.get(f"{module}.{found[0]}"), qc, f"{module}.{found[0]}", keep_fp8 or torch.float32)
+        return kept if keep_fp8 else kept.dequantize()
     if scales:
         raise CheckpointError(f"tensor {name} is {str(w.dtype).replace('torch.', '')} beside a scale "
                               f"({module}.{scales[0]}): only float8_e4m3fn weights are scaled")

@@ -3,6 +3,7 @@ unquantized or quantized (quant_config.py, dequant.py)."""
 
 import json
 import os
+import re
 from contextlib import ExitStack
 from typing import Dict, List, Optional
 
@@ -13,6 +14,7 @@ from tqdm import tqdm
 from rtp_llm.config.model_config import ModelConfig, MoeConfig, RopeScaling
 from rtp_llm.model_loader.deepseek_config import deepseek_moe, mla_config
 from rtp_llm.model_loader.dequant import PACKED_SUFFIXES, check_plain, read_linear
+from rtp_llm.model_loader.fp8_weight import Fp8Tensor
 from rtp_llm.model_loader.quant_config import QuantConfig, parse_quant_config
 from rtp_llm.model_loader.registry import MODEL_TYPES, resolve_model_type
 from rtp_llm.model_loader.weights import (CheckpointError, check_weights, expected_weights, fp32_weights,
@@ -212,10 +214,23 @@ def _load_order(index: _ShardIndex, wanted: Dict[str, tuple]) -> List[str]:
     return list(order)
 
 
+# The projections an FP8 checkpoint's weights may stay FP8 in (decoder.py packs them with
+# DeviceBackend.pack_linear / pack_gate_up): attention's q/k/v/o and a dense MLP's; not a MoE
+# layer's experts (stacked into float tensors) nor DeepSeek's latent projections (absorbed).
+_FP8_KEPT = re.compile(r"\.self_attn\.[qkvo]_proj\.weight$|\.mlp\.(gate|up|down)_proj\.weight$")
+
+
+def _keeps_fp8(config: ModelConfig, name: str, dtype: torch.dtype) -> Optional[torch.dtype]:
+    """The run dtype an FP8 weight `name` is kept for (read_linear's keep_fp8), or None: widened now."""
+    return dtype if config.mla is None and _FP8_KEPT.search(name) else None
+
+
 def load_hf_weights(checkpoint_path: str, config: ModelConfig, dtype: torch.dtype,
                     progress: bool = True) -> Dict[str, torch.Tensor]:
     """The model's weights in the run dtype, one at a time: a quantized linear weight is
-    dequantized exactly (dequant.py) and rounded to `dtype` before the next is read."""
+    dequantized exactly (dequant.py) and rounded to `dtype` before the next is read, except an
+    FP8 projection, which stays an Fp8Tensor (the decoder widens it the same way for a backend
+    without FP8 kernels)."""
     qc = read_quant_config(checkpoint_path)
     wanted = expected_weights(config)
     weights: Dict[str, torch.Tensor] = {}
@@ -225,10 +240,10 @@ def load_hf_weights(checkpoint_path: str, config: ModelConfig, dtype: torch.dtyp
         bar = tqdm(total=len(wanted), desc="loading weights", unit="tensor", disable=not progress)
         for name in order:
             if len(wanted[name]) == 2 and name.endswith(".weight"):
-                w = read_linear(index, qc, name[:-len(".weight")], wanted[name])
+                w = read_linear(index, qc, name[:-len(".weight")], wanted[name], _keeps_fp8(config, name, dtype))
             else:
                 w = check_plain(name, index.get(name), qc)
-            weights[name] = w.to(torch.float32 if fp32_weights(config, name) else dtype)
+            weights[name] = w if isinstance(w, Fp8Tensor) else w.to(torch.float32 if fp32_weights(config, name) else dtype)
             bar.update(1)
         bar.close()
     if config.tie_word_embeddings and "lm_head.weight" in weights:

@@ -16,6 +16,7 @@ from typing import Dict, Optional
 
 import torch
 
+from rtp_llm.model_loader.fp8_weight import Fp8Tensor
 from rtp_llm.model_loader.quantized import Q8_0Tensor
 from rtp_llm.model_loader.registry import UnsupportedModelError
 
@@ -52,6 +53,8 @@ def quantize_weights(weights: Dict[str, object], quantization: Optional[str], co
                          f"(its experts and latent attention take float weights only)")
     count = 0
     for name in list(weights):
+        if isinstance(weights[name], Fp8Tensor):  # an FP8 checkpoint's projection: requantized from its values
+            weights[name] = weights[name].dequantize()
         if _quantizable(name, weights[name], config.tie_word_embeddings):
             weights[name] = quantize_q8_0(weights[name])
             count += 1

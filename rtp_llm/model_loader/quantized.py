@@ -58,6 +58,10 @@ class QuantizedTensor:
     def rows(self, start: int, n: int) -> "QuantizedTensor":
         return type(self)(self.blocks[start:start + n], (n, self.shape[1]), self.dtype)
 
+    def splits_rows_at(self, start: int, n: int) -> bool:
+        """Whether rows(start, n) keeps whole blocks (GGUF blocks never span rows)."""
+        return True
+
     def splits_cols_at(self, start: int, n: int) -> bool:
         """Whether cols(start, n) keeps whole blocks."""
         return start % self.block_size() == 0 and n % self.block_size() == 0
@@ -69,6 +73,12 @@ class QuantizedTensor:
                              f"not [{start}, {start + n})")
         b = self.blocks[:, start // block * nbytes:(start + n) // block * nbytes]
         return type(self)(b.contiguous(), (self.shape[0], n), self.dtype)
+
+    @classmethod
+    def cat(cls, parts: Sequence["QuantizedTensor"]) -> Optional["QuantizedTensor"]:
+        """Parts of this format stacked along their rows (None: not expressible in it)."""
+        return cls(torch.cat([p.blocks for p in parts]), (sum(p.shape[0] for p in parts), parts[0].shape[1]),
+                   parts[0].dtype)
 
     def pad_rows(self, n: int) -> "QuantizedTensor":
         """n zero rows appended (all-zero blocks: every scale 0, so every weight 0)."""
@@ -201,9 +211,12 @@ Weight = Union[torch.Tensor, QuantizedTensor]
 
 def take(t: Weight, rows: Optional[Tuple[int, int]] = None, cols: Optional[Tuple[int, int]] = None) -> Weight:
     """A slice [rows[0]:rows[0] + rows[1], cols[0]:cols[0] + cols[1]] of a plain or quantized
-    weight. A quantized one whose column slice would cut its blocks (a tensor-parallel split of
-    a K-quant's 256-blocks, e.g. 4864 inputs over 2 ranks) is widened first: never a wrong split."""
+    weight. A quantized one whose slice would cut its blocks (a tensor-parallel split of a
+    K-quant's 256-blocks, e.g. 4864 inputs over 2 ranks; of an FP8 weight's 128-row scale blocks)
+    is widened first: never a wrong split."""
     if rows is not None:
+        if isinstance(t, QuantizedTensor) and not t.splits_rows_at(*rows):
+            t = t.dequantize()
         t = t.rows(*rows) if isinstance(t, QuantizedTensor) else t[rows[0]:rows[0] + rows[1]]
     if cols is not None:
         if isinstance(t, QuantizedTensor) and not t.splits_cols_at(*cols):
@@ -226,8 +239,9 @@ def cat_rows(parts: Sequence[Weight]) -> Weight:
     is, in one format, or when every part is exactly Q8_0 (Q4_K_M files of Qwen2.5 mix Q5_0 q/k
     with Q8_0 v: stacked as Q8_0 blocks, 1.125 bytes a weight packed against Q5_0's 0.75); widened otherwise."""
     if all(isinstance(p, QuantizedTensor) for p in parts) and len({type(p) for p in parts}) == 1:
-        return type(parts[0])(torch.cat([p.blocks for p in parts]), (sum(p.shape[0] for p in parts), parts[0].shape[1]),
-                              parts[0].dtype)
+        joined = type(parts[0]).cat(parts)
+        if joined is not None:
+            return joined
     as_q8_0 = [_as_q8_0(p) for p in parts]
     if all(q is not None for q in as_q8_0):
         return cat_rows(as_q8_0)

@@ -57,12 +57,12 @@ class DecoderModel:
         q0, self.num_heads, k0, self.num_kv_heads = tp.heads(c.num_heads, c.num_kv_heads)
         self.vocab_start, vocab_rows = tp.vocab(c.vocab_size)
 
-        widened = collections.Counter()  # GGUF type -> tensors widened (this device has no kernels)
+        widened = collections.Counter()  # quantized format -> tensors widened (this device has no kernels)
 
         def w(name, rows=None, cols=None):
             """This rank's slice of a checkpoint tensor, on the device; a quantized one (GGUF
-            projections and embedding tables) stays quantized, for pack_linear and the lookup,
-            where the backend computes on it, and is widened to the run dtype elsewhere."""
+            projections and embedding tables, FP8 projections) stays quantized, for pack_linear and
+            the lookup, where the backend computes on it, and is widened to the run dtype elsewhere."""
             t = take(weights[name], rows, cols)
             if isinstance(t, QuantizedTensor):
                 if backend.keeps_quantized(t):
@@ -104,7 +104,7 @@ class DecoderModel:
                    if c.is_sparse(i) else self._dense_mlp(p, w)),
             ))
         if widened:
-            log.info("GGUF tensors widened to the run dtype at load (%s has no kernels for them): %s", dev.type,
+            log.info("Quantized tensors widened to the run dtype at load (%s has no kernels for them): %s", dev.type,
                      ", ".join(f"{n} {q}" for q, n in sorted(widened.items())))
         # The reference MoE path sizes its per-expert slices on the host (DeviceBackend.moe), as
         # the CPU's MLA plans its gathers: unless the backend's do not, such steps run eagerly,

@@ -18,8 +18,10 @@ import torch
 
 from rtp_llm.llm import LLM
 from rtp_llm.model_loader import CheckpointError, load_model
+from rtp_llm.model_loader.fp8_weight import Fp8Tensor
 from rtp_llm.model_loader.hf_loader import read_hf_config
-from rtp_llm.test.quant_writers import SKIPPED, rewrite_config, write_quantized
+from rtp_llm.model_loader.quantized import cat_rows, take
+from rtp_llm.test.quant_writers import SKIPPED, fp8_block, fp8_channel, rewrite_config, write_quantized
 from rtp_llm.test.testlib import add_tiny_tokenizer, free_port, hf_greedy, hf_model, make_tiny, random_prompts
 
 # case -> (tiny model, writer case, writer options)
@@ -41,6 +43,10 @@ NEW_TOKENS = 24
 PROMPTS = random_prompts(23, [4, 19, 37])
 
 
+def widened(w):
+    return w.dequantize() if isinstance(w, Fp8Tensor) else w
+
+
 class QuantHfTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -58,7 +64,13 @@ class QuantHfTest(unittest.TestCase):
     def test_loaded_weights_are_the_exact_dequantized_weights(self):
         for name, (qdir, rdir, dequantized) in self.cases.items():
             with self.subTest(name):
-                ours = load_model(qdir, progress=False).weights
+                loaded = load_model(qdir, progress=False).weights
+                kept = sorted(k for k, w in loaded.items() if isinstance(w, Fp8Tensor))
+                if CASES[name][1].startswith(("fp8", "ct_fp8", "fbgemm")):  # FP8 projections stay FP8 until packed
+                    self.assertTrue(kept and all(k.endswith("_proj.weight") and ".experts." not in k for k in kept))
+                else:
+                    self.assertEqual(kept, [])
+                ours = {k: widened(w) for k, w in loaded.items()}  # as a backend without FP8 kernels widens them
                 plain = load_model(rdir, progress=False).weights
                 self.assertEqual(sorted(ours), sorted(plain))
                 for key in plain:  # every tensor, the skipped projection and MoE's packed experts included
@@ -72,7 +84,7 @@ class QuantHfTest(unittest.TestCase):
         for name in ("fp8_block_48x80", "gptq_asym_g48", "awq_gemm"):  # one rounding from the fp32 product
             with self.subTest(name, dtype="bf16"):
                 qdir, rdir, _ = self.cases[name]
-                ours = load_model(qdir, dtype=torch.bfloat16, progress=False).weights
+                ours = {k: widened(w) for k, w in load_model(qdir, dtype=torch.bfloat16, progress=False).weights.items()}
                 plain = load_model(rdir, dtype=torch.bfloat16, progress=False).weights
                 self.assertTrue(all(torch.equal(ours[k], plain[k]) for k in plain), name)
 
@@ -87,6 +99,57 @@ class QuantHfTest(unittest.TestCase):
                     self.assertEqual([o.outputs[0].token_ids for o in llm.generate(PROMPTS, config)], want)
                 finally:
                     llm.close()
+
+    def test_fp8_weights_slice_and_stack_as_their_values_do(self):
+        torch.manual_seed(0)
+
+        def fp8(n, k, block):
+            w = (torch.randn(n, k) * 100).to(torch.float8_e4m3fn)
+            if block is None:
+                return Fp8Tensor.per_row(w, torch.rand(n) + 0.5, torch.float32)
+            s = torch.rand(-(-n // block[0]), -(-k // block[1])) + 0.5
+            return Fp8Tensor(w, (n, k), torch.float32, s, block)
+
+        for block in (None, (32, 48)):
+            a, b = fp8(96, 100, block), fp8(70, 100, block)  # b ends in a partial block of rows
+            whole_a = a.dequantize()
+            for rows, cols in (((32, 64), None), (None, (48, 52)), ((64, 32), (0, 48)), ((5, 30), None),
+                               (None, (10, 20))):
+                with self.subTest(block=block, rows=rows, cols=cols):
+                    want = whole_a[rows[0]:sum(rows)] if rows else whole_a
+                    want = want[:, cols[0]:sum(cols)] if cols else want
+                    got = take(a, rows, cols)
+                    # Whole blocks stay FP8; a cut through a block's scales is widened, never mis-split.
+                    aligned = block is None or ((rows is None or rows[0] % 32 == 0) and
+                                                (cols is None or cols[0] % 48 == 0))
+                    self.assertEqual(isinstance(got, Fp8Tensor), aligned)
+                    self.assertTrue(torch.equal(widened(got), want))
+            with self.subTest(block=block, stack=True):
+                joined = cat_rows([a, b])
+                self.assertIsInstance(joined, Fp8Tensor)
+                self.assertTrue(torch.equal(joined.dequantize(), torch.cat([whole_a, b.dequantize()])))
+                widened_ = cat_rows([b, a])  # b's partial last block is not the end: one grid cannot hold it
+                self.assertEqual(isinstance(widened_, Fp8Tensor), block is None)
+                self.assertTrue(torch.equal(widened(widened_), torch.cat([b.dequantize(), whole_a])))
+
+    def test_quantize_fp8_tool_writes_what_the_writers_write(self):
+        from safetensors.torch import load_file
+
+        from rtp_llm.tools.quantize_fp8 import write
+
+        src = self.src["qwen3_gqa_untied"]
+        plain = load_file(os.path.join(src, "model.safetensors"))
+        oracles = {"block": lambda w: fp8_block(w, 128, 128), "channel": lambda w: fp8_channel(w, torch.float32)}
+        for scheme, oracle in oracles.items():
+            with self.subTest(scheme):
+                out = write(src, os.path.join(self.tmp.name, f"tool-{scheme}"), scheme)
+                loaded = load_model(out, progress=False).weights
+                projections = [n for n in plain if n.startswith("model.layers.") and n.endswith("_proj.weight")]
+                self.assertTrue(projections)
+                for name in projections:
+                    self.assertIsInstance(loaded[name], Fp8Tensor)
+                    self.assertTrue(torch.equal(loaded[name].dequantize(), oracle(plain[name].float())[1]), name)
+                self.assertTrue(torch.equal(loaded["model.embed_tokens.weight"], plain["model.embed_tokens.weight"].float()))
 
     def variant(self, case: str, tag: str, **changes) -> str:
         return rewrite_config(self.cases[case][0], os.path.join(self.tmp.name, f"{case}-{tag}"), **changes)

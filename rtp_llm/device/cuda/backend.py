@@ -1,7 +1,7 @@
 """CUDA backend: Triton kernels (rtp_llm.device.cuda.kernels) for attention over the paged KV
 cache, the cache write, rotary, RMSNorm with fused residual add, SiLU-and-mul, small-batch
-projections (GEMV), MoE's routing and routed experts (grouped GEMMs) and DeepSeek's latent
-attention; cuBLAS (torch) for the other GEMMs. A step's integer inputs reach the GPU in one copy
+projections (GEMV), FP8 checkpoints' projections, MoE's routing and routed experts (grouped GEMMs)
+and DeepSeek's latent attention; cuBLAS (torch) for the other GEMMs. A step's integer inputs reach the GPU in one copy
 from a pinned buffer."""
 
 import gc
@@ -17,6 +17,7 @@ from rtp_llm.device.cuda import kernels as K
 from rtp_llm.device.cuda.graph_runner import CudaGraphRunner
 from rtp_llm.device.cuda.host_gate import CudaHostGate
 from rtp_llm.device.cuda.metadata import CudaAttentionMetadata, DecodeRows
+from rtp_llm.model_loader.fp8_weight import Fp8Tensor
 
 
 class CudaBackend(DeviceBackend):
@@ -178,10 +179,26 @@ class CudaBackend(DeviceBackend):
     # Projections: decode batches of 1 (and 2-4 for narrow outputs) run the Triton gemv over
     # HF's [out, in] weights (faster than cuBLAS's GEMV kernels there: kernels.use_gemv), the
     # rest cuBLAS via F.linear. fp32 (the parity reference) keeps cuBLAS, i.e. HF's very sums.
+    # An FP8 checkpoint's projections stay FP8 on GPUs with FP8 tensor cores (kernels/fp8.py)
+    # in a bf16 / fp16 run; an fp32 run widens them (the exact reference), as does
+    # RTP_LLM_CUDA_FP8=0 (to compare against).
+    def supports_fp8(self) -> bool:
+        return (os.environ.get("RTP_LLM_CUDA_FP8", "1") != "0"
+                and torch.cuda.get_device_capability(self.device) >= (8, 9))
+
+    def keeps_quantized(self, weight):
+        return (isinstance(weight, Fp8Tensor) and weight.dtype in (torch.bfloat16, torch.float16)
+                and self.supports_fp8() and K.fp8_supports(*weight.shape, weight.block))
+
     def pack_linear(self, weight):
+        if isinstance(weight, Fp8Tensor):
+            return K.Fp8Linear(weight.blocks.to(self.device).contiguous(), weight.scale.to(self.device).contiguous(),
+                               weight.block)
         return weight.contiguous()
 
     def linear(self, x, weight, out=None):
+        if isinstance(weight, K.Fp8Linear):
+            return K.fp8_linear(x, weight, out=out)
         if K.use_gemv(x, weight):
             return K.gemv(x, weight, out=out)
         if out is None:
@@ -189,6 +206,8 @@ class CudaBackend(DeviceBackend):
         return torch.mm(x, weight.t(), out=out)  # F.linear's very product
 
     def gate_up_silu(self, x, gate_up):
+        if isinstance(gate_up, K.Fp8Linear):
+            return K.fp8_gate_up_silu(x, gate_up, self.silu_and_mul)
         if K.use_gemv(x, gate_up):
             return K.gemv(x, gate_up, gated=True)  # SiLU-and-mul in the GEMV's epilogue
         return super().gate_up_silu(x, gate_up)

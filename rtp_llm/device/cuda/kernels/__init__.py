@@ -1,6 +1,6 @@
 """Triton kernels of the CUDA backend, one module per family: attention over the paged KV cache
-(attention), small-batch projections (gemv), MoE's routing and routed experts (moe), DeepSeek's
-latent attention (mla), row-wise ops (row_ops: RMSNorm, rotary, the fused q/k norm + rotary + KV
+(attention), small-batch projections (gemv), FP8 projections (fp8), MoE's routing and routed
+experts (moe), DeepSeek's latent attention (mla), row-wise ops (row_ops: RMSNorm, rotary, the fused q/k norm + rotary + KV
 write, SiLU-and-mul, the KV write, overlap placeholders, grammar bitmasks), and the launch
 helpers they share (launch: programmatic dependent launch). This package is their one namespace
 (`from rtp_llm.device.cuda import kernels as K`)."""
@@ -13,6 +13,8 @@ from rtp_llm.device.cuda.kernels.attention import (  # noqa: F401
     extend_attention,
     extend_tiles,
 )
+from rtp_llm.device.cuda.kernels.fp8 import Fp8Linear, fp8_gate_up_silu, fp8_linear  # noqa: F401
+from rtp_llm.device.cuda.kernels.fp8 import supports as fp8_supports  # noqa: F401
 from rtp_llm.device.cuda.kernels.gemv import GEMV_MAX_ROWS, gemv, gemv_config, use_gemv  # noqa: F401
 from rtp_llm.device.cuda.kernels.launch import launch_options, pdl, pdl_enter  # noqa: F401
 from rtp_llm.device.cuda.kernels.mla import mla_attention, store_latent  # noqa: F401

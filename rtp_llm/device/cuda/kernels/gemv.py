@@ -29,13 +29,26 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride_x, stride_out, M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr):
+def _scaled(w, s_ptr, rows, k0, stride_s, nmask, SCALE: tl.constexpr, BN_S: tl.constexpr, BK_S: tl.constexpr):
+    """A weight tile [BLOCK_N, BLOCK_K] of rows `rows` from input k0 in fp32; SCALE 2 (FP8 block
+    scales, BLOCK_K == BK_S): times each row's scale of the tile's block of inputs."""
+    w = w.to(tl.float32)
+    if SCALE == 2:
+        w = w * tl.load(s_ptr + (rows // BN_S) * stride_s + k0 // BK_S, mask=nmask, other=0.0)[:, None]
+    return w
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, N, K, stride_x, stride_out, stride_s, M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr, SCALE: tl.constexpr,
+                 BN_S: tl.constexpr, BK_S: tl.constexpr, PDL: tl.constexpr):
     """out[m, n] = sum_k x[m, k] w[n, k] for M (<= 4) rows: each program streams BLOCK_N weight
     rows, accumulating [BLOCK_N, BLOCK_K] fp32 products per x row and summing over k at the
     end. Rows after the first re-read the program's weight slice, from L2. GATED: w is
     [2 N, K], gate rows then up rows, and out[m, n] = silu(gate) * up, rounded as HF rounds
-    gate_proj, act_fn and the product (silu_and_mul's roundings)."""
+    gate_proj, act_fn and the product (silu_and_mul's roundings). SCALE: 0 the weight's values
+    as they are; FP8 weights (kernels/fp8.py) times s [rows / BN_S, K / BK_S] fp32: 1 one scale
+    per row (applied to the row's sum), 2 one per BN_S x BK_S block (applied per tile)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K
@@ -44,44 +57,58 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride_x, stride_out, M: tl.conste
     # PDL wait, overlapping the previous kernel's tail.
     offs_k = tl.arange(0, BLOCK_K)
     wmask = nmask[:, None] & (offs_k < K)[None, :]
-    w_first = tl.load(w_rows + offs_k[None, :], mask=wmask, other=0.0)
+    w_first = _scaled(tl.load(w_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n, 0, stride_s, nmask,
+                      SCALE, BN_S, BK_S)
     u_first = w_first
     if GATED:
-        u_first = tl.load(u_rows + offs_k[None, :], mask=wmask, other=0.0)
+        u_first = _scaled(tl.load(u_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n + N, 0, stride_s,
+                          nmask, SCALE, BN_S, BK_S)
     pdl_enter(PDL)
     dt = out_ptr.dtype.element_ty
     for m in tl.static_range(M):
         x = tl.load(x_ptr + m * stride_x + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
         if m == 0:
-            acc = w_first.to(tl.float32) * x
-            acc_u = u_first.to(tl.float32) * x
+            acc = w_first * x
+            acc_u = u_first * x
         else:
-            acc = tl.load(w_rows + offs_k[None, :], mask=wmask, other=0.0).to(tl.float32) * x
+            acc = _scaled(tl.load(w_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n, 0, stride_s,
+                          nmask, SCALE, BN_S, BK_S) * x
             acc_u = acc
             if GATED:
-                acc_u = tl.load(u_rows + offs_k[None, :], mask=wmask, other=0.0).to(tl.float32) * x
+                acc_u = _scaled(tl.load(u_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n + N, 0,
+                                stride_s, nmask, SCALE, BN_S, BK_S) * x
         for k0 in range(BLOCK_K, K, BLOCK_K):
             ks = k0 + offs_k
             kmask = ks < K
             x = tl.load(x_ptr + m * stride_x + ks, mask=kmask, other=0.0).to(tl.float32)[None, :]
             mk = nmask[:, None] & kmask[None, :]
-            acc += tl.load(w_rows + ks[None, :], mask=mk, other=0.0).to(tl.float32) * x
+            acc += _scaled(tl.load(w_rows + ks[None, :], mask=mk, other=0.0), s_ptr, offs_n, k0, stride_s, nmask,
+                           SCALE, BN_S, BK_S) * x
             if GATED:
-                acc_u += tl.load(u_rows + ks[None, :], mask=mk, other=0.0).to(tl.float32) * x
+                acc_u += _scaled(tl.load(u_rows + ks[None, :], mask=mk, other=0.0), s_ptr, offs_n + N, k0, stride_s,
+                                 nmask, SCALE, BN_S, BK_S) * x
         res = tl.sum(acc, 1)
+        if SCALE == 1:
+            res = res * tl.load(s_ptr + offs_n * stride_s, mask=nmask, other=0.0)
         if GATED:
+            res_u = tl.sum(acc_u, 1)
+            if SCALE == 1:
+                res_u = res_u * tl.load(s_ptr + (offs_n + N) * stride_s, mask=nmask, other=0.0)
             g = res.to(dt).to(tl.float32)
             a = (g * tl.sigmoid(g)).to(dt).to(tl.float32)
-            res = a * tl.sum(acc_u, 1).to(dt).to(tl.float32)
+            res = a * res_u.to(dt).to(tl.float32)
         tl.store(out_ptr + m * stride_out + offs_n, res.to(dt), mask=nmask)
 
 
-def gemv_config(n: int, k: int, gated: bool = False):
+def gemv_config(n: int, k: int, gated: bool = False, scale_block_k: int = None):
     """(BLOCK_N, BLOCK_K, num_warps) for a [N, K] weight (gated: [2 I, K], BLOCK_N counting
     gate and up rows). From an H200 sweep with PDL over the Qwen3-0.6B and 8B (TP 1 and 2)
     projections (`bench_gemv --sweep`): long K tiles win everywhere (the first tile is loaded
     before the PDL wait), and a program should stream ~8K weights (readings in
-    docs/benchmarks.md)."""
+    docs/benchmarks.md). FP8 block scales (scale_block_k): tiles of one block of inputs, more
+    rows a program."""
+    if scale_block_k:
+        return _pow2_floor(max(1, min(64, 8192 // scale_block_k))), scale_block_k, 4
     block_k = min(1024, triton.next_power_of_2(k))
     if gated:
         return _pow2_floor(max(2, min(8, 8192 // k))), min(512, block_k), 4
@@ -95,14 +122,20 @@ def _pow2_floor(n: int) -> int:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, config=None, out: torch.Tensor = None,
-         gated: bool = False) -> torch.Tensor:
+         gated: bool = False, scale: torch.Tensor = None, block=None) -> torch.Tensor:
     """x: [M, K], M <= GEMV_MAX_ROWS, unit stride along K; weight: [N, K] contiguous (nn.Linear's
     layout) -> [M, N] in x's dtype, into `out` when given (contiguous). gated: weight is
-    [2 I, K] (gate then up) and the result silu(x gate^T) * (x up^T), [M, I]."""
+    [2 I, K] (gate then up) and the result silu(x gate^T) * (x up^T), [M, I]. An FP8 weight
+    comes with its scale fp32 [ceil(N / bn), ceil(K / bk)] and block (bn, bk) (fp8.Fp8Linear):
+    one scale per row (bn 1, bk >= K) or bn x bk blocks (then the K tiles are bk long)."""
     m = x.shape[0]
     n, k = weight.shape
     assert m <= GEMV_MAX_ROWS and x.shape[1] == k and x.stride(1) == 1 and weight.is_contiguous()
-    block_n, block_k, num_warps = config or gemv_config(n, k, gated)
+    mode, (bn_s, bk_s) = 0, (1, 1)
+    if scale is not None:
+        bn_s, bk_s = block
+        mode = 1 if bn_s == 1 and bk_s >= k else 2
+    block_n, block_k, num_warps = config or gemv_config(n, k, gated, bk_s if mode == 2 else None)
     if gated:
         assert n % 2 == 0, "gated: weight rows are gate then up, 2 I of them"
         n //= 2
@@ -112,6 +145,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config=None, out: torch.Tensor =
     assert out.shape == (m, n) and out.is_contiguous() and out.dtype == x.dtype
     if m == 0:
         return out
-    _gemv_kernel[(triton.cdiv(n, block_n),)](x, weight, out, n, k, x.stride(0), out.stride(0), M=m, BLOCK_N=block_n,
-                                             BLOCK_K=block_k, GATED=gated, num_warps=num_warps, **launch_options())
+    _gemv_kernel[(triton.cdiv(n, block_n),)](x, weight, weight if scale is None else scale, out, n, k, x.stride(0),
+                                             out.stride(0), 0 if scale is None else scale.stride(0), M=m,
+                                             BLOCK_N=block_n, BLOCK_K=block_k, GATED=gated, SCALE=mode, BN_S=bn_s,
+                                             BK_S=bk_s, num_warps=num_warps, **launch_options())
     return out

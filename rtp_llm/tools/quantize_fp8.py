@@ -1,0 +1,135 @@
+"""Writes an FP8 (e4m3) copy of a bf16 / fp16 / fp32 HF checkpoint, as published FP8 checkpoints
+store it, for benchmarks and tests (ours and vLLM's read the same files):
+
+    python -m rtp_llm.tools.quantize_fp8 --src DIR --out DIR [--scheme block|channel]
+
+- block (default; Qwen3-*-FP8 and DeepSeek-V3's format): `quant_method` fp8, `weight_block_size`
+  [128, 128], per block of 128 x 128 weights an fp32 `weight_scale_inv` (its max |w| / 448, the
+  multiplier), dynamic activation scales;
+- channel (compressed-tensors' float-quantized format, as llm-compressor's FP8_DYNAMIC writes):
+  one scale per output row, `weight_scale` [N, 1].
+
+Quantized: the decoder layers' projections (`*_proj.weight` under model.layers, MoE experts
+included); the embedding, LM head, norms and routers are copied as they are. Runs on the GPU
+when there is one (an 8B model in seconds), else on the CPU."""
+
+import argparse
+import json
+import os
+import shutil
+from typing import Dict, Tuple
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+E4M3_MAX = 448.0  # e4m3's largest finite value
+BLOCK = (128, 128)
+SHARD_BYTES = 4 << 30
+
+
+def _is_quantized(name: str) -> bool:
+    return name.startswith("model.layers.") and name.endswith("_proj.weight")
+
+
+def quantize_block(w: torch.Tensor, block: Tuple[int, int] = BLOCK) -> Tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (e4m3 [N, K], fp32 scales [ceil(N / bn), ceil(K / bk)]), w ~ codes x its block's
+    scale (edge blocks partial; an all-zero block's scale is 1)."""
+    n, k = w.shape
+    bn, bk = block
+    gn, gk = -(-n // bn), -(-k // bk)
+    padded = torch.zeros(gn * bn, gk * bk, dtype=torch.float32, device=w.device)
+    padded[:n, :k] = w
+    blocks = padded.view(gn, bn, gk, bk)
+    amax = blocks.abs().amax(dim=(1, 3))
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    codes = (blocks / scale[:, None, :, None]).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return codes.view(gn * bn, gk * bk)[:n, :k].contiguous(), scale
+
+
+def quantize_channel(w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (e4m3 [N, K], fp32 scales [N, 1]): one scale per output row."""
+    amax = w.float().abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return (w.float() / scale).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def quantization_config(scheme: str) -> dict:
+    if scheme == "block":
+        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                "weight_block_size": list(BLOCK)}
+    weights = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel", "dynamic": False}
+    acts = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token", "dynamic": True}
+    return {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts}},
+            "ignore": ["lm_head"]}
+
+
+def _tensors(src: str):
+    """(name, tensor) of every *.safetensors file of src, in file order."""
+    for f in sorted(x for x in os.listdir(src) if x.endswith(".safetensors")):
+        with safe_open(os.path.join(src, f), "pt") as st:
+            for name in st.keys():
+                yield name, st.get_tensor(name)
+
+
+def write(src: str, out: str, scheme: str = "block") -> str:
+    """src's checkpoint quantized to out (its config.json with a quantization_config, its other
+    files copied). Returns out."""
+    if scheme not in ("block", "channel"):
+        raise ValueError(f"--scheme must be block or channel, got {scheme!r}")
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    if "quantization_config" in config:
+        raise ValueError(f"{src} is already quantized ({config['quantization_config'].get('quant_method')})")
+    os.makedirs(out, exist_ok=True)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    shard: Dict[str, torch.Tensor] = {}
+    files, weight_map, size = [], {}, 0
+
+    def flush():
+        nonlocal shard, size
+        name = f"model-{len(files) + 1:05d}.safetensors"
+        save_file(shard, os.path.join(out, name), metadata={"format": "pt"})
+        weight_map.update({t: name for t in shard})
+        files.append(name)
+        shard, size = {}, 0
+
+    for name, t in _tensors(src):
+        if _is_quantized(name) and t.dim() == 2:
+            w = t.to(dev, torch.float32)
+            codes, scale = quantize_block(w) if scheme == "block" else quantize_channel(w)
+            module = name[:-len(".weight")]
+            parts = {name: codes, f"{module}.{'weight_scale_inv' if scheme == 'block' else 'weight_scale'}": scale}
+        else:
+            parts = {name: t}
+        for n, v in parts.items():
+            shard[n] = v.cpu().contiguous()
+            size += v.numel() * v.element_size()
+        if size >= SHARD_BYTES:
+            flush()
+    if shard:
+        flush()
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump({**config, "quantization_config": quantization_config(scheme)}, f, indent=1)
+    for name in os.listdir(src):
+        if not name.endswith(".safetensors") and name not in ("config.json", "model.safetensors.index.json"):
+            path = os.path.join(src, name)
+            if os.path.isfile(path):
+                shutil.copy(path, out)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--src", required=True, help="an HF checkpoint directory (bf16, fp16 or fp32)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--scheme", choices=("block", "channel"), default="block")
+    a = p.parse_args()
+    print(write(a.src, a.out, a.scheme))
+
+
+if __name__ == "__main__":
+    main()
