@@ -7,12 +7,13 @@
 # test_structured_output.py; an earlier call may have left them in /tmp/gpu_wheels, where a carry
 # would be too large), and the Qwen3 tokenizer in .gpu/qwen3-tokenizer; then
 #   run(command="bash scripts/gpu_tests.sh [PYTEST ARGS]", carry=[".gpu"])
-# Default: tests/test_cuda.py, test_cuda_kernels.py, test_cuda_moe.py, test_cuda_mla.py. Runs from /tmp: from the checkout
-# `rtp_llm` would be the source tree (no built libraries or protos).
+# Default: tests/test_cuda.py, test_cuda_kernels.py, test_cuda_moe.py, test_cuda_mla.py,
+# test_cuda_fp8.py. Runs from /tmp: from the checkout `rtp_llm` would be the source tree (no built
+# libraries or protos).
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=python3 bash "$ROOT/scripts/install_unpacked.sh" "$ROOT"/.gpu/rtp_llm-*.whl /tmp/ours $(ls "$ROOT"/.gpu/wheels/*.whl "$ROOT"/.gpu/testwheels/*.whl /tmp/gpu_wheels/*.whl 2>/dev/null) >/dev/null || exit 1
-[ $# -gt 0 ] || set -- "$ROOT"/tests/test_cuda.py "$ROOT"/tests/test_cuda_kernels.py "$ROOT"/tests/test_cuda_moe.py "$ROOT"/tests/test_cuda_mla.py
+[ $# -gt 0 ] || set -- "$ROOT"/tests/test_cuda{,_kernels,_moe,_mla,_fp8}.py
 # The tests' model cache: the Qwen3 tokenizer carried in .gpu (the machine has no network, so
 # fetch_models.sh cannot run there), unless RTP_LLM_MODEL_CACHE says otherwise.
 if [ -z "${RTP_LLM_MODEL_CACHE:-}" ] && [ -f "$ROOT/.gpu/qwen3-tokenizer/tokenizer.json" ]; then

@@ -89,14 +89,15 @@ def offline(ckpt: str, emit_, overlap: bool = True, throughput: bool = True, max
     llm.close()
 
 
-def vllm_offline(ckpt: str, emit_, max_batch_size: int = 256, concurrency=None):
+def vllm_offline(ckpt: str, emit_, max_batch_size: int = 256, concurrency=None, load_format: str = "dummy"):
     """vLLM's LLM API with our offline rows' limits and prompts, random weights (its
-    load_format="dummy"), token ids in and out (no tokenizer needed)."""
+    load_format="dummy"; "auto": the checkpoint's, e.g. a quantized one), token ids in and out
+    (no tokenizer needed)."""
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(model=ckpt, dtype="bfloat16", max_model_len=2176, max_num_seqs=max_batch_size,
-              max_num_batched_tokens=8192, gpu_memory_utilization=0.85, seed=0, load_format="dummy",
+              max_num_batched_tokens=8192, gpu_memory_utilization=0.85, seed=0, load_format=load_format,
               skip_tokenizer_init=True)
     emit_({"mode": "startup", "seconds": time.perf_counter() - t0})
 
