@@ -1,6 +1,7 @@
 """The set-up the CUDA kernels' tests share (imported before anything imports triton): on a
 machine without a GPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1), so their
-indexing and masking are checked in CI too; on a GPU they run natively."""
+indexing and masking are checked in CI too; on a GPU they run natively. And the helpers the
+CUDA tests share."""
 
 import os
 
@@ -82,15 +83,15 @@ class InterpretedCudaBackend:
         return Backend()
 
 
-def interpreted_cuda_llm(path, monkeypatch, backend):
+def interpreted_cuda_llm(path, monkeypatch, backend, max_num_batched_tokens: int = 16):
     """An LLM of `path` on `backend` (an InterpretedCudaBackend) instead of the real device's:
     fp32, 16-token steps (prompts run in chunks), 64 KV blocks, 4 streams, no warm-up."""
     import rtp_llm.async_decoder_engine.engine as engine_mod
     from rtp_llm.llm import LLM
 
     monkeypatch.setattr(engine_mod, "get_backend", lambda _: backend)
-    return LLM(path, act_type="fp32", progress=False, max_seq_len=128, max_num_batched_tokens=16, num_kv_blocks=64,
-               max_batch_size=4, warm_up=False)
+    return LLM(path, act_type="fp32", progress=False, max_seq_len=128, max_num_batched_tokens=max_num_batched_tokens,
+               num_kv_blocks=64, max_batch_size=4, warm_up=False)
 
 
 def assert_greedy_equals_hf(name: str, tmp_path, monkeypatch, graphs: bool, seed: int, lens):
@@ -110,3 +111,20 @@ def assert_greedy_equals_hf(name: str, tmp_path, monkeypatch, graphs: bool, seed
             assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 8), (name, len(prompt))
     finally:
         llm.close()
+
+
+def step_logits(llm, prompt):
+    """Logits of the prefill step of `prompt`, then of one decode step (through the graph if
+    enabled), and the two tokens generated."""
+    from rtp_llm.config.generate_config import GenerateConfig
+
+    core, runner = llm.engine.core, llm.engine.runner
+    sid = core.enqueue(prompt, GenerateConfig(max_new_tokens=2, temperature=0).to_proto())
+    out = []
+    for _ in range(2):
+        b = core.schedule()
+        out.append(runner.logits(b)[0].float().cpu().clone())
+        runner.step(core, b)
+    tokens, _ = core.stream_tokens(sid)
+    core.release(sid)
+    return out, [int(t) for t in tokens[len(prompt):]]

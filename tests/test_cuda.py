@@ -7,6 +7,7 @@ eagerly. Marked `gpu`: skipped where torch sees no GPU."""
 
 import pytest
 import torch
+from interpreted_triton import step_logits
 from testlib import (TINY, TINY_MLA, TINY_MOE, hf_greedy, hf_logprobs, hf_model, make_tiny, overlap_sampling_configs,
                      random_prompts)
 
@@ -90,22 +91,6 @@ def test_overlap_is_on_by_default_and_samples_the_same(tiny):
     assert outs[0] == outs[1]
 
 
-def _step_logits(llm, prompt):
-    """Logits of the prefill step, then of one decode step (through the graph if enabled)."""
-    from rtp_llm.config.generate_config import GenerateConfig
-
-    core, runner = llm.engine.core, llm.engine.runner
-    sid = core.enqueue(prompt, GenerateConfig(max_new_tokens=2, temperature=0).to_proto())
-    out = []
-    for _ in range(2):
-        b = core.schedule()
-        out.append(runner.logits(b)[0].float().cpu().clone())
-        runner.step(core, b)
-    tokens, _ = core.stream_tokens(sid)
-    core.release(sid)
-    return out, [int(t) for t in tokens[len(prompt):]]
-
-
 @pytest.mark.parametrize("dtype,tol", [("fp32", 1e-4), ("bf16", 0.1)])
 def test_prefill_and_decode_logits_match_hf(tiny, dtype, tol):
     paths, hf = tiny
@@ -113,7 +98,7 @@ def test_prefill_and_decode_logits_match_hf(tiny, dtype, tol):
     prompt = random_prompts(6, [37])[0]
     llm = _llm(paths[name], act_type=dtype)
     try:
-        (prefill, decode), generated = _step_logits(llm, prompt)
+        (prefill, decode), generated = step_logits(llm, prompt)
     finally:
         llm.close()
     model = hf_model(paths[name], torch.float32 if dtype == "fp32" else torch.bfloat16, device="cuda")

@@ -7,6 +7,7 @@ per-row one repeated (bn = 1, bk = K: one scale per row), a per-channel scale is
 a block-FP8 checkpoint's `weight_scale_inv` is the grid itself. So slicing, stacking and the
 kernels know one layout, and W[n, k] = e4m3 value x scale[n // bn, k // bk], one fp32 product."""
 
+import math
 from dataclasses import dataclass, replace
 from typing import ClassVar, Optional, Sequence, Tuple
 
@@ -86,19 +87,25 @@ class Fp8Tensor(QuantizedTensor):
 
     @classmethod
     def cat(cls, parts: Sequence["Fp8Tensor"]) -> Optional["Fp8Tensor"]:
-        """The parts stacked along their rows, or None where their scales do not make one grid
-        (different blocks, or a part before the last ending in a partial block)."""
+        """The parts stacked along their rows (fused q/k/v, gate/up), or None where their scales
+        cannot make one grid (different blocks of inputs). A part before the last whose rows end
+        in a partial block (Qwen3's k/v of 64 rows beside 128-row blocks) refines the grid's rows:
+        bn' = gcd(bn, those row counts), each scale repeated bn / bn' times, exact."""
         first = parts[0]
         if any(p.shape[1] != first.shape[1] for p in parts):
             return None
         if all(p.row_scaled for p in parts):
             block = (1, max(first.shape[1], 1))
-        elif all(p.block == first.block for p in parts) and all(p.shape[0] % first.block[0] == 0 for p in parts[:-1]):
-            block = first.block
+            scales = [p.scale for p in parts]
+        elif all(p.block == first.block for p in parts):
+            bn, bk = first.block
+            fine = math.gcd(bn, *(p.shape[0] for p in parts[:-1]))
+            block = (fine, bk)
+            scales = [p.scale.repeat_interleave(bn // fine, dim=0)[:_ceil(p.shape[0], fine)] for p in parts]
         else:
             return None
         return cls(torch.cat([p.blocks for p in parts]), (sum(p.shape[0] for p in parts), first.shape[1]), first.dtype,
-                   torch.cat([p.scale for p in parts]), block)
+                   torch.cat(scales), block)
 
     def pad_rows(self, n: int) -> "Fp8Tensor":
         raise NotImplementedError("FP8 embedding tables are widened at load")

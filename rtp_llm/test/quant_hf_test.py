@@ -128,9 +128,13 @@ class QuantHfTest(unittest.TestCase):
                 joined = cat_rows([a, b])
                 self.assertIsInstance(joined, Fp8Tensor)
                 self.assertTrue(torch.equal(joined.dequantize(), torch.cat([whole_a, b.dequantize()])))
-                widened_ = cat_rows([b, a])  # b's partial last block is not the end: one grid cannot hold it
-                self.assertEqual(isinstance(widened_, Fp8Tensor), block is None)
-                self.assertTrue(torch.equal(widened(widened_), torch.cat([b.dequantize(), whole_a])))
+                # b's partial last block is not the end: the grid's rows are refined (70 = 2 x 35: bn' 2).
+                refined = cat_rows([b, a])
+                self.assertIsInstance(refined, Fp8Tensor)
+                self.assertEqual(refined.block, (1, 100) if block is None else (2, 48))
+                self.assertTrue(torch.equal(refined.dequantize(), torch.cat([b.dequantize(), whole_a])))
+                other = fp8(16, 100, (32, 50))  # other blocks of inputs: one grid cannot hold both
+                self.assertNotIsInstance(cat_rows([a, other]), Fp8Tensor)
 
     def test_quantize_fp8_tool_writes_what_the_writers_write(self):
         from safetensors.torch import load_file
