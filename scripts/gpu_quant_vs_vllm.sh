@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# On the GPU machine (device tool): quantized checkpoints, ours and vLLM's engine on the same files
+# (rtp_llm.tools.bench_quant: random bf16 weights of ARCH, quantized by our own quantize_fp8), one
+# process per engine and checkpoint, results appended to $OUT/quant_ARCH.jsonl.
+#   bash scripts/gpu_quant_vs_vllm.sh ENGINES ARCH QUANTS
+#   e.g. bash scripts/gpu_quant_vs_vllm.sh ours,vllm qwen3-8b bf16,fp8
+# Ours installed in /tmp/ours (scripts/install_unpacked.sh), vLLM in /tmp/vllm_site
+# (../shared/bench/vllm_peer/README.md). SHAPES and CONCURRENCY (default 128x1024,1024x128 and
+# 256) pick the throughput rows.
+set -u
+ENGINES=${1:?engines: ours,vllm}
+ARCH=${2:?arch, e.g. qwen3-8b}
+QUANTS=${3:-bf16,fp8}
+OUT=${OUT:-/tmp}
+SHAPES=${SHAPES:-128x1024,1024x128}
+CONCURRENCY=${CONCURRENCY:-256}
+export VLLM_USE_FLASHINFER_SAMPLER=0
+cd /tmp || exit 1
+for engine in ${ENGINES//,/ }; do
+  for quant in ${QUANTS//,/ }; do
+    echo "== $engine $ARCH $quant"
+    PYTHONPATH=$([ "$engine" = vllm ] && echo /tmp/vllm_site:)/tmp/ours python3 -m rtp_llm.tools.bench_quant \
+      --engine "$engine" --arch "$ARCH" --quant "$quant" --shapes "$SHAPES" --concurrency "$CONCURRENCY" \
+      --out "$OUT/quant_$ARCH.jsonl" 2>&1 | grep -E '^\{|Error|error' | tail -20
+  done
+done
