@@ -53,32 +53,36 @@ def supports(n: int, k: int, block: Tuple[int, int]) -> bool:
 
 @triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s, GROUP: tl.constexpr,
-                          BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """Row pid(0)'s inputs [pid(1) GROUP, + GROUP) as e4m3 codes q = x / s with s = amax / 448
-    (e4m3's largest finite value; at least 1e-12, so an all-zero group's codes are zeros),
-    BLOCK >= GROUP (a power of two). GROUP may be the whole row (one scale a row)."""
+                          BLOCK_G: tl.constexpr, GROUPS: tl.constexpr, PDL: tl.constexpr):
+    """Row pid(0)'s groups [pid(1) GROUPS, + GROUPS) of GROUP inputs as e4m3 codes q = x / s with
+    s = amax / 448 (e4m3's largest finite value; at least 1e-12, so an all-zero group's codes are
+    zeros); BLOCK_G >= GROUP (a power of two). GROUP may be the whole row (one scale a row)."""
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * GROUP + tl.arange(0, BLOCK)
-    mask = (offs < K) & (tl.arange(0, BLOCK) < GROUP)
+    g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    j = tl.arange(0, BLOCK_G)
+    offs = g[:, None] * GROUP + j[None, :]
+    mask = (offs < K) & (j < GROUP)[None, :]
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    s = tl.maximum(tl.max(tl.abs(x), 0) / 448.0, 1e-12)
-    q = tl.clamp(x / s, -448.0, 448.0)
+    s = tl.maximum(tl.max(tl.abs(x), 1) / 448.0, 1e-12)
+    q = tl.clamp(x / s[:, None], -448.0, 448.0)
     tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(s_ptr + row * stride_s + tl.program_id(1), s)
+    tl.store(s_ptr + row * stride_s + g, s, mask=g * GROUP < K)
 
 
 def quantize_rows(x: torch.Tensor, group: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (unit stride along K) -> (e4m3 codes [M, K], fp32 scales [M, ceil(K / group)]),
-    x ~ codes x scale per row and group of inputs."""
+    x ~ codes x scale per row and group of inputs. A program takes ~2K inputs of a row."""
     m, k = x.shape
     groups = triton.cdiv(k, group)
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((m, groups), dtype=torch.float32, device=x.device)
     if m:
-        _quantize_rows_kernel[(m, groups)](x, q, s, k, x.stride(0), q.stride(0), s.stride(0), GROUP=group,
-                                           BLOCK=triton.next_power_of_2(group), num_warps=4 if group >= 1024 else 1,
-                                           **launch_options())
+        block_g = triton.next_power_of_2(group)
+        per = min(triton.next_power_of_2(groups), max(1, 2048 // block_g))
+        _quantize_rows_kernel[(m, triton.cdiv(groups, per))](
+            x, q, s, k, x.stride(0), q.stride(0), s.stride(0), GROUP=group, BLOCK_G=block_g, GROUPS=per,
+            num_warps=8 if per * block_g >= 4096 else 4, **launch_options())
     return q, s
 
 
@@ -120,9 +124,15 @@ def _block_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, K, stride_a, s
 
 
 def block_gemm_config(m: int) -> dict:
-    """Tiles by row count (BLOCK_K is the scales' bk): decode-sized batches a 64-row tile."""
+    """Tiles by row count (BLOCK_K is the scales' bk): few rows (decode batches) narrow tiles,
+    so that an 8B model's 4096-wide projections still give every SM programs; many rows
+    (prompt chunks) 128 x 128."""
+    if m <= 16:
+        return dict(BLOCK_M=16, BLOCK_N=32, GROUP_M=1, num_warps=4, num_stages=4)
     if m <= 64:
-        return dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4)
+        return dict(BLOCK_M=32 if m <= 32 else 64, BLOCK_N=64, GROUP_M=1, num_warps=4, num_stages=4)
+    if m <= 512:
+        return dict(BLOCK_M=64, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=4)
     return dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=3)
 
 

@@ -29,12 +29,14 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _scaled(w, s_ptr, rows, k0, stride_s, nmask, SCALE: tl.constexpr, BN_S: tl.constexpr, BK_S: tl.constexpr):
-    """A weight tile [BLOCK_N, BLOCK_K] of rows `rows` from input k0 in fp32; SCALE 2 (FP8 block
-    scales, BLOCK_K == BK_S): times each row's scale of the tile's block of inputs."""
+def _scaled(w, s_ptr, rows, ks, stride_s, nmask, SCALE: tl.constexpr, BN_S: tl.constexpr, BK_S: tl.constexpr):
+    """A weight tile [BLOCK_N, BLOCK_K] of rows `rows` and inputs `ks` in fp32; SCALE 2 (FP8
+    block scales): each weight times its block's scale (gathered per element: the scales are a
+    few KB, read from L1, and the tiles stay as long as the unscaled ones')."""
     w = w.to(tl.float32)
     if SCALE == 2:
-        w = w * tl.load(s_ptr + (rows // BN_S) * stride_s + k0 // BK_S, mask=nmask, other=0.0)[:, None]
+        w = w * tl.load(s_ptr + (rows // BN_S)[:, None] * stride_s + (ks // BK_S)[None, :], mask=nmask[:, None],
+                        other=0.0)
     return w
 
 
@@ -57,12 +59,12 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, N, K, stride_x, stride_out, strid
     # PDL wait, overlapping the previous kernel's tail.
     offs_k = tl.arange(0, BLOCK_K)
     wmask = nmask[:, None] & (offs_k < K)[None, :]
-    w_first = _scaled(tl.load(w_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n, 0, stride_s, nmask,
-                      SCALE, BN_S, BK_S)
+    w_first = _scaled(tl.load(w_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n, offs_k, stride_s,
+                      nmask, SCALE, BN_S, BK_S)
     u_first = w_first
     if GATED:
-        u_first = _scaled(tl.load(u_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n + N, 0, stride_s,
-                          nmask, SCALE, BN_S, BK_S)
+        u_first = _scaled(tl.load(u_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n + N, offs_k,
+                          stride_s, nmask, SCALE, BN_S, BK_S)
     pdl_enter(PDL)
     dt = out_ptr.dtype.element_ty
     for m in tl.static_range(M):
@@ -71,21 +73,21 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, N, K, stride_x, stride_out, strid
             acc = w_first * x
             acc_u = u_first * x
         else:
-            acc = _scaled(tl.load(w_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n, 0, stride_s,
+            acc = _scaled(tl.load(w_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n, offs_k, stride_s,
                           nmask, SCALE, BN_S, BK_S) * x
             acc_u = acc
             if GATED:
-                acc_u = _scaled(tl.load(u_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n + N, 0,
+                acc_u = _scaled(tl.load(u_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n + N, offs_k,
                                 stride_s, nmask, SCALE, BN_S, BK_S) * x
         for k0 in range(BLOCK_K, K, BLOCK_K):
             ks = k0 + offs_k
             kmask = ks < K
             x = tl.load(x_ptr + m * stride_x + ks, mask=kmask, other=0.0).to(tl.float32)[None, :]
             mk = nmask[:, None] & kmask[None, :]
-            acc += _scaled(tl.load(w_rows + ks[None, :], mask=mk, other=0.0), s_ptr, offs_n, k0, stride_s, nmask,
+            acc += _scaled(tl.load(w_rows + ks[None, :], mask=mk, other=0.0), s_ptr, offs_n, ks, stride_s, nmask,
                            SCALE, BN_S, BK_S) * x
             if GATED:
-                acc_u += _scaled(tl.load(u_rows + ks[None, :], mask=mk, other=0.0), s_ptr, offs_n + N, k0, stride_s,
+                acc_u += _scaled(tl.load(u_rows + ks[None, :], mask=mk, other=0.0), s_ptr, offs_n + N, ks, stride_s,
                                  nmask, SCALE, BN_S, BK_S) * x
         res = tl.sum(acc, 1)
         if SCALE == 1:
@@ -100,15 +102,12 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, N, K, stride_x, stride_out, strid
         tl.store(out_ptr + m * stride_out + offs_n, res.to(dt), mask=nmask)
 
 
-def gemv_config(n: int, k: int, gated: bool = False, scale_block_k: int = None):
+def gemv_config(n: int, k: int, gated: bool = False):
     """(BLOCK_N, BLOCK_K, num_warps) for a [N, K] weight (gated: [2 I, K], BLOCK_N counting
     gate and up rows). From an H200 sweep with PDL over the Qwen3-0.6B and 8B (TP 1 and 2)
     projections (`bench_gemv --sweep`): long K tiles win everywhere (the first tile is loaded
     before the PDL wait), and a program should stream ~8K weights (readings in
-    docs/benchmarks.md). FP8 block scales (scale_block_k): tiles of one block of inputs, more
-    rows a program."""
-    if scale_block_k:
-        return _pow2_floor(max(1, min(64, 8192 // scale_block_k))), scale_block_k, 4
+    docs/benchmarks.md)."""
     block_k = min(1024, triton.next_power_of_2(k))
     if gated:
         return _pow2_floor(max(2, min(8, 8192 // k))), min(512, block_k), 4
@@ -127,7 +126,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config=None, out: torch.Tensor =
     layout) -> [M, N] in x's dtype, into `out` when given (contiguous). gated: weight is
     [2 I, K] (gate then up) and the result silu(x gate^T) * (x up^T), [M, I]. An FP8 weight
     comes with its scale fp32 [ceil(N / bn), ceil(K / bk)] and block (bn, bk) (fp8.Fp8Linear):
-    one scale per row (bn 1, bk >= K) or bn x bk blocks (then the K tiles are bk long)."""
+    one scale per row (bn 1, bk >= K) or bn x bk blocks."""
     m = x.shape[0]
     n, k = weight.shape
     assert m <= GEMV_MAX_ROWS and x.shape[1] == k and x.stride(1) == 1 and weight.is_contiguous()
@@ -135,7 +134,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config=None, out: torch.Tensor =
     if scale is not None:
         bn_s, bk_s = block
         mode = 1 if bn_s == 1 and bk_s >= k else 2
-    block_n, block_k, num_warps = config or gemv_config(n, k, gated, bk_s if mode == 2 else None)
+    block_n, block_k, num_warps = config or gemv_config(n, k, gated)
     if gated:
         assert n % 2 == 0, "gated: weight rows are gate then up, 2 I of them"
         n //= 2
