@@ -101,17 +101,21 @@ def test_batched_fp8_linear_is_within_fp8_activation_error(n, k, block):
     _close(got, x.float().cpu() @ _exact(t).t(), 0.08)  # activations rounded to e4m3 per row / group
 
 
-def test_the_backend_keeps_only_what_its_kernels_take():
+def test_the_backend_keeps_only_what_its_kernels_take(monkeypatch):
     from interpreted_triton import InterpretedCudaBackend
 
     be = InterpretedCudaBackend.make(graphs=False)
-    be.supports_fp8 = lambda: True
-    t, _ = _weight(200, 320, (128, 128), 1)
-    assert be.keeps_quantized(t)
-    assert not be.keeps_quantized(Fp8Tensor(t.blocks, t.shape, torch.float32, t.scale, t.block))  # fp32: widened
+    monkeypatch.setattr(be, "supports_fp8", lambda: True)
+    row, _ = _weight(48, 96, None, 1)
+    block, _ = _weight(200, 320, (128, 128), 1)
+    assert be.keeps_quantized(row)
+    assert not be.keeps_quantized(block)  # block scales: widened unless RTP_LLM_CUDA_FP8_BLOCK=1
+    monkeypatch.setenv("RTP_LLM_CUDA_FP8_BLOCK", "1")
+    assert be.keeps_quantized(block)
+    assert not be.keeps_quantized(Fp8Tensor(block.blocks, block.shape, torch.float32, block.scale, block.block))
     odd, _ = _weight(64, 192, (16, 48), 2)  # bk 48: not a K tile
     assert not be.keeps_quantized(odd)
-    packed = be.pack_linear(t)
+    packed = be.pack_linear(block)
     assert isinstance(packed, K.Fp8Linear) and packed.weight.dtype == torch.float8_e4m3fn
 
 
@@ -203,8 +207,10 @@ def test_fp8_checkpoint_through_the_step_path(tmp_path, monkeypatch, scheme):
         llm = interpreted_cuda_llm(ckpt, monkeypatch, backend, max_num_batched_tokens=128)
         tol = 1e-5
     else:
-        llm = LLM(ckpt, device="cuda", act_type="bf16", progress=False, max_seq_len=256)
-        tol = 2e-2  # bf16 activations and outputs
+        # No graphs: a captured step pads its rows (3 tokens would run as a graph's 8, past the GEMV).
+        monkeypatch.setenv("RTP_LLM_CUDA_FP8_BLOCK", "1")
+        llm = LLM(ckpt, device="cuda", act_type="bf16", progress=False, max_seq_len=256, cuda_graph=False)
+        tol = 2e-2  # bf16 activations and outputs (HF's own bf16 run errs by 1-2% here)
     try:
         assert isinstance(llm.engine.runner.model.layers[0].qkv, K.Fp8Linear)
         layers = len(llm.engine.runner.model.layers)

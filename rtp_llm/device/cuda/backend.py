@@ -179,16 +179,21 @@ class CudaBackend(DeviceBackend):
     # Projections: decode batches of 1 (and 2-4 for narrow outputs) run the Triton gemv over
     # HF's [out, in] weights (faster than cuBLAS's GEMV kernels there: kernels.use_gemv), the
     # rest cuBLAS via F.linear. fp32 (the parity reference) keeps cuBLAS, i.e. HF's very sums.
-    # An FP8 checkpoint's projections stay FP8 on GPUs with FP8 tensor cores (kernels/fp8.py)
-    # in a bf16 / fp16 run; an fp32 run widens them (the exact reference), as does
-    # RTP_LLM_CUDA_FP8=0 (to compare against).
+    # An FP8 checkpoint's projections with one scale per row (per-tensor, per-channel) stay FP8
+    # on GPUs with FP8 tensor cores (kernels/fp8.py) in a bf16 / fp16 run; an fp32 run widens
+    # them (the exact reference), as does RTP_LLM_CUDA_FP8=0 (to compare against). Block-scaled
+    # ones (Qwen3-*-FP8, DeepSeek-V3) are widened unless RTP_LLM_CUDA_FP8_BLOCK=1: their kernels
+    # are still slower than bf16's on the H200 (docs/benchmarks.md, "FP8 checkpoints").
     def supports_fp8(self) -> bool:
         return (os.environ.get("RTP_LLM_CUDA_FP8", "1") != "0"
                 and torch.cuda.get_device_capability(self.device) >= (8, 9))
 
     def keeps_quantized(self, weight):
-        return (isinstance(weight, Fp8Tensor) and weight.dtype in (torch.bfloat16, torch.float16)
-                and self.supports_fp8() and K.fp8_supports(*weight.shape, weight.block))
+        if not (isinstance(weight, Fp8Tensor) and weight.dtype in (torch.bfloat16, torch.float16)):
+            return False
+        if not (weight.row_scaled or os.environ.get("RTP_LLM_CUDA_FP8_BLOCK") == "1"):
+            return False
+        return self.supports_fp8() and K.fp8_supports(*weight.shape, weight.block)
 
     def pack_linear(self, weight):
         if isinstance(weight, Fp8Tensor):
