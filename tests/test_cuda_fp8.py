@@ -230,3 +230,29 @@ def test_fp8_checkpoint_through_the_step_path(tmp_path, monkeypatch, scheme):
         t = Fp8Tensor(w.weight.cpu(), tuple(w.weight.shape), torch.float32, w.scale.cpu(), w.block)
         want = _fake_quantized(x.cpu(), None if w.row_scaled else w.block[1]) @ t.dequantize().t()
         assert ((y.float().cpu() - want).norm() / want.norm()).item() < tol, (tuple(w.weight.shape), w.block)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRETED, reason="--quantization=fp8 runs on CUDA only")
+def test_quantization_fp8_at_load_runs_on_the_fp8_kernels(tmp_path):
+    """--quantization=fp8 on a bf16 checkpoint: the projections are quantized per row at load, as
+    quantize_fp8's channel scheme writes them, and computed on the FP8 kernels: a GEMV-sized
+    prompt's logits are HF's on those weights dequantized."""
+    from testlib import make_tiny, random_prompts
+
+    from rtp_llm.llm import LLM
+    from rtp_llm.tools.quantize_fp8 import write
+
+    src = make_tiny("qwen3_gqa_untied", str(tmp_path / "src"))
+    ref = _dequantized_checkpoint(write(src, str(tmp_path / "channel"), "channel"), src, str(tmp_path / "ref"))
+    llm = LLM(src, device="cuda", act_type="bf16", progress=False, max_seq_len=256, cuda_graph=False,
+              quantization="fp8")
+    try:
+        assert isinstance(llm.engine.runner.model.layers[0].gate_up, K.Fp8Linear)
+        prompts = random_prompts(7, [1, 3])
+        ours = [step_logits(llm, p) for p in prompts]
+    finally:
+        llm.close()
+    for prompt, (got, tokens) in zip(prompts, ours):
+        for g, w in zip(got, _reference_logits(ref, prompt, tokens[0], DEV)):
+            assert ((g - w).norm() / w.norm()).item() < 3e-2, len(prompt)  # bf16 weights before quantizing

@@ -6,7 +6,9 @@ anything loads."""
 from typing import Optional
 
 # --quantization value -> (what it is, the devices that compute on it)
-SCHEMES = {"int8": ("weight-only int8, fp16 scales per 32 inputs (GGUF Q8_0 blocks)", ("cpu",))}
+SCHEMES = {"int8": ("weight-only int8, fp16 scales per 32 inputs (GGUF Q8_0 blocks)", ("cpu",)),
+           "fp8": ("FP8 e4m3 weights, one scale per output row; activations quantized per row at run time "
+                   "(Hopper / Ada GPUs)", ("cuda",))}
 
 
 def scheme(quantization: Optional[str], int8_mode: int = 0) -> Optional[str]:
@@ -30,5 +32,5 @@ def check(quantization: Optional[str], device: str, act_type: str) -> None:
         raise ValueError(f"--quantization={quantization} runs on --device={'/'.join(devices)} only for now; "
                          f"--device={device} has no kernels for it yet")
     if act_type in ("fp32", "float32"):
-        raise ValueError(f"--quantization={quantization} needs --act_type=bf16 (its kernels take bf16 "
+        raise ValueError(f"--quantization={quantization} needs --act_type=bf16 or fp16 (its kernels take 16-bit "
                          f"activations), got --act_type={act_type}")

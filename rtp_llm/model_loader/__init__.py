@@ -115,7 +115,7 @@ def load_model(checkpoint_path: str, model_type: Optional[str] = None, dtype: to
     if quantization:
         from rtp_llm.model_loader.quantize_at_load import quantize_weights
 
-        quantize_weights(weights, quantization, config)
+        quantize_weights(weights, quantization, config, device)
     found = has_tokenizer(checkpoint_path, tokenizer_path)
     tok = load_tokenizer(checkpoint_path, tokenizer_path) if found and (tokenizer or not config.eos_token_ids) else None
     if not config.eos_token_ids and getattr(tok, "eos_token_id", None) is not None:

@@ -8,6 +8,7 @@ a block-FP8 checkpoint's `weight_scale_inv` is the grid itself. So slicing, stac
 kernels know one layout, and W[n, k] = e4m3 value x scale[n // bn, k // bk], one fp32 product."""
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import ClassVar, Optional, Sequence, Tuple
 
@@ -16,8 +17,31 @@ import torch
 from rtp_llm.model_loader.quantized import QuantizedTensor
 
 
+E4M3_MAX = 448.0  # e4m3's largest finite value
+
+
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+# The projections whose weights may be FP8 on the device (decoder.py packs them with
+# DeviceBackend.pack_linear / pack_gate_up): attention's q/k/v/o and a dense MLP's; not a MoE
+# layer's experts (stacked into float tensors) nor DeepSeek's latent projections (absorbed).
+_PROJECTIONS = re.compile(r"\.self_attn\.[qkvo]_proj\.weight$|\.mlp\.(gate|up|down)_proj\.weight$")
+
+
+def fp8_projection(config, name: str) -> bool:
+    """Whether weight `name` of the model `config` (a ModelConfig) may be kept FP8."""
+    return config.mla is None and bool(_PROJECTIONS.search(name))
+
+
+def quantize_per_row(w: torch.Tensor, dtype: torch.dtype) -> "Fp8Tensor":
+    """w [N, K] as e4m3 codes with one fp32 scale per row (its max |w| / 448; 1 for an all-zero
+    row), computed where w is; dequantizes to `dtype`."""
+    wf = w.float()
+    amax = wf.abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return Fp8Tensor.per_row((wf / scale).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale, dtype)
 
 
 @dataclass

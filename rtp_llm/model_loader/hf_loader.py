@@ -3,7 +3,6 @@ unquantized or quantized (quant_config.py, dequant.py)."""
 
 import json
 import os
-import re
 from contextlib import ExitStack
 from typing import Dict, List, Optional
 
@@ -14,7 +13,7 @@ from tqdm import tqdm
 from rtp_llm.config.model_config import ModelConfig, MoeConfig, RopeScaling
 from rtp_llm.model_loader.deepseek_config import deepseek_moe, mla_config
 from rtp_llm.model_loader.dequant import PACKED_SUFFIXES, check_plain, read_linear
-from rtp_llm.model_loader.fp8_weight import Fp8Tensor
+from rtp_llm.model_loader.fp8_weight import Fp8Tensor, fp8_projection
 from rtp_llm.model_loader.quant_config import QuantConfig, parse_quant_config
 from rtp_llm.model_loader.registry import MODEL_TYPES, resolve_model_type
 from rtp_llm.model_loader.weights import (CheckpointError, check_weights, expected_weights, fp32_weights,
@@ -214,15 +213,9 @@ def _load_order(index: _ShardIndex, wanted: Dict[str, tuple]) -> List[str]:
     return list(order)
 
 
-# The projections an FP8 checkpoint's weights may stay FP8 in (decoder.py packs them with
-# DeviceBackend.pack_linear / pack_gate_up): attention's q/k/v/o and a dense MLP's; not a MoE
-# layer's experts (stacked into float tensors) nor DeepSeek's latent projections (absorbed).
-_FP8_KEPT = re.compile(r"\.self_attn\.[qkvo]_proj\.weight$|\.mlp\.(gate|up|down)_proj\.weight$")
-
-
 def _keeps_fp8(config: ModelConfig, name: str, dtype: torch.dtype) -> Optional[torch.dtype]:
     """The run dtype an FP8 weight `name` is kept for (read_linear's keep_fp8), or None: widened now."""
-    return dtype if config.mla is None and _FP8_KEPT.search(name) else None
+    return dtype if fp8_projection(config, name) else None
 
 
 def load_hf_weights(checkpoint_path: str, config: ModelConfig, dtype: torch.dtype,

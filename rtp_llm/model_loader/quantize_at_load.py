@@ -9,6 +9,10 @@ scales: the error per weight is at most d / 2 of its own block. What stays in it
 biases, the embedding table and a tied LM head (looked up by row), weights whose inputs are not
 a multiple of 32, and tensors the checkpoint already quantized (GGUF blocks).
 
+fp8 (CUDA): each attention and dense-MLP projection becomes e4m3 codes with one fp32 scale per
+output row (its max |w| / 448), the format the CUDA backend's FP8 kernels compute on
+(device/cuda/kernels/fp8.py); activations are quantized per row at run time above 4 rows.
+
 The flag's values, what they mean and where they run are declared once, in
 config/quantization.py (checked before anything loads)."""
 
@@ -16,7 +20,7 @@ from typing import Dict, Optional
 
 import torch
 
-from rtp_llm.model_loader.fp8_weight import Fp8Tensor
+from rtp_llm.model_loader.fp8_weight import Fp8Tensor, fp8_projection, quantize_per_row
 from rtp_llm.model_loader.quantized import Q8_0Tensor
 from rtp_llm.model_loader.registry import UnsupportedModelError
 
@@ -42,10 +46,11 @@ def _quantizable(name: str, t, tied_head: bool) -> bool:
             and t.shape[1] % _Q8_0_BLOCK == 0 and not (tied_head and name.endswith("lm_head.weight")))
 
 
-def quantize_weights(weights: Dict[str, object], quantization: Optional[str], config) -> int:
+def quantize_weights(weights: Dict[str, object], quantization: Optional[str], config, device: str = "cpu") -> int:
     """Quantizes `weights` in place by the scheme (one tensor at a time: the widened copy goes as
     its blocks arrive); returns how many tensors it quantized. MoE and MLA models are refused by
-    name: their expert stacks and absorbed projections take float weights only."""
+    name: their expert stacks and absorbed projections take float weights only. fp8 quantizes
+    each projection on `device` (a GPU: seconds for an 8B model) and leaves it there."""
     if quantization is None:
         return 0
     if config.moe is not None or config.mla is not None:
@@ -53,9 +58,14 @@ def quantize_weights(weights: Dict[str, object], quantization: Optional[str], co
                          f"(its experts and latent attention take float weights only)")
     count = 0
     for name in list(weights):
-        if isinstance(weights[name], Fp8Tensor):  # an FP8 checkpoint's projection: requantized from its values
-            weights[name] = weights[name].dequantize()
-        if _quantizable(name, weights[name], config.tie_word_embeddings):
-            weights[name] = quantize_q8_0(weights[name])
+        w = weights[name]
+        if isinstance(w, Fp8Tensor):  # an FP8 checkpoint's projection: requantized from its values
+            w = weights[name] = w.dequantize()
+        if quantization == "fp8":
+            if isinstance(w, torch.Tensor) and w.is_floating_point() and fp8_projection(config, name):
+                weights[name] = quantize_per_row(w.to(device), w.dtype)
+                count += 1
+        elif _quantizable(name, w, config.tie_word_embeddings):
+            weights[name] = quantize_q8_0(w)
             count += 1
     return count

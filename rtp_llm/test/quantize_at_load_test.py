@@ -65,12 +65,34 @@ class QuantizeAtLoadTest(unittest.TestCase):
             reading = teacher_forced(path, prompts, 32, f"{name}: int8 bf16", path, 64, quantization="int8")
             self.assertGreaterEqual(reading.share, 0.85, name)
 
+    def test_fp8_projections_are_e4m3_with_a_scale_per_row(self):
+        from rtp_llm.model_loader import load_model
+        from rtp_llm.model_loader.fp8_weight import Fp8Tensor
+        from rtp_llm.model_loader.quantize_at_load import quantize_weights
+
+        loaded = load_model(self.paths["qwen3_gqa_untied"], dtype=torch.bfloat16, progress=False)
+        weights, config = dict(loaded.weights), loaded.config
+        count = quantize_weights(weights, "fp8", config)  # on the CPU here; CUDA computes on the result
+        projections = [n for n in weights if n.endswith("_proj.weight")]
+        self.assertEqual(count, len(projections))
+        for name in projections:
+            t, w = weights[name], loaded.weights[name].float()
+            self.assertIsInstance(t, Fp8Tensor)
+            self.assertTrue(t.row_scaled and t.dtype == torch.bfloat16)
+            torch.testing.assert_close(t.scale.flatten(), w.abs().amax(1) / 448)  # each row's max maps to 448
+            # e4m3's 3 mantissa bits: within 1/16 of each weight, or half its smallest step near 0.
+            err = (t.dequantize().float() - w).abs()
+            self.assertTrue(torch.all(err <= w.abs() / 16 + t.scale * 2 ** -10), name)
+        for name in ("model.embed_tokens.weight", "model.norm.weight"):
+            self.assertIs(weights[name], loaded.weights[name])
+
     def test_what_cannot_run_is_refused_by_flag_name(self):
         from rtp_llm.config.server_config import parse_server_config
         from rtp_llm.llm import LLM
 
         path = self.paths["qwen3_gqa_untied"]
-        for kwargs, words in [(dict(quantization="fp8", act_type="bf16"), "--quantization=fp8 is not supported"),
+        for kwargs, words in [(dict(quantization="fp8", act_type="bf16"), "--quantization=fp8 runs on --device=cuda"),
+                              (dict(quantization="w4a8", act_type="bf16"), "--quantization=w4a8 is not supported"),
                               (dict(quantization="int8", act_type="bf16", device="cuda"), "--device=cuda"),
                               (dict(quantization="int8", act_type="fp32"), "--act_type=bf16")]:
             with self.assertRaises(ValueError) as e:

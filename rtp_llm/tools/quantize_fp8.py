@@ -23,7 +23,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-E4M3_MAX = 448.0  # e4m3's largest finite value
+from rtp_llm.model_loader.fp8_weight import E4M3_MAX, quantize_per_row
+
 BLOCK = (128, 128)
 SHARD_BYTES = 4 << 30
 
@@ -48,10 +49,10 @@ def quantize_block(w: torch.Tensor, block: Tuple[int, int] = BLOCK) -> Tuple[tor
 
 
 def quantize_channel(w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] -> (e4m3 [N, K], fp32 scales [N, 1]): one scale per output row."""
-    amax = w.float().abs().amax(dim=1, keepdim=True)
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    return (w.float() / scale).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+    """w [N, K] -> (e4m3 [N, K], fp32 scales [N, 1]): one scale per output row (as
+    --quantization=fp8 quantizes at load)."""
+    t = quantize_per_row(w, torch.float32)
+    return t.blocks, t.scale
 
 
 def quantization_config(scheme: str) -> dict:
