@@ -23,6 +23,7 @@ def _engine_args(config: ServerConfig):
     return EngineArgs(device=config.device, max_seq_len=config.max_seq_len, max_batch_size=config.max_batch_size,
                       max_num_batched_tokens=config.max_num_batched_tokens,
                       seq_size_per_block=config.seq_size_per_block, kv_cache_mem_mb=config.kv_cache_mem_mb,
+                      kv_cache_dtype=config.kv_cache_dtype,
                       reuse_cache=config.reuse_cache, cuda_graph=config.cuda_graph,
                       overlap_schedule=None if config.overlap_schedule else False, grammar=grammar,
                       speculative=config.speculative(), host_profile=config.host_profile)

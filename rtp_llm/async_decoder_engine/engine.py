@@ -42,6 +42,7 @@ import torch
 from rtp_llm.async_decoder_engine.grammar import GrammarBook, GrammarOptions, make_grammar_book
 from rtp_llm.async_decoder_engine.host_profile import HostProfile
 from rtp_llm.async_decoder_engine.model_runner import Forwarded, ModelRunner, PendingStep, StagedStep
+from rtp_llm.config.quantization import check_kv_cache_dtype
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.device import get_backend
 from rtp_llm.distributed.tensor_parallel import CollectiveError, StepBroadcast, TPShard
@@ -62,6 +63,7 @@ class EngineArgs:
     max_num_batched_tokens: Optional[int] = None  # default: the device's (DeviceBackend)
     seq_size_per_block: int = 16
     kv_cache_mem_mb: Optional[int] = None   # default: the backend's (CPU: 1/4 of free memory, <= 4 GiB)
+    kv_cache_dtype: str = "auto"            # "auto": the run dtype; "fp8": e4m3 (DeviceBackend.kv_cache_dtype)
     num_kv_blocks: Optional[int] = None     # exact block count instead of a memory budget (tests, tuning)
     reuse_cache: bool = True
     warm_up: bool = True
@@ -79,6 +81,7 @@ class EngineArgs:
             raise ValueError(f"--max_seq_len must be >= 2, got {self.max_seq_len}")
         if self.kv_cache_mem_mb is not None and self.kv_cache_mem_mb < 1:
             raise ValueError(f"--kv_cache_mem_mb must be >= 1, got {self.kv_cache_mem_mb}")
+        check_kv_cache_dtype(self.kv_cache_dtype, self.device)
         self.grammar = self.grammar or GrammarOptions()
         self.speculative = self.speculative or SpeculativeConfig()
         self.speculative.validate()
@@ -122,7 +125,11 @@ class EngineLoop:
         # The model holds its own (fused, transposed) copies: drop the loaded tensors rather
         # than keep the weights in memory twice.
         loaded.weights.clear()
-        block_bytes = model.kv_cache_spec.block_bytes(block, loaded.dtype)  # this rank's, in the model's layout
+        kv_dtype = self.backend.kv_cache_dtype(args.kv_cache_dtype, loaded.dtype)
+        if model.kv_cache_spec.is_mla and kv_dtype != loaded.dtype:
+            raise ValueError(f"--kv_cache_dtype={args.kv_cache_dtype} is not supported for model_type {c.model_type} "
+                             f"(its latent cache is kept in the run dtype); use --kv_cache_dtype=auto")
+        block_bytes = model.kv_cache_spec.block_bytes(block, kv_dtype)  # this rank's, in the model's layout
         if args.num_kv_blocks:
             num_blocks, budget = args.num_kv_blocks, args.num_kv_blocks * block_bytes
         else:
@@ -136,14 +143,14 @@ class EngineLoop:
                              f"lower --max_seq_len")
         self.num_blocks = int(num_blocks)
         step_tokens = args.step_tokens(self.backend, c, tp.size)
-        log.info("KV cache: %d blocks x %d tokens (%d MiB), max_seq_len %d, max_batch_size %d, "
+        log.info("KV cache: %d blocks x %d tokens (%d MiB, %s), max_seq_len %d, max_batch_size %d, "
                  "max_num_batched_tokens %d", self.num_blocks, block, self.num_blocks * block_bytes >> 20,
-                 self.max_seq_len, args.max_batch_size, step_tokens)
+                 str(kv_dtype).replace("torch.", ""), self.max_seq_len, args.max_batch_size, step_tokens)
         spec = args.speculative.core_config()
         self.core = EngineCore(self.num_blocks, block, args.max_batch_size, step_tokens,
                                self.max_seq_len, args.reuse_cache, c.eos_token_ids, c.vocab_size,
                                **spec) if tp.rank == 0 else None
-        kv = self.backend.allocate_cache(model.kv_cache_spec, self.num_blocks, block, loaded.dtype)
+        kv = self.backend.allocate_cache(model.kv_cache_spec, self.num_blocks, block, kv_dtype)
         # A step's sampled rows: one per stream, and one more per drafted token (within the budget).
         rows = min(step_tokens, args.max_batch_size * (1 + spec["gen_num_per_cycle"]))
         self.runner = ModelRunner(model, self.backend, kv, block, args.max_batch_size, self.max_seq_len,

@@ -1,7 +1,7 @@
 """--quantization (upstream's flag; its --int8_mode=1 is the same as int8): the schemes that
 quantize a checkpoint's weights at load (model_loader/quantize_at_load.py does it), what each
 means and the devices that compute on it. check() refuses the rest, naming the flag, before
-anything loads."""
+anything loads. And --kv_cache_dtype (vLLM's name): the KV cache's element type, likewise."""
 
 from typing import Optional
 
@@ -34,3 +34,20 @@ def check(quantization: Optional[str], device: str, act_type: str) -> None:
     if act_type in ("fp32", "float32"):
         raise ValueError(f"--quantization={quantization} needs --act_type=bf16 or fp16 (its kernels take 16-bit "
                          f"activations), got --act_type={act_type}")
+
+
+# --kv_cache_dtype value -> (what it is, the devices whose attention reads it; None: every device).
+KV_CACHE_DTYPES = {"auto": ("the run dtype", None),
+                   "fp8": ("e4m3 with scale 1, saturated at +-448: half of bf16's bytes a token", ("cuda",)),
+                   "fp8_e4m3": ("the same as fp8", ("cuda",))}
+
+
+def check_kv_cache_dtype(name: str, device: str) -> None:
+    """Refuses, naming the flag, a KV cache dtype we do not have or cannot read on `device`."""
+    if name not in KV_CACHE_DTYPES:
+        choices = ", ".join(f"{k} ({v[0]})" for k, v in KV_CACHE_DTYPES.items())
+        raise ValueError(f"--kv_cache_dtype must be one of {choices}, got {name!r}")
+    devices = KV_CACHE_DTYPES[name][1]
+    if devices is not None and device not in devices:
+        raise ValueError(f"--kv_cache_dtype={name} runs on --device={'/'.join(devices)} only; --device={device} "
+                         f"has no attention kernels for it yet")

@@ -60,6 +60,7 @@ class ServerConfig:
     max_num_batched_tokens: Optional[int] = None  # per-step token budget; default: the device's
     seq_size_per_block: int = 16
     kv_cache_mem_mb: Optional[int] = None
+    kv_cache_dtype: str = "auto"           # "auto": the run dtype; "fp8": e4m3 K/V (CUDA, Ada / Hopper)
     reuse_cache: bool = True
     act_type: str = "bf16"
     # Weights quantized at load (model_loader/quantize_at_load.py): "int8" (upstream writes INT8;
@@ -145,6 +146,7 @@ class ServerConfig:
             raise ValueError(f"--load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         self.quantization = quantization_flag.scheme(self.quantization, self.int8_mode) or ""
         quantization_flag.check(self.quantization or None, self.device, self.act_type)
+        quantization_flag.check_kv_cache_dtype(self.kv_cache_dtype, self.device)
         if self.paced_engine_step_ms and self.tp_size != 1:
             raise ValueError(f"--paced_engine_step_ms runs no model: it needs --tp_size=1, got {self.tp_size}")
         self.world_size = self.world_size or self.tp_size

@@ -221,6 +221,14 @@ class DeviceBackend(ABC):
             raise ModelRefused(f"MLA kernels for {self.name.upper()} are not built yet: DeepSeek-V2/V3 models "
                              f"(deepseek2, deepseek3) run on --device=cpu and cuda only")
 
+    def kv_cache_dtype(self, name: str, run_dtype: torch.dtype) -> torch.dtype:
+        """The KV cache's dtype for --kv_cache_dtype `name` (config/quantization.py KV_CACHE_DTYPES,
+        checked against the device already): "auto" the run dtype; a device whose attention reads
+        another overrides this."""
+        if name != "auto":
+            raise ValueError(f"--kv_cache_dtype={name} is not supported on --device={self.name}")
+        return run_dtype
+
     def allocate_cache(self, spec: KVCacheSpec, num_blocks: int, block_size: int, dtype: torch.dtype) -> torch.Tensor:
         """The whole pool in spec's layout: allocate_latent_cache or allocate_kv_cache."""
         if spec.is_mla:

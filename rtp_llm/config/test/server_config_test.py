@@ -19,7 +19,7 @@ NAMES = [f.name for f in fields(ServerConfig)]
 # Values that validate only with another flag set too: field -> (value, the other flags).
 NEEDS = {"world_rank": (1, {"tp_size": 2}), "reasoning_parser": ("qwen3", {}), "tool_call_parser": ("hermes", {}),
          "sp_type": ("ngram", {}), "quantization": ("int8", {}),
-         "load_format": ("dummy", {})}
+         "load_format": ("dummy", {}), "kv_cache_dtype": ("fp8", {"device": "cuda"})}
 
 
 def _kind(name):
@@ -74,6 +74,14 @@ class ServerConfigTest(unittest.TestCase):
     def parse(self, *flags, **env):
         with _environment(**env):
             return parse_server_config(list(flags))
+
+    def test_kv_cache_dtype_is_refused_by_name_where_no_attention_reads_it(self):
+        self.assertEqual(self.parse(f"--checkpoint_path={self.ckpt}").kv_cache_dtype, "auto")
+        for flags, words in ((["--kv_cache_dtype=fp8"], "--kv_cache_dtype=fp8 runs on --device=cuda only"),
+                             (["--kv_cache_dtype=int4", "--device=cuda"], "--kv_cache_dtype must be one of")):
+            with self.assertRaises(ValueError) as e:
+                self.parse(f"--checkpoint_path={self.ckpt}", *flags).validate()
+            self.assertIn(words, str(e.exception))
 
     def test_defaults(self):
         config = self.parse(f"--checkpoint_path={self.ckpt}")

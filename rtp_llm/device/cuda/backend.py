@@ -188,6 +188,16 @@ class CudaBackend(DeviceBackend):
         return (os.environ.get("RTP_LLM_CUDA_FP8", "1") != "0"
                 and torch.cuda.get_device_capability(self.device) >= (8, 9))
 
+    # --kv_cache_dtype=fp8 (fp8_e4m3 too): K and V stored as e4m3 with scale 1 (as vLLM's fp8
+    # cache without checkpoint scales), saturated at +-448 (row_ops._cached); the attention
+    # kernels widen them to the queries' dtype. Half the bytes a token of bf16's.
+    def kv_cache_dtype(self, name, run_dtype):
+        if name == "auto":
+            return run_dtype
+        if torch.cuda.get_device_capability(self.device) < (8, 9):
+            raise ValueError(f"--kv_cache_dtype={name} needs a GPU with FP8 (compute capability 8.9+)")
+        return torch.float8_e4m3fn
+
     def keeps_quantized(self, weight):
         if not (isinstance(weight, Fp8Tensor) and weight.dtype in (torch.bfloat16, torch.float16)):
             return False

@@ -28,16 +28,18 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 @triton.jit
 def _load_kv_tile(cache_ptr, block_tables_ptr, offs_n, nmask, kvh, HKV, D: tl.constexpr, PAGE: tl.constexpr,
-                  offs_d, dmask):
+                  offs_d, dmask, DT: tl.constexpr):
+    """Keys or values [BLOCK_N, BLOCK_D] of positions offs_n in dtype DT (the queries'; an FP8
+    cache's e4m3 values widen exactly)."""
     page = tl.load(block_tables_ptr + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
     slot = page * PAGE + offs_n % PAGE
     return tl.load(cache_ptr + (slot[:, None] * HKV + kvh) * D + offs_d[None, :],
-                   mask=nmask[:, None] & dmask[None, :], other=0.0)
+                   mask=nmask[:, None] & dmask[None, :], other=0.0).to(DT)
 
 
 @triton.jit
 def _online_softmax_step(qk, m_i, l_i, acc, vc_ptr, bt, offs_n, nmask, kvh, HKV, D: tl.constexpr, PAGE: tl.constexpr,
-                         offs_d, dmask, PREC: tl.constexpr):
+                         offs_d, dmask, PREC: tl.constexpr, DT: tl.constexpr):
     """Folds one key tile into a flash-attention state: qk [M, N] the tile's base-2 scores
     (masked keys -inf), m_i / l_i [M] the running max and sum of exp2, acc [M, BLOCK_D] the
     running output (fp32); the tile's values are loaded here. Returns the new (m_i, l_i, acc).
@@ -46,7 +48,7 @@ def _online_softmax_step(qk, m_i, l_i, acc, vc_ptr, bt, offs_n, nmask, kvh, HKV,
     p = tl.exp2(qk - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = _load_kv_tile(vc_ptr, bt, offs_n, nmask, kvh, HKV, D, PAGE, offs_d, dmask)
+    v = _load_kv_tile(vc_ptr, bt, offs_n, nmask, kvh, HKV, D, PAGE, offs_d, dmask, DT)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
     return m_new, l_i, acc
 
@@ -91,11 +93,11 @@ def _extend_attention_kernel(q_ptr, kc_ptr, vc_ptr, out_ptr, block_tables_ptr, q
     for n0 in range(0, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         nmask = offs_n < end
-        k = _load_kv_tile(kc_ptr, bt, offs_n, nmask, kvh, HKV, D, PAGE, offs_d, dmask)
+        k = _load_kv_tile(kc_ptr, bt, offs_n, nmask, kvh, HKV, D, PAGE, offs_d, dmask, q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
         qk = tl.where((offs_n[None, :] <= pos[:, None]) & nmask[None, :], qk, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(qk, m_i, l_i, acc, vc_ptr, bt, offs_n, nmask, kvh, HKV, D, PAGE,
-                                             offs_d, dmask, PREC)
+                                             offs_d, dmask, PREC, q.dtype)
     out = acc / l_i[:, None]
     tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=mmask[:, None] & dmask[None, :])
@@ -136,11 +138,11 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, o_part_ptr, lse_part_ptr, counte
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         nmask = offs_n < end
-        k = _load_kv_tile(kc_ptr, bt, offs_n, nmask, kvh, HKV, D, PAGE, offs_d, dmask)
+        k = _load_kv_tile(kc_ptr, bt, offs_n, nmask, kvh, HKV, D, PAGE, offs_d, dmask, q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(qk, m_i, l_i, acc, vc_ptr, bt, offs_n, nmask, kvh, HKV, D, PAGE,
-                                             offs_d, dmask, PREC)
+                                             offs_d, dmask, PREC, q.dtype)
     nonempty = l_i > 0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     if NUM_SPLITS == 1:

@@ -126,6 +126,15 @@ def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch
 
 
 @triton.jit
+def _cached(x, cache_ptr):
+    """A key or value as the cache stores it: in an FP8 (e4m3) cache rounded to nearest and
+    saturated at +-448 (scale 1, as vLLM's fp8 cache without checkpoint scales), else as it is."""
+    if cache_ptr.dtype.element_ty == tl.float8e4nv:
+        x = tl.clamp(x.to(tl.float32), -448.0, 448.0)
+    return x.to(cache_ptr.dtype.element_ty)
+
+
+@triton.jit
 def _qkv_to_cache_kernel(qkv_ptr, qw_ptr, kw_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, slot_ptr, stride_t, eps,
                          H, HKV, HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
                          BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
@@ -144,11 +153,11 @@ def _qkv_to_cache_kernel(qkv_ptr, qw_ptr, kw_ptr, pos_ptr, cos_ptr, sin_ptr, kc_
         hs = tl.arange(0, BLOCK_HK)
         m = (hs[:, None] < HKV) & dm[None, :]
         dst = (slot * HKV + hs[:, None]) * D + ds[None, :]
-        tl.store(kc_ptr + dst, k1, mask=m)
-        tl.store(kc_ptr + dst + HALF, k2, mask=m)
+        tl.store(kc_ptr + dst, _cached(k1, kc_ptr), mask=m)
+        tl.store(kc_ptr + dst + HALF, _cached(k2, kc_ptr), mask=m)
         vsrc = row + (H + HKV) * D + hs[:, None] * D + ds[None, :]
-        tl.store(vc_ptr + dst, tl.load(vsrc, mask=m), mask=m)
-        tl.store(vc_ptr + dst + HALF, tl.load(vsrc + HALF, mask=m), mask=m)
+        tl.store(vc_ptr + dst, _cached(tl.load(vsrc, mask=m), vc_ptr), mask=m)
+        tl.store(vc_ptr + dst + HALF, _cached(tl.load(vsrc + HALF, mask=m), vc_ptr), mask=m)
 
 
 def qkv_to_cache(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, q_norm, k_norm, eps: float,
@@ -265,8 +274,8 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_k
     dst = (slot * HKV + hs[:, None]) * D + ds[None, :]
     k = tl.load(k_ptr + t * stride_kt + hs[:, None] * stride_kh + ds[None, :], mask=m)
     v = tl.load(v_ptr + t * stride_vt + hs[:, None] * stride_vh + ds[None, :], mask=m)
-    tl.store(kc_ptr + dst, k, mask=m)
-    tl.store(vc_ptr + dst, v, mask=m)
+    tl.store(kc_ptr + dst, _cached(k, kc_ptr), mask=m)
+    tl.store(vc_ptr + dst, _cached(v, vc_ptr), mask=m)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, kv: torch.Tensor, slot_mapping: torch.Tensor) -> None:
