@@ -60,7 +60,8 @@ class Fp8Tensor(QuantizedTensor):
         bn, bk = self.block
         want = (_ceil(n, bn), _ceil(k, bk))
         if self.blocks.dtype != torch.float8_e4m3fn or tuple(self.blocks.shape) != (n, k):
-            raise ValueError(f"an FP8 weight is float8_e4m3fn {n, k}, got {self.blocks.dtype} {tuple(self.blocks.shape)}")
+            raise ValueError(f"an FP8 weight is float8_e4m3fn {n, k}, got {self.blocks.dtype} "
+                             f"{tuple(self.blocks.shape)}")
         if tuple(self.scale.shape) != want or self.scale.dtype != torch.float32:
             raise ValueError(f"the scales of a {n} x {k} FP8 weight in {bn} x {bk} blocks are float32 {want}, got "
                              f"{self.scale.dtype} {tuple(self.scale.shape)}")

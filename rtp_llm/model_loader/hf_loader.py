@@ -236,7 +236,9 @@ def load_hf_weights(checkpoint_path: str, config: ModelConfig, dtype: torch.dtyp
                 w = read_linear(index, qc, name[:-len(".weight")], wanted[name], _keeps_fp8(config, name, dtype))
             else:
                 w = check_plain(name, index.get(name), qc)
-            weights[name] = w if isinstance(w, Fp8Tensor) else w.to(torch.float32 if fp32_weights(config, name) else dtype)
+            if not isinstance(w, Fp8Tensor):  # (an Fp8Tensor dequantizes to dtype already)
+                w = w.to(torch.float32 if fp32_weights(config, name) else dtype)
+            weights[name] = w
             bar.update(1)
         bar.close()
     if config.tie_word_embeddings and "lm_head.weight" in weights:

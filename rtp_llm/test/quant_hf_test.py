@@ -84,7 +84,8 @@ class QuantHfTest(unittest.TestCase):
         for name in ("fp8_block_48x80", "gptq_asym_g48", "awq_gemm"):  # one rounding from the fp32 product
             with self.subTest(name, dtype="bf16"):
                 qdir, rdir, _ = self.cases[name]
-                ours = {k: widened(w) for k, w in load_model(qdir, dtype=torch.bfloat16, progress=False).weights.items()}
+                loaded = load_model(qdir, dtype=torch.bfloat16, progress=False).weights
+                ours = {k: widened(w) for k, w in loaded.items()}
                 plain = load_model(rdir, dtype=torch.bfloat16, progress=False).weights
                 self.assertTrue(all(torch.equal(ours[k], plain[k]) for k in plain), name)
 
@@ -153,7 +154,8 @@ class QuantHfTest(unittest.TestCase):
                 for name in projections:
                     self.assertIsInstance(loaded[name], Fp8Tensor)
                     self.assertTrue(torch.equal(loaded[name].dequantize(), oracle(plain[name].float())[1]), name)
-                self.assertTrue(torch.equal(loaded["model.embed_tokens.weight"], plain["model.embed_tokens.weight"].float()))
+                embed = "model.embed_tokens.weight"
+                self.assertTrue(torch.equal(loaded[embed], plain[embed].float()))
 
     def variant(self, case: str, tag: str, **changes) -> str:
         return rewrite_config(self.cases[case][0], os.path.join(self.tmp.name, f"{case}-{tag}"), **changes)

@@ -78,7 +78,8 @@ class StepBudgetTest(unittest.TestCase):
                                       "norm_topk_prob": True})
         dense = config(self.tmp.name, **{**ARCHS["tiny"], "intermediate_size": 2 * 64})
         # Two of eight experts of width 64 compute as one dense MLP of width 128, plus the router.
-        self.assertEqual(active_elements(moe), active_elements(dense) + moe.num_layers * moe.moe.num_experts * moe.hidden_size)
+        routers = moe.num_layers * moe.moe.num_experts * moe.hidden_size
+        self.assertEqual(active_elements(moe), active_elements(dense) + routers)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ offline rows), with the weight-read floor of each checkpoint.
         [--concurrency 256] [--out results.jsonl]
 
 One engine per process (run it once per engine: both hold most of the GPU's memory), and for
-vLLM one --quant (its memory is freed at exit only). The checkpoints are written once to /tmp/rtp_llm_bench_<arch>[_<quant>] and reused."""
+vLLM one --quant (its memory is freed at exit only). The checkpoints are written once to
+/tmp/rtp_llm_bench_<arch>[_<quant>] and reused."""
 
 import argparse
 import os

@@ -1,9 +1,9 @@
 """Triton kernels of the CUDA backend, one module per family: attention over the paged KV cache
 (attention), small-batch projections (gemv), FP8 projections (fp8), MoE's routing and routed
-experts (moe), DeepSeek's latent attention (mla), row-wise ops (row_ops: RMSNorm, rotary, the fused q/k norm + rotary + KV
-write, SiLU-and-mul, the KV write, overlap placeholders, grammar bitmasks), and the launch
-helpers they share (launch: programmatic dependent launch). This package is their one namespace
-(`from rtp_llm.device.cuda import kernels as K`)."""
+experts (moe), DeepSeek's latent attention (mla), row-wise ops (row_ops: RMSNorm, rotary, the
+fused q/k norm + rotary + KV write, SiLU-and-mul, the KV write, overlap placeholders, grammar
+bitmasks), and the launch helpers they share (launch: programmatic dependent launch). This
+package is their one namespace (`from rtp_llm.device.cuda import kernels as K`)."""
 
 from rtp_llm.device.cuda.kernels.attention import (  # noqa: F401
     EXTEND_BLOCK_M,
