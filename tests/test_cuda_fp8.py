@@ -112,7 +112,8 @@ def test_the_backend_keeps_only_what_its_kernels_take(monkeypatch):
     assert not be.keeps_quantized(block)  # block scales: widened unless RTP_LLM_CUDA_FP8_BLOCK=1
     monkeypatch.setenv("RTP_LLM_CUDA_FP8_BLOCK", "1")
     assert be.keeps_quantized(block)
-    assert not be.keeps_quantized(Fp8Tensor(block.blocks, block.shape, torch.float32, block.scale, block.block))
+    for run in (torch.float32, torch.float16):  # widened: the exact reference; no fp16 row-wise FP8 GEMM
+        assert not be.keeps_quantized(Fp8Tensor(block.blocks, block.shape, run, block.scale, block.block))
     odd, _ = _weight(64, 192, (16, 48), 2)  # bk 48: not a K tile
     assert not be.keeps_quantized(odd)
     packed = be.pack_linear(block)

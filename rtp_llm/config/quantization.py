@@ -31,8 +31,8 @@ def check(quantization: Optional[str], device: str, act_type: str) -> None:
     if device not in devices:
         raise ValueError(f"--quantization={quantization} runs on --device={'/'.join(devices)} only for now; "
                          f"--device={device} has no kernels for it yet")
-    if act_type in ("fp32", "float32"):
-        raise ValueError(f"--quantization={quantization} needs --act_type=bf16 or fp16 (its kernels take 16-bit "
+    if act_type in ("fp32", "float32") or (quantization == "fp8" and act_type in ("fp16", "float16")):
+        raise ValueError(f"--quantization={quantization} needs --act_type=bf16 (its kernels take bf16 "
                          f"activations), got --act_type={act_type}")
 
 

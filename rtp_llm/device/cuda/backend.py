@@ -180,7 +180,7 @@ class CudaBackend(DeviceBackend):
     # HF's [out, in] weights (faster than cuBLAS's GEMV kernels there: kernels.use_gemv), the
     # rest cuBLAS via F.linear. fp32 (the parity reference) keeps cuBLAS, i.e. HF's very sums.
     # An FP8 checkpoint's projections with one scale per row (per-tensor, per-channel) stay FP8
-    # on GPUs with FP8 tensor cores (kernels/fp8.py) in a bf16 / fp16 run; an fp32 run widens
+    # on GPUs with FP8 tensor cores (kernels/fp8.py) in a bf16 run; an fp16 or fp32 run widens
     # them (the exact reference), as does RTP_LLM_CUDA_FP8=0 (to compare against). Block-scaled
     # ones (Qwen3-*-FP8, DeepSeek-V3) are widened unless RTP_LLM_CUDA_FP8_BLOCK=1: their kernels
     # are still slower than bf16's on the H200 (docs/benchmarks.md, "FP8 checkpoints").
@@ -199,8 +199,8 @@ class CudaBackend(DeviceBackend):
         return torch.float8_e4m3fn
 
     def keeps_quantized(self, weight):
-        if not (isinstance(weight, Fp8Tensor) and weight.dtype in (torch.bfloat16, torch.float16)):
-            return False
+        if not (isinstance(weight, Fp8Tensor) and weight.dtype == torch.bfloat16):
+            return False  # (cuBLASLt's row-wise scaled GEMM writes bf16 only)
         if not (weight.row_scaled or os.environ.get("RTP_LLM_CUDA_FP8_BLOCK") == "1"):
             return False
         return self.supports_fp8() and K.fp8_supports(*weight.shape, weight.block)
