@@ -58,6 +58,21 @@ def test_gemv_reads_fp8_weights_with_their_scales(n, k, block, m):
     _close(gated, torch.nn.functional.silu(g) * u, 2e-2)
 
 
+def test_gemv_reads_no_scale_past_the_grid():
+    """K = 320 in 128-input blocks: the GEMV's 512-input tile covers scale columns 0..3 of a grid
+    of 3; whatever lies past the grid (here NaN) must not reach the outputs."""
+    t, w = _weight(200, 320, (128, 128), 5)
+    padded = torch.full((w.scale.numel() + 64,), float("nan"), device=DEV)
+    padded[:w.scale.numel()] = w.scale.flatten()
+    w = K.Fp8Linear(w.weight, padded[:w.scale.numel()].view(w.scale.shape), w.block)
+    for m in (1, 4):
+        x = _x(m, 320, m)
+        out = K.fp8_linear(x, w)
+        assert not out.isnan().any()
+        _close(out, x.float().cpu() @ _exact(t).t(), 1e-2)
+        assert not K.fp8_gate_up_silu(x, w, K.silu_and_mul).isnan().any()
+
+
 def test_activation_rows_quantize_per_group():
     x = _x(5, 320, 7)
     x[2] = 0  # an all-zero row: finite scales, zero codes

@@ -8,7 +8,7 @@ from typing import Optional
 # --quantization value -> (what it is, the devices that compute on it)
 SCHEMES = {"int8": ("weight-only int8, fp16 scales per 32 inputs (GGUF Q8_0 blocks)", ("cpu",)),
            "fp8": ("FP8 e4m3 weights, one scale per output row; activations quantized per row at run time "
-                   "(Hopper / Ada GPUs)", ("cuda",))}
+                   "(Hopper GPUs)", ("cuda",))}
 
 
 def scheme(quantization: Optional[str], int8_mode: int = 0) -> Optional[str]:

@@ -225,6 +225,8 @@ INSTEAD: Dict[str, str] = {
     "max_context_batch_size": "--max_batch_size",
     "enable_cuda_graph": "--cuda_graph",
     "reserver_runtime_mem_mb": "--kv_cache_mem_mb",
+    "fp8_kv_cache": "--kv_cache_dtype=fp8",
+    "blockwise_use_fp8_kv_cache": "--kv_cache_dtype=fp8 (per-tensor scale 1, not per block)",
     "stop_words_str": "the request's stop or generate_config.stop_words_str",
     "stop_words_list": "generate_config.stop_words_list",
 }

@@ -30,7 +30,7 @@ def _worker_main(load_args: dict, engine_args: dict, parallel: dict):
     tp = init_tensor_parallel(config, set_rank_device(args.device, config))
     loaded = load_model(load_args["checkpoint_path"], load_args["model_type"], parse_dtype(load_args["act_type"]),
                         load_args["tokenizer_path"], False, load_args.get("quantization"),
-                        load_args.get("load_format", "auto"))
+                        load_args.get("load_format", "auto"), device=args.device)
     engine = EngineLoop(loaded, args, tp)
     engine.run_worker()
     engine.close()

@@ -73,6 +73,10 @@ class Fp8Tensor(QuantizedTensor):
         s = scale.float().reshape(-1, 1).expand(n, 1).contiguous()
         return cls(weight, (n, k), dtype, s, (1, max(k, 1)))
 
+    def to(self, device) -> "Fp8Tensor":
+        """The same weight on `device`."""
+        return replace(self, blocks=self.blocks.to(device), scale=self.scale.to(device))
+
     @property
     def row_scaled(self) -> bool:
         """One scale per row (per-tensor and per-channel checkpoints)."""

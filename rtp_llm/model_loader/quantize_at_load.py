@@ -21,7 +21,7 @@ from typing import Dict, Optional
 import torch
 
 from rtp_llm.model_loader.fp8_weight import Fp8Tensor, fp8_projection, quantize_per_row
-from rtp_llm.model_loader.quantized import Q8_0Tensor
+from rtp_llm.model_loader.quantized import Q8_0Tensor, QuantizedTensor
 from rtp_llm.model_loader.registry import UnsupportedModelError
 
 _QUANTIZED_NAMES = ("_proj.weight", "lm_head.weight")
@@ -50,22 +50,47 @@ def quantize_weights(weights: Dict[str, object], quantization: Optional[str], co
     """Quantizes `weights` in place by the scheme (one tensor at a time: the widened copy goes as
     its blocks arrive); returns how many tensors it quantized. MoE and MLA models are refused by
     name: their expert stacks and absorbed projections take float weights only. fp8 quantizes
-    each projection on `device` (a GPU: seconds for an 8B model) and leaves it there."""
+    each projection on `device` (a GPU: seconds for an 8B model) and returns it where the weight
+    was (the host: each rank moves its own slice, as with bf16 weights)."""
     if quantization is None:
         return 0
     if config.moe is not None or config.mla is not None:
         raise UnsupportedModelError(f"--quantization={quantization} is not supported for model_type {config.model_type} yet "
                          f"(its experts and latent attention take float weights only)")
+    if quantization == "fp8":
+        return _quantize_fp8(weights, config, device)
     count = 0
     for name in list(weights):
         w = weights[name]
         if isinstance(w, Fp8Tensor):  # an FP8 checkpoint's projection: requantized from its values
             w = weights[name] = w.dequantize()
-        if quantization == "fp8":
-            if isinstance(w, torch.Tensor) and w.is_floating_point() and fp8_projection(config, name):
-                weights[name] = quantize_per_row(w.to(device), w.dtype)
-                count += 1
-        elif _quantizable(name, w, config.tie_word_embeddings):
+        if _quantizable(name, w, config.tie_word_embeddings):
             weights[name] = quantize_q8_0(w)
             count += 1
     return count
+
+
+def _quantize_fp8(weights: Dict[str, object], config, device: str) -> int:
+    _check_fp8(weights, device)
+    count = 0
+    for name in list(weights):
+        w = weights[name]
+        if isinstance(w, Fp8Tensor) and w.row_scaled:
+            continue  # already per-row FP8: kept as the checkpoint stores it
+        if isinstance(w, Fp8Tensor):
+            w = w.dequantize()  # block FP8: requantized per row from its values
+        if isinstance(w, torch.Tensor) and w.is_floating_point() and fp8_projection(config, name):
+            weights[name] = quantize_per_row(w.to(device), w.dtype).to(w.device)
+            count += 1
+    return count
+
+
+def _check_fp8(weights: Dict[str, object], device: str) -> None:
+    """fp8 runs where the FP8 kernels do (CUDA on Hopper) and on float or FP8 weights: a GGUF
+    file's blocks would be widened, not quantized, so it is refused."""
+    if device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0):
+        raise UnsupportedModelError("--quantization=fp8 needs a Hopper GPU (compute capability 9.0+: FP8 GEMMs with "
+                                    "row-wise scales); this GPU would run the weights widened to bf16")
+    if any(isinstance(w, QuantizedTensor) and not isinstance(w, Fp8Tensor) for w in weights.values()):
+        raise UnsupportedModelError("--quantization=fp8 takes HF checkpoints (float or FP8 weights); a GGUF file's "
+                                    "quantized blocks load as they are, without the flag")

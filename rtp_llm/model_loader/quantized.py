@@ -245,4 +245,6 @@ def cat_rows(parts: Sequence[Weight]) -> Weight:
     as_q8_0 = [_as_q8_0(p) for p in parts]
     if all(q is not None for q in as_q8_0):
         return cat_rows(as_q8_0)
-    return torch.cat([p.dequantize() if isinstance(p, QuantizedTensor) else p for p in parts])
+    # Widened parts join the plain ones where those are (a kept part may still be on the host).
+    dev = next((p.device for p in parts if isinstance(p, torch.Tensor)), None)
+    return torch.cat([p.dequantize().to(dev) if isinstance(p, QuantizedTensor) else p for p in parts])

@@ -180,13 +180,14 @@ class CudaBackend(DeviceBackend):
     # HF's [out, in] weights (faster than cuBLAS's GEMV kernels there: kernels.use_gemv), the
     # rest cuBLAS via F.linear. fp32 (the parity reference) keeps cuBLAS, i.e. HF's very sums.
     # An FP8 checkpoint's projections with one scale per row (per-tensor, per-channel) stay FP8
-    # on GPUs with FP8 tensor cores (kernels/fp8.py) in a bf16 run; an fp16 or fp32 run widens
+    # on Hopper GPUs (kernels/fp8.py) in a bf16 run; an fp16 or fp32 run widens
     # them (the exact reference), as does RTP_LLM_CUDA_FP8=0 (to compare against). Block-scaled
     # ones (Qwen3-*-FP8, DeepSeek-V3) are widened unless RTP_LLM_CUDA_FP8_BLOCK=1: their kernels
     # are still slower than bf16's on the H200 (docs/benchmarks.md, "FP8 checkpoints").
     def supports_fp8(self) -> bool:
+        """FP8 weights: Hopper (cuBLASLt's row-wise scaled FP8 GEMM is SM90's in torch)."""
         return (os.environ.get("RTP_LLM_CUDA_FP8", "1") != "0"
-                and torch.cuda.get_device_capability(self.device) >= (8, 9))
+                and torch.cuda.get_device_capability(self.device) >= (9, 0))
 
     # --kv_cache_dtype=fp8 (fp8_e4m3 too): K and V stored as e4m3 with scale 1 (as vLLM's fp8
     # cache without checkpoint scales), saturated at +-448 (row_ops._cached); the attention
@@ -209,7 +210,7 @@ class CudaBackend(DeviceBackend):
         if isinstance(weight, Fp8Tensor):
             return K.Fp8Linear(weight.blocks.to(self.device).contiguous(), weight.scale.to(self.device).contiguous(),
                                weight.block)
-        return weight.contiguous()
+        return weight.to(self.device).contiguous()  # (a stack widened from kept parts is still on the host)
 
     def linear(self, x, weight, out=None):
         if isinstance(weight, K.Fp8Linear):

@@ -43,12 +43,12 @@ class Fp8Linear:
 
 def supports(n: int, k: int, block: Tuple[int, int]) -> bool:
     """Whether these kernels take an [N, K] weight in `block`s: per-row scales (cuBLASLt's FP8
-    GEMM) N and K multiples of 16; blocks (block_gemm) a power-of-two bk of 16..256 (one K tile
+    GEMM) N and K multiples of 16; blocks (block_gemm) a power-of-two bk of 32..256 (one K tile
     a block of inputs)."""
     bn, bk = block
     if bn == 1 and bk >= k:
         return n % 16 == 0 and k % 16 == 0
-    return 16 <= bk <= 256 and bk & (bk - 1) == 0
+    return 32 <= bk <= 256 and bk & (bk - 1) == 0
 
 
 @triton.jit

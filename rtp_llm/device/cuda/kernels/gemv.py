@@ -29,14 +29,14 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _scaled(w, s_ptr, rows, ks, stride_s, nmask, SCALE: tl.constexpr, BN_S: tl.constexpr, BK_S: tl.constexpr):
+def _scaled(w, s_ptr, rows, ks, K, stride_s, nmask, SCALE: tl.constexpr, BN_S: tl.constexpr, BK_S: tl.constexpr):
     """A weight tile [BLOCK_N, BLOCK_K] of rows `rows` and inputs `ks` in fp32; SCALE 2 (FP8
     block scales): each weight times its block's scale (gathered per element: the scales are a
     few KB, read from L1, and the tiles stay as long as the unscaled ones')."""
     w = w.to(tl.float32)
     if SCALE == 2:
-        w = w * tl.load(s_ptr + (rows // BN_S)[:, None] * stride_s + (ks // BK_S)[None, :], mask=nmask[:, None],
-                        other=0.0)
+        w = w * tl.load(s_ptr + (rows // BN_S)[:, None] * stride_s + (ks // BK_S)[None, :],
+                        mask=nmask[:, None] & (ks < K)[None, :], other=0.0)
     return w
 
 
@@ -59,12 +59,12 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, N, K, stride_x, stride_out, strid
     # PDL wait, overlapping the previous kernel's tail.
     offs_k = tl.arange(0, BLOCK_K)
     wmask = nmask[:, None] & (offs_k < K)[None, :]
-    w_first = _scaled(tl.load(w_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n, offs_k, stride_s,
+    w_first = _scaled(tl.load(w_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n, offs_k, K, stride_s,
                       nmask, SCALE, BN_S, BK_S)
     u_first = w_first
     if GATED:
         u_first = _scaled(tl.load(u_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n + N, offs_k,
-                          stride_s, nmask, SCALE, BN_S, BK_S)
+                          K, stride_s, nmask, SCALE, BN_S, BK_S)
     pdl_enter(PDL)
     dt = out_ptr.dtype.element_ty
     for m in tl.static_range(M):
@@ -73,22 +73,22 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, N, K, stride_x, stride_out, strid
             acc = w_first * x
             acc_u = u_first * x
         else:
-            acc = _scaled(tl.load(w_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n, offs_k, stride_s,
-                          nmask, SCALE, BN_S, BK_S) * x
+            acc = _scaled(tl.load(w_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n, offs_k, K,
+                          stride_s, nmask, SCALE, BN_S, BK_S) * x
             acc_u = acc
             if GATED:
                 acc_u = _scaled(tl.load(u_rows + offs_k[None, :], mask=wmask, other=0.0), s_ptr, offs_n + N, offs_k,
-                                stride_s, nmask, SCALE, BN_S, BK_S) * x
+                                K, stride_s, nmask, SCALE, BN_S, BK_S) * x
         for k0 in range(BLOCK_K, K, BLOCK_K):
             ks = k0 + offs_k
             kmask = ks < K
             x = tl.load(x_ptr + m * stride_x + ks, mask=kmask, other=0.0).to(tl.float32)[None, :]
             mk = nmask[:, None] & kmask[None, :]
-            acc += _scaled(tl.load(w_rows + ks[None, :], mask=mk, other=0.0), s_ptr, offs_n, ks, stride_s, nmask,
+            acc += _scaled(tl.load(w_rows + ks[None, :], mask=mk, other=0.0), s_ptr, offs_n, ks, K, stride_s, nmask,
                            SCALE, BN_S, BK_S) * x
             if GATED:
-                acc_u += _scaled(tl.load(u_rows + ks[None, :], mask=mk, other=0.0), s_ptr, offs_n + N, ks, stride_s,
-                                 nmask, SCALE, BN_S, BK_S) * x
+                acc_u += _scaled(tl.load(u_rows + ks[None, :], mask=mk, other=0.0), s_ptr, offs_n + N, ks, K,
+                                 stride_s, nmask, SCALE, BN_S, BK_S) * x
         res = tl.sum(acc, 1)
         if SCALE == 1:
             res = res * tl.load(s_ptr + offs_n * stride_s, mask=nmask, other=0.0)
