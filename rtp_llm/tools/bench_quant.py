@@ -6,6 +6,9 @@ offline rows), with the weight-read floor of each checkpoint.
     python -m rtp_llm.tools.bench_quant --arch qwen3-8b --quant bf16,fp8 --engine ours|vllm \\
         [--concurrency 256] [--out results.jsonl]
 
+--quant fp8 is block FP8 (Qwen3-FP8's format): our engine widens it to bf16 unless
+RTP_LLM_CUDA_FP8_BLOCK=1 (each row says which); fp8_channel runs on the FP8 kernels.
+
 One engine per process (run it once per engine: both hold most of the GPU's memory), and for
 vLLM one --quant (its memory is freed at exit only). The checkpoints are written once to
 /tmp/rtp_llm_bench_<arch>[_<quant>] and reused."""
@@ -77,8 +80,10 @@ def main():
         if quant not in SCHEMES:
             raise SystemExit(f"--quant: {quant!r} is not one of {', '.join(SCHEMES)}")
         ckpt = checkpoint(a.arch, quant)
+        # Our block-FP8 weights run on the FP8 kernels only with RTP_LLM_CUDA_FP8_BLOCK=1 (else widened).
+        block_kernels = os.environ.get("RTP_LLM_CUDA_FP8_BLOCK") == "1"
         out = lambda r: emit(a.out, dict(r, arch=a.arch, quant=quant, engine=a.engine,  # noqa: E731
-                                         gpu=torch.cuda.get_device_name()))
+                                         gpu=torch.cuda.get_device_name(), fp8_block_kernels=block_kernels))
         floor = read_floor_bytes(ckpt)
         out({"mode": "floor", "read_bytes": floor, "copy_bandwidth_GBps": bw / 1e9, "tpot_floor_ms": floor / bw * 1e3})
         if a.engine == "ours":
