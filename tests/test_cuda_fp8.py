@@ -135,25 +135,26 @@ def test_the_backend_keeps_only_what_its_kernels_take(monkeypatch):
     assert isinstance(packed, K.Fp8Linear) and packed.weight.dtype == torch.float8_e4m3fn
 
 
-def _fake_quantized(x: torch.Tensor, group) -> torch.Tensor:
-    """x [M, K] as the batched FP8 path quantizes it, in fp32: per group of inputs (None: per
-    row), e4m3 codes times amax / 448."""
+def _torch_quantize_rows(x, group):
+    """quantize_rows in torch (None: one group a row): e4m3 codes [M, K] and fp32 scales
+    amax / 448 [M, groups], as the GPU's kernel gives them (nearest-even e4m3); for the
+    interpreter, whose own e4m3 rounding is off (see test_activation_rows_quantize_per_group)."""
     k = x.shape[-1]
     g = min(group or k, k)
     xs = torch.zeros(x.shape[0], -(-k // g) * g, dtype=torch.float32, device=x.device)
     xs[:, :k] = x.float()
     xs = xs.view(x.shape[0], -1, g)
     s = (xs.abs().amax(-1, keepdim=True) / 448).clamp(min=1e-12)
-    return ((xs / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s).flatten(1)[:, :k]
+    codes = (xs / s).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return codes.flatten(1)[:, :k].contiguous(), s.squeeze(-1)
 
 
-def _torch_quantize_rows(x, group):
-    """quantize_rows in torch: what the GPU's kernel gives (nearest-even e4m3), for the
-    interpreter, whose own e4m3 rounding is off (see test_activation_rows_quantize_per_group)."""
-    k, g = x.shape[1], min(group, x.shape[1])
-    s = torch.stack([(x.float()[:, j:j + g].abs().amax(1) / 448).clamp(min=1e-12) for j in range(0, k, g)], 1)
-    codes = (x.float() / s.repeat_interleave(g, 1)[:, :k]).clamp(-448, 448).to(torch.float8_e4m3fn)
-    return codes, s
+def _fake_quantized(x: torch.Tensor, group) -> torch.Tensor:
+    """x [M, K] as the batched FP8 path quantizes it, in fp32: per group of inputs (None: per
+    row), e4m3 codes times amax / 448."""
+    codes, s = _torch_quantize_rows(x, group)
+    g = min(group or x.shape[-1], x.shape[-1])
+    return codes.float() * s.repeat_interleave(g, 1)[:, :x.shape[-1]]
 
 
 def _reference_logits(ref_dir, prompt, token, device):
