@@ -1,9 +1,10 @@
-"""Speculative decoding by prompt lookup on a real model (SmolLM2-135M, fp32): on a copy-style
+"""Speculative decoding on a real model (SmolLM2-135M, fp32): by prompt lookup, on a copy-style
 prompt the greedy text is identical with and without --sp_type=ngram, and the engine takes
 fewer steps (iter_count) because the model's copy is drafted from the prompt. Sampled at
 temperature > 0 with a seed (rejection sampling), the text is valid and the same run to run, the
 copy still takes fewer steps, and the accepted drafts are reported. With penalties and
-logit_bias (each verify row counts the drafts before it) the greedy text is the plain one."""
+logit_bias (each verify row counts the drafts before it) the greedy text is the plain one. With
+SmolLM2 as its own draft model (--sp_type=vanilla) every draft is accepted, with the plain text."""
 
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.llm import LLM
@@ -58,3 +59,16 @@ def test_penalized_and_biased_greedy_text_is_the_plain_one(smollm2):
     for a, b in zip(plain, spec):
         assert b.outputs[0].token_ids == a.outputs[0].token_ids, (a.outputs[0].text, b.outputs[0].text)
     assert stats["spec_draft_rounds"] > 0 and stats["spec_accepted_tokens"] > 0, stats
+
+
+def test_a_draft_model_equal_to_the_target_has_every_draft_accepted(smollm2):
+    """--sp_type=vanilla with SmolLM2 drafting for itself: the greedy text is the plain one and every
+    draft is accepted (the draft's mirrored KV cache holds the prompt and each kept token as the
+    target's does), in far fewer steps on any prompt, not only a copy."""
+    plain, _ = run(smollm2, SpeculativeConfig())
+    spec, stats = run(smollm2, SpeculativeConfig("vanilla", 4, sp_checkpoint_path=smollm2))
+    for a, b in zip(plain, spec):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids, (a.outputs[0].text, b.outputs[0].text)
+        assert b.aux_info["iter_count"] * 3 <= a.aux_info["iter_count"], (a.aux_info, b.aux_info)
+    assert stats["spec_draft_tokens"] > 0
+    assert stats["spec_accepted_tokens"] == stats["spec_draft_tokens"], stats

@@ -39,6 +39,7 @@ from typing import Optional
 
 import torch
 
+from rtp_llm.async_decoder_engine.draft_model import DraftModel, check_draft, load_draft
 from rtp_llm.async_decoder_engine.grammar import GrammarBook, GrammarOptions, make_grammar_book
 from rtp_llm.async_decoder_engine.host_profile import HostProfile
 from rtp_llm.async_decoder_engine.model_runner import Forwarded, ModelRunner, PendingStep, StagedStep
@@ -107,7 +108,10 @@ class EngineLoop:
     """Rank 0 (or the only rank) owns the C++ core and steps it; under tensor parallelism the
     other ranks hold shards of the model and KV cache and follow rank 0's steps (run_worker)."""
 
-    def __init__(self, loaded: LoadedModel, args: EngineArgs, tp: Optional[TPShard] = None):
+    def __init__(self, loaded: LoadedModel, args: EngineArgs, tp: Optional[TPShard] = None,
+                 draft: Optional[LoadedModel] = None):
+        """draft: the draft model of --sp_type=vanilla (default: loaded from sp_checkpoint_path as
+        `loaded` was: draft_model.load_draft)."""
         args.validate()
         self.loaded = loaded
         self.args = args
@@ -125,11 +129,15 @@ class EngineLoop:
         # The model holds its own (fused, transposed) copies: drop the loaded tensors rather
         # than keep the weights in memory twice.
         loaded.weights.clear()
+        draft_model = self._draft_model(loaded, draft, tp) if args.speculative.draft_model else None
         kv_dtype = self.backend.kv_cache_dtype(args.kv_cache_dtype, loaded.dtype)
-        if model.kv_cache_spec.is_mla and kv_dtype != loaded.dtype:
-            raise ValueError(f"--kv_cache_dtype={args.kv_cache_dtype} is not supported for model_type {c.model_type} "
-                             f"(its latent cache is kept in the run dtype); use --kv_cache_dtype=auto")
-        block_bytes = model.kv_cache_spec.block_bytes(block, kv_dtype)  # this rank's, in the model's layout
+        for m in (model, draft_model):
+            if m is not None and m.kv_cache_spec.is_mla and kv_dtype != loaded.dtype:
+                raise ValueError(f"--kv_cache_dtype={args.kv_cache_dtype} is not supported for model_type "
+                                 f"{m.config.model_type} (its latent cache is kept in the run dtype); use "
+                                 f"--kv_cache_dtype=auto")
+        # This rank's, in the model's layout; a draft model's cache mirrors the target's block for block.
+        block_bytes = sum(m.kv_cache_spec.block_bytes(block, kv_dtype) for m in (model, draft_model) if m is not None)
         if args.num_kv_blocks:
             num_blocks, budget = args.num_kv_blocks, args.num_kv_blocks * block_bytes
         else:
@@ -155,6 +163,11 @@ class EngineLoop:
         rows = min(step_tokens, args.max_batch_size * (1 + spec["gen_num_per_cycle"]))
         self.runner = ModelRunner(model, self.backend, kv, block, args.max_batch_size, self.max_seq_len,
                                   step_tokens, use_graphs=args.cuda_graph, max_sampled_rows=max(rows, args.max_batch_size))
+        if draft_model is not None:
+            draft_kv = self.backend.allocate_cache(draft_model.kv_cache_spec, self.num_blocks, block, kv_dtype)
+            self.runner.drafter = DraftModel(ModelRunner(draft_model, self.backend, draft_kv, block,
+                                                         args.max_batch_size, self.max_seq_len, step_tokens,
+                                                         use_graphs=args.cuda_graph, bind=False))
         overlap = self.backend.async_execution if args.overlap_schedule is None else args.overlap_schedule
         grammar = None
         if self.core is not None:
@@ -168,6 +181,19 @@ class EngineLoop:
         settle_heap()  # (loading's and warm-up's temporaries)
         if args.host_profile and self.core is not None:
             self.host_profile = HostProfile(self)
+
+    def _draft_model(self, loaded: LoadedModel, draft: Optional[LoadedModel], tp: TPShard) -> DecoderModel:
+        """The draft model of --sp_type=vanilla on this device (its loaded weights dropped)."""
+        spec = self.args.speculative
+        if tp.size > 1:
+            raise ValueError(f"--sp_type=vanilla (a draft model) runs on one rank: it needs --tp_size=1, got {tp.size}")
+        draft = draft or load_draft(spec, loaded, self.args.device)
+        check_draft(loaded.config, draft.config, spec.sp_checkpoint_path)
+        model = DecoderModel(draft.config, draft.weights, self.backend, self.max_seq_len, tp)
+        draft.weights.clear()
+        log.info("draft model %s (%s, %d layers) proposes up to %d tokens a step", spec.sp_checkpoint_path,
+                 draft.config.model_type, draft.config.num_layers, spec.gen_num_per_cycle)
+        return model
 
     def _init_stepping(self, overlap: bool, grammar: Optional[GrammarBook] = None):
         """The stepping state, once self.core and self.runner exist. grammar: rank 0's (None:

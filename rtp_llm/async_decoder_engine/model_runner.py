@@ -22,8 +22,9 @@ Speculative decoding (a step with drafts: num_draft_tokens > 0; rtp_llm/cpp/engi
 each drafting stream runs its last token and its drafts, and every one of those positions is
 sampled (device/base.py sampled_token_rows; the sampler's rows repeat the stream's parameters:
 StepBatch.sampled_streams()), so the step yields num_sampled + num_draft_tokens tokens, which
-commit verifies. Such a step runs eagerly (no captured graph has those rows); steps without
-drafts are untouched."""
+commit verifies. Where the device has graphs, the extend graph of the step's token count computes
+those rows (within its row count; else the step runs eagerly). With a draft model (`drafter`: draft_model.py) stage() first has it propose
+the step's drafts and run its mirror of the step, whose forward then precedes the target's."""
 
 import os
 import threading
@@ -33,6 +34,7 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 import torch
 
+from rtp_llm.async_decoder_engine.draft_model import DraftModel, force_accept_rate, force_acceptance
 from rtp_llm.async_decoder_engine.grammar import MaskFill
 from rtp_llm.device.base import DeviceBackend
 from rtp_llm.distributed.tensor_parallel import CollectiveError
@@ -129,6 +131,15 @@ class StagedStep:
         self.batch, self.run = batch, run
         self.placeholders = bool((batch.token_ids < 0).any())
 
+    def after(self, first: "StagedStep") -> "StagedStep":
+        """This step with `first` (staged over the same batch) queued before its forward."""
+        run = self.run
+
+        def both(prev_tokens: Optional[torch.Tensor]) -> torch.Tensor:
+            first.run(prev_tokens)
+            return run(prev_tokens)
+        return StagedStep(self.batch, both)
+
 
 class Forwarded:
     """A step whose forward is queued: logits [num_sampled, vocab] fp32 on the device, and its
@@ -148,9 +159,10 @@ class Forwarded:
 class ModelRunner:
     def __init__(self, model: DecoderModel, backend: DeviceBackend, kv_cache: torch.Tensor, block_size: int,
                  max_batch_size: int, max_seq_len: int, max_num_batched_tokens: int, use_graphs: bool = True,
-                 max_sampled_rows: int = 0):
+                 max_sampled_rows: int = 0, bind: bool = True):
         """max_sampled_rows: a step's most sampled rows (default max_batch_size; speculative decoding
-        samples 1 + draft_lens rows per stream)."""
+        samples 1 + draft_lens rows per stream). bind: sizes the backend's workspaces for this model
+        (False for a draft model beside the target, whose shapes the backend keeps)."""
         # Test-only fault injection: a step whose batch holds one of these token ids fails.
         # "499" raises a RuntimeError; "499:oom,498:hang" picks the fault per token: out of
         # memory (torch.OutOfMemoryError), MemoryError ("memory") or a step that never ends.
@@ -168,7 +180,12 @@ class ModelRunner:
         self.sampler = Sampler(backend.device, pin_host=pin, argmax=backend.argmax,
                                apply_token_bitmask=backend.apply_token_bitmask)
         self.grammar = None  # rank 0's GrammarBook (EngineLoop sets it)
-        backend.bind_model(model.num_heads, model.num_kv_heads, model.config.head_dim, max_batch_size, max_seq_len)
+        self.drafter: Optional[DraftModel] = None  # a draft model's runner (EngineLoop sets it)
+        self._force_accept = force_accept_rate()  # benchmark only (draft_model.FORCE_ACCEPT_ENV)
+        self._force_gen = torch.Generator().manual_seed(0)
+        if bind:
+            backend.bind_model(model.num_heads, model.num_kv_heads, model.config.head_dim, max_batch_size,
+                               max_seq_len)
         # Steps replay captured graphs where the device has them (CUDA) and the model allows
         # (DecoderModel.graph_capturable: not MoE or MLA layers on a backend whose kernels sync).
         self.graphs = backend.make_graph_runner(model, kv_cache, block_size, max_batch_size, max_seq_len,
@@ -183,18 +200,28 @@ class ModelRunner:
         ahead of them. (A rank > 0 steps with this; so do tests.)"""
         return self._run(self.stage(b), prev_tokens)
 
-    def stage(self, b: StepBatch) -> StagedStep:
-        """b's host work and input uploads, queued behind the device's current work."""
+    def stage(self, b: StepBatch, logits: bool = True) -> StagedStep:
+        """b's host work and input uploads, queued behind the device's current work. logits=False:
+        the forward only fills the KV cache (a draft model's mirror; a replayed graph computes its
+        logits anyway)."""
         for token, kind in self.faults.items():
             if (b.token_ids == token).any():
                 _inject(kind, token)
-        # Steps with prompt rows or drafts run eagerly: no captured graph computes those rows.
-        if self.graphs is not None and not b.num_prompt_logprobs and not b.num_draft_tokens:
+        # The draft model proposes b's drafts (into b.token_ids) before anything reads them.
+        first = self.drafter.stage(b) if self.drafter is not None else None
+        staged = self._stage(b, logits)
+        return staged if first is None else staged.after(first)
+
+    def _stage(self, b: StepBatch, logits: bool) -> StagedStep:
+        # Steps with prompt rows run eagerly: no captured graph computes those rows.
+        if self.graphs is not None and not b.num_prompt_logprobs:
             replay = self.graphs.stage(b)
             if replay is not None:
                 return StagedStep(b, replay)
         x = self.backend.prepare_inputs(b, self.block_size)
         rows = self._with_prompt_rows(b, x.sample_rows) if b.num_prompt_logprobs else x.sample_rows
+        if not logits:
+            rows = x.token_ids[:0]
 
         def run(prev_tokens: Optional[torch.Tensor]) -> torch.Tensor:
             if prev_tokens is not None:
@@ -265,6 +292,9 @@ class ModelRunner:
             mask = self.fill_mask(f)
         rows = f.rows if f.rows is not None else f.batch.rows(f.batch.sampled_streams())
         samples = self.sampler.sample_on_device(f.logits, rows, mask.result() if mask is not None else None)
+        if self._force_accept:
+            samples = samples._replace(tokens=force_acceptance(samples.tokens, rows.draft_tokens, self._force_accept,
+                                                               self._force_gen))
         slot = self._slots[self._slot]
         self._slot ^= 1
         step = PendingStep(samples, slot, self.model.tp.timeout_s if self.model.tp.size > 1 else 0.0, f.prompt)

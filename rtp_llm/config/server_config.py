@@ -110,11 +110,14 @@ class ServerConfig:
     # device wait, commit, grammar work) once per burst of load (async_decoder_engine/host_profile.py).
     host_profile: bool = False
     # Speculative decoding (upstream's flags; config/speculative.py): --sp_type=ngram (or
-    # deterministic) drafts up to gen_num_per_cycle tokens per greedy stream by prompt lookup.
+    # deterministic) drafts up to gen_num_per_cycle tokens per stream by prompt lookup;
+    # --sp_type=vanilla with the draft model at --sp_checkpoint_path (--sp_model_type).
     sp_type: str = ""
     gen_num_per_cycle: int = SpeculativeConfig.gen_num_per_cycle
     sp_min_token_match: int = SpeculativeConfig.sp_min_token_match
     sp_max_token_match: int = SpeculativeConfig.sp_max_token_match
+    sp_checkpoint_path: str = ""
+    sp_model_type: str = ""
 
     def validate(self) -> None:
         if not self.checkpoint_path:
@@ -142,6 +145,11 @@ class ServerConfig:
         if not (math.isfinite(self.paced_engine_step_ms) and self.paced_engine_step_ms >= 0):
             raise ValueError(f"--paced_engine_step_ms must be a finite number >= 0, got {self.paced_engine_step_ms}")
         self.speculative().validate()
+        if self.sp_checkpoint_path and not os.path.exists(self.sp_checkpoint_path):
+            raise ValueError(f"--sp_checkpoint_path {self.sp_checkpoint_path} does not exist")
+        if self.speculative().draft_model and self.tp_size != 1:
+            raise ValueError(f"--sp_type=vanilla (a draft model) runs on one rank: it needs --tp_size=1, "
+                             f"got {self.tp_size}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"--load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         self.quantization = quantization_flag.scheme(self.quantization, self.int8_mode) or ""
@@ -177,7 +185,7 @@ class ServerConfig:
 
     def speculative(self) -> SpeculativeConfig:
         return SpeculativeConfig(self.sp_type, self.gen_num_per_cycle, self.sp_min_token_match,
-                                 self.sp_max_token_match)
+                                 self.sp_max_token_match, self.sp_checkpoint_path, self.sp_model_type)
 
     def to_args(self) -> List[str]:
         """Flags for a child process; the API key goes through the environment instead (argv

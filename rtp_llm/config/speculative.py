@@ -1,18 +1,18 @@
 """Speculative decoding's flags (upstream's names), declared once: ServerConfig carries them as
 flags, EngineArgs as this object, the engine core gets gen_num_per_cycle and the n-gram sizes
-(RTP_LLM_ENGINE_CONFIG). Built: prompt lookup (`ngram`, upstream's `deterministic`), for rows
-sampled from the logits alone, greedy or by rejection sampling (rtp_llm/cpp/engine/scheduler.h,
-rtp_llm/models_py/rejection_sampler.py); the draft-model and MTP/EAGLE kinds are refused by name
-at start-up."""
+(RTP_LLM_ENGINE_CONFIG). Built, for rows sampled from the logits alone, greedy or by rejection
+sampling (rtp_llm/cpp/engine/scheduler.h, rtp_llm/models_py/rejection_sampler.py): prompt lookup
+(`ngram`, upstream's `deterministic`) and a separate draft model (`vanilla`:
+async_decoder_engine/draft_model.py); the MTP/EAGLE kinds are refused by name at start-up."""
 
 from dataclasses import dataclass
 
 # sp_type -> what it is (the ones built)
 SP_TYPES = {"ngram": "prompt lookup (n-grams of the stream's own tokens)",
-            "deterministic": "upstream's name for prompt lookup"}
+            "deterministic": "upstream's name for prompt lookup",
+            "vanilla": "a separate draft model of the same tokenizer (--sp_checkpoint_path)"}
 # sp_type -> what it would need (upstream's and vLLM's kinds not built yet)
-NOT_BUILT = {"vanilla": "a separate draft model", "mtp": "a multi-token-prediction head",
-             "eagle": "an EAGLE head", "eagle3": "an EAGLE-3 head"}
+NOT_BUILT = {"mtp": "a multi-token-prediction head", "eagle": "an EAGLE head", "eagle3": "an EAGLE-3 head"}
 
 
 @dataclass
@@ -26,10 +26,19 @@ class SpeculativeConfig:
     # match is tried first here, being the more specific context).
     sp_min_token_match: int = 2
     sp_max_token_match: int = 3
+    # The draft model (sp_type vanilla): its checkpoint, and its model_type where config.json's
+    # does not say (as --model_type for the target). Loaded as the target is (dtype, format, device).
+    sp_checkpoint_path: str = ""
+    sp_model_type: str = ""
 
     @property
     def enabled(self) -> bool:
         return self.sp_type not in ("", "none")
+
+    @property
+    def draft_model(self) -> bool:
+        """The drafts come from a separate model (loaded from sp_checkpoint_path)."""
+        return self.sp_type == "vanilla"
 
     def validate(self) -> None:
         if not self.enabled:
@@ -40,6 +49,11 @@ class SpeculativeConfig:
                              f"supported: {built}")
         if self.sp_type not in SP_TYPES:
             raise ValueError(f"--sp_type must be one of {built} (or empty: off), got {self.sp_type!r}")
+        if self.draft_model and not self.sp_checkpoint_path:
+            raise ValueError("--sp_type=vanilla needs the draft model's checkpoint: --sp_checkpoint_path")
+        if self.sp_checkpoint_path and not self.draft_model:
+            raise ValueError(f"--sp_checkpoint_path is the draft model of --sp_type=vanilla, not of "
+                             f"--sp_type={self.sp_type}")
         if self.gen_num_per_cycle < 1:
             raise ValueError(f"--gen_num_per_cycle must be >= 1, got {self.gen_num_per_cycle}")
         if not 1 <= self.sp_min_token_match <= self.sp_max_token_match:
@@ -49,4 +63,5 @@ class SpeculativeConfig:
     def core_config(self) -> dict:
         """The engine core's fields (RTP_LLM_ENGINE_CONFIG): gen_num_per_cycle 0 turns drafting off."""
         return {"gen_num_per_cycle": self.gen_num_per_cycle if self.enabled else 0,
-                "sp_min_token_match": self.sp_min_token_match, "sp_max_token_match": self.sp_max_token_match}
+                "sp_min_token_match": self.sp_min_token_match, "sp_max_token_match": self.sp_max_token_match,
+                "draft_model": self.draft_model}

@@ -13,17 +13,13 @@ matters), so drafts are accepted and rejected both. "sharp" is loopy with its lo
 (lm_head x 4), so that sampling at temperature > 0 loops as well."""
 
 import json
-
-import glob
 import os
 import tempfile
 import unittest
 
-from safetensors.torch import load_file, save_file
-
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.llm import LLM
-from rtp_llm.test.testlib import TINY, make_tiny, random_prompts
+from rtp_llm.test.testlib import TINY, make_loopy, make_tiny, random_prompts
 
 NEW_TOKENS = 64
 NGRAM = SpeculativeConfig("ngram", 4, 1, 3)
@@ -33,17 +29,6 @@ def repetitive_prompts():
     """Copy-style prompts (a random block repeated) and plain random ones."""
     blocks = random_prompts(7, [6, 9, 13])
     return [b * 4 for b in blocks] + random_prompts(8, [20, 9])
-
-
-def make_loopy(root: str, name: str = "loopy", logit_scale: float = 1.0) -> str:
-    path = make_tiny("qwen3_gqa_untied", os.path.join(root, name))
-    f = glob.glob(os.path.join(path, "*.safetensors"))[0]
-    w = load_file(f)
-
-    def scale(k: str) -> float:
-        return 0.05 if k.endswith("o_proj.weight") else logit_scale if k == "lm_head.weight" else 1.0
-    save_file({k: v * scale(k) if scale(k) != 1.0 else v for k, v in w.items()}, f, metadata={"format": "pt"})
-    return path
 
 
 class SpeculativeTest(unittest.TestCase):

@@ -108,6 +108,25 @@ def make_tiny(name: str, root: str) -> str:
     return path
 
 
+def make_loopy(root: str, name: str = "loopy", logit_scale: float = 1.0) -> str:
+    """qwen3_gqa_untied with its attention outputs scaled down (o_proj x 0.05): its greedy text
+    falls into short loops and escapes them (attention still matters), so speculative drafts are
+    accepted and rejected both; logit_scale > 1 sharpens its logits (lm_head x scale) so that
+    sampling at temperature > 0 loops as well."""
+    import glob
+
+    from safetensors.torch import load_file, save_file
+
+    path = make_tiny("qwen3_gqa_untied", os.path.join(root, name))
+    f = glob.glob(os.path.join(path, "*.safetensors"))[0]
+    w = load_file(f)
+
+    def scale(k: str) -> float:
+        return 0.05 if k.endswith("o_proj.weight") else logit_scale if k == "lm_head.weight" else 1.0
+    save_file({k: v * scale(k) if scale(k) != 1.0 else v for k, v in w.items()}, f, metadata={"format": "pt"})
+    return path
+
+
 TINY_EOS = "<|end|>"
 
 

@@ -1,4 +1,4 @@
-"""Speculative decoding by prompt lookup, with and without (a tool, not a test): engine steps
+"""Speculative decoding, with and without (a tool, not a test): engine steps
 (iter_count per stream) and TPOT on a copy-style prompt and a plain one, at batch 1 and 16, and
 whether the greedy text came out the same (sampled, --temperature > 0: rejection sampling keeps
 the distribution, not the draws, so the column reads n/a). Both engines are loaded side by side
@@ -6,14 +6,25 @@ and each point runs --repeats times alternating between them (TPOT: the median),
 whose speed drifts affects both alike; "wasted" is the drafted rows rejected per generated
 token (the compute drafting adds: what costs where a step is compute-bound).
 
+Drafters: prompt lookup (--sp_type ngram), or a draft model (--sp_type vanilla
+--sp_checkpoint_path DRAFT). Random weights accept nothing: --force_accept R (benchmark only,
+draft_model.FORCE_ACCEPT_ENV) makes each draft kept with probability R whatever the target
+samples, so the speed at that acceptance rate is measured (the text is then not the model's).
+
     python -m rtp_llm.tools.bench_spec --checkpoint PATH [--act_type bf16] [--batch 1,16] [--repeats 3]
-        [--temperature 0.7]
+        [--temperature 0.7] [--sp_type vanilla --sp_checkpoint_path DRAFT [--force_accept 0.7]]
+        [--device cuda --load_format dummy]
+    python -m rtp_llm.tools.bench_spec --arch qwen3-8b --draft_arch qwen3-0.6b --tokenizer DIR --device cuda
+        --force_accept 0.7   (random weights of named architectures: random_checkpoint.ARCHS)
 """
 
 import argparse
+import os
 import statistics
+import tempfile
 import time
 
+from rtp_llm.async_decoder_engine.draft_model import FORCE_ACCEPT_ENV
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.llm import LLM
 
@@ -47,9 +58,28 @@ def measure_wasted(llm, prompt, batch, new_tokens, temperature, top_p):
     return out + ((drafted - accepted) / max(generated, 1),)
 
 
+def random_weights(a) -> None:
+    """--arch / --draft_arch: config-only checkpoints (random_checkpoint.write_config) in the temp
+    directory, loaded with --load_format dummy."""
+    from rtp_llm.tools.random_checkpoint import write_config
+
+    for arch, field in ((a.arch, "checkpoint"), (a.draft_arch, "sp_checkpoint_path")):
+        if arch:
+            setattr(a, field, write_config(arch, os.path.join(tempfile.gettempdir(), f"rtp_llm_spec_{arch}"),
+                                           a.tokenizer))
+            a.load_format = "dummy"
+    if a.draft_arch:
+        a.sp_type = "vanilla"
+    if not a.checkpoint:
+        raise SystemExit("bench_spec: --checkpoint or --arch is required")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--checkpoint", help="the target model (or --arch)")
+    p.add_argument("--arch", help="random weights of this architecture (random_checkpoint.ARCHS): the target")
+    p.add_argument("--draft_arch", help="random weights of this architecture: the draft model (--sp_type vanilla)")
+    p.add_argument("--tokenizer", help="the tokenizer directory copied beside --arch / --draft_arch's configs")
     p.add_argument("--act_type", default="bf16")
     p.add_argument("--batch", default="1,16")
     p.add_argument("--new_tokens", type=int, default=96)
@@ -57,12 +87,23 @@ def main(argv=None):
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top_p", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--sp_type", choices=("ngram", "vanilla"), default="ngram")
+    p.add_argument("--sp_checkpoint_path", default="", help="the draft model (--sp_type vanilla)")
+    p.add_argument("--force_accept", type=float, default=0.0,
+                   help="benchmark only: keep each draft with this probability (random weights)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--load_format", default="auto", help="dummy: random weights of the checkpoints' shapes")
     a = p.parse_args(argv)
-    specs = {"off": SpeculativeConfig(), "ngram": SpeculativeConfig("ngram", a.gen_num_per_cycle)}
+    random_weights(a)
+    if a.force_accept:
+        os.environ[FORCE_ACCEPT_ENV] = str(a.force_accept)
+    specs = {"off": SpeculativeConfig(),
+             a.sp_type: SpeculativeConfig(a.sp_type, a.gen_num_per_cycle, sp_checkpoint_path=a.sp_checkpoint_path)}
     llms = {}
     try:
         for label, spec in specs.items():
-            llms[label] = LLM(a.checkpoint, act_type=a.act_type, progress=False, max_seq_len=1024, speculative=spec)
+            llms[label] = LLM(a.checkpoint, act_type=a.act_type, progress=False, max_seq_len=1024, speculative=spec,
+                              device=a.device, load_format=a.load_format)
             llms[label].generate("warm up", {"max_new_tokens": 4, "temperature": 0})
         runs = {}
         for name, prompt in PROMPTS.items():
@@ -74,16 +115,17 @@ def main(argv=None):
     finally:
         for llm in llms.values():
             llm.close()
-    print(f"{'prompt':<6} {'batch':>5} | {'steps off':>9} {'steps ngram':>11} {'ratio':>6} | "
-          f"{'TPOT off ms':>11} {'TPOT ngram ms':>13} {'speedup':>7} | {'wasted':>6} | same text")
+    sp = a.sp_type
+    print(f"{'prompt':<6} {'batch':>5} | {'steps off':>9} {'steps ' + sp:>13} {'ratio':>6} | "
+          f"{'TPOT off ms':>11} {'TPOT ' + sp + ' ms':>15} {'speedup':>7} | {'wasted':>6} | same text")
     for name in PROMPTS:
         for batch in map(int, a.batch.split(",")):
-            off, ngram = runs["off", name, batch], runs["ngram", name, batch]
-            p0, p1 = (statistics.median(r[2] for r in rs) for rs in (off, ngram))
-            s0, s1 = off[0][1], ngram[0][1]
-            same = all(r[0] == off[0][0] for r in off + ngram) if a.temperature == 0 else "n/a"
-            print(f"{name:<6} {batch:>5} | {s0:>9.1f} {s1:>11.1f} {s0 / s1:>6.2f} | {p0:>11.1f} {p1:>13.1f} "
-                  f"{p0 / p1:>7.2f} | {ngram[0][4]:>6.2f} | {same}")
+            off, on = runs["off", name, batch], runs[sp, name, batch]
+            p0, p1 = (statistics.median(r[2] for r in rs) for rs in (off, on))
+            s0, s1 = off[0][1], on[0][1]
+            same = all(r[0] == off[0][0] for r in off + on) if a.temperature == 0 and not a.force_accept else "n/a"
+            print(f"{name:<6} {batch:>5} | {s0:>9.1f} {s1:>13.1f} {s0 / s1:>6.2f} | {p0:>11.1f} {p1:>15.1f} "
+                  f"{p0 / p1:>7.2f} | {on[0][4]:>6.2f} | {same}")
 
 
 if __name__ == "__main__":

@@ -21,21 +21,40 @@ ARCHS = {
 }
 
 
+def _config(arch: str):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6, **ARCHS[arch])
+
+
+def _copy_tokenizer(tokenizer: str, out: str) -> None:
+    for name in os.listdir(tokenizer):
+        if name.startswith("tokenizer") or name in ("vocab.json", "merges.txt", "special_tokens_map.json"):
+            shutil.copy(os.path.join(tokenizer, name), out)
+
+
 def write(arch: str, out: str, tokenizer: str = None, seed: int = 0) -> str:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     if os.path.exists(os.path.join(out, "config.json")):
         return out
-    cfg = Qwen3Config(max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6, **ARCHS[arch])
     torch.manual_seed(seed)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(dev):
-        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+        model = Qwen3ForCausalLM(_config(arch)).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
     if tokenizer:
-        for name in os.listdir(tokenizer):
-            if name.startswith("tokenizer") or name in ("vocab.json", "merges.txt", "special_tokens_map.json"):
-                shutil.copy(os.path.join(tokenizer, name), out)
+        _copy_tokenizer(tokenizer, out)
+    return out
+
+
+def write_config(arch: str, out: str, tokenizer: str = None) -> str:
+    """The architecture's config.json only (and the tokenizer's files): a checkpoint for
+    --load_format=dummy, whose weights are made at load."""
+    os.makedirs(out, exist_ok=True)
+    _config(arch).save_pretrained(out)
+    if tokenizer:
+        _copy_tokenizer(tokenizer, out)
     return out
 
 

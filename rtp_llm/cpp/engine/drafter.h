@@ -34,6 +34,20 @@ class NgramDrafter : public Drafter {
   int min_match_, max_match_;
 };
 
+// A draft model's drafts (upstream's sp_type "vanilla"): the core only reserves the positions.
+// After the step is scheduled, the model runner's draft model proposes each drafting stream's
+// tokens and writes them over those positions of the batch's token_ids before the forward
+// (rtp_llm/async_decoder_engine/draft_model.py); commit verifies whatever they hold then.
+// propose() reserves all max_tokens positions, each holding the stream's last token meanwhile (a
+// valid id: a batch that runs unfilled costs acceptance, never correctness).
+class DeferredDrafter : public Drafter {
+ public:
+  int propose(const int32_t* tokens, int n, int max_tokens, int32_t* out) const override {
+    std::fill(out, out + max_tokens, tokens[n - 1]);
+    return max_tokens;
+  }
+};
+
 // How many tokens a stream drafts next, from how its last verified rounds went: every rejected
 // draft is a row computed for nothing, which costs little where a step is bound by reading the
 // weights (batch 1) and its full share where it is bound by compute (a batch of 16 on the CPU:

@@ -37,9 +37,11 @@ ErrorInfo EngineCoreConfig::validate() const {
 }
 
 namespace {
-// The drafter the config asks for: prompt lookup (the only one built yet), or none.
+// The drafter the config asks for: a draft model's (positions the model runner fills), prompt
+// lookup, or none.
 std::unique_ptr<Drafter> make_drafter(const EngineCoreConfig& c) {
   if (c.gen_num_per_cycle <= 0) return nullptr;
+  if (c.draft_model) return std::make_unique<DeferredDrafter>();
   return std::make_unique<NgramDrafter>(c.sp_min_token_match, c.sp_max_token_match);
 }
 

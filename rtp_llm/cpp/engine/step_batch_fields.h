@@ -116,7 +116,10 @@
      and the prompt-lookup drafter's n-gram sizes, longest tried first. */ \
   X(i32, gen_num_per_cycle, 0, 0) \
   X(i32, sp_min_token_match, 2, 1) \
-  X(i32, sp_max_token_match, 3, 1)
+  X(i32, sp_max_token_match, 3, 1) \
+  /* 1: a draft model proposes the drafts (the model runner fills the positions the core \
+     reserves: DeferredDrafter); 0: prompt lookup. */ \
+  X(i32, draft_model, 0, 0)
 
 /* RtpEngineStats: X(type, name, source in rtp_llm::EngineStats). */
 #define RTP_LLM_ENGINE_STATS(X)                 \

@@ -3,8 +3,10 @@
 - Decode steps (every stream has one query token, all sampled) of S streams replay the graph
   captured for the smallest ladder size >= S, with the split-context decode kernel.
 - Any other step of T tokens (prefill, prompt chunks, mixed batches with fewer than
-  EAGER_DECODE_ROWS decodes) replays the graph captured for the smallest token bucket >= T,
-  with the extend kernel over a tile table.
+  EAGER_DECODE_ROWS decodes, speculative verify steps) replays the graph captured for the
+  smallest token bucket >= T, with the extend kernel over a tile table. Its logits rows are an
+  input (sample_rows: one per sampled stream, or 1 + draft_lens per drafting one), at most the
+  graph's stream count.
 
 Inputs are copied into persistent buffers first (one host-to-device copy from a pinned
 staging buffer). Padding tokens have slot -1 and belong to no stream, padding streams have
@@ -18,6 +20,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from rtp_llm.device.base import sampled_token_rows
 from rtp_llm.device.cuda import kernels as K
 from rtp_llm.device.cuda.metadata import CudaAttentionMetadata
 
@@ -217,7 +220,9 @@ class CudaGraphRunner:
         x.put("slots", b.slot_mapping, size, -1)
         x.put("query_starts", b.query_starts, streams + 1, t)
         x.put("context_lens", b.context_lens, streams, 0)
-        rows = (b.query_starts[1:] - 1)[b.do_sample == 1]
+        rows = sampled_token_rows(b)
+        if len(rows) > streams:  # (verify rows past the graph's: eager)
+            return None
         x.put("sample_rows", rows, streams, 0)  # rows of an earlier, larger step would index out of bounds
         n_tiles = size // K.EXTEND_BLOCK_M + streams
         K.extend_tiles(b.query_lens, out=x.host_view("tiles").reshape(2, -1)[:, :n_tiles])

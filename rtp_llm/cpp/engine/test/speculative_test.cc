@@ -300,5 +300,58 @@ TEST(EngineCoreSpec, PromptLookupMatchesTheReferenceWithFewerStepsAlsoOverlapped
   }
 }
 
+// A draft model's drafts (draft_model = 1): the core reserves the positions, holding the last
+// token; whoever runs the step writes the proposals over them before it runs (the model runner's
+// draft model), and commit verifies what they hold then. Right proposals are accepted, wrong ones
+// leave the reference text.
+TEST(EngineCoreSpec, DeferredDraftsAreVerifiedAsFilledIn) {
+  for (const int wrong_at : {1000, 2, 0}) {
+    EngineCoreConfig c = testing::SmallConfig();
+    c.gen_num_per_cycle = 3;
+    c.draft_model = 1;
+    c.max_num_batched_tokens = 32;
+    EngineCore engine(c);
+    FakeModel model(c.num_blocks, c.block_size, 1000, 0);
+    const std::vector<int32_t> prompt = {11, 12, 13, 14, 15};
+    GenerateConfig g = testing::MaxNew(24);
+    g.temperature = 0.0f;
+    int64_t a = 0;
+    ASSERT_TRUE(engine.enqueue(prompt, g, &a).ok());
+    int drafted_steps = 0;
+    for (int i = 0; i < 200; ++i) {
+      StepBatch& b = const_cast<StepBatch&>(engine.schedule());
+      if (b.num_streams == 0) break;
+      for (int s = 0; s < b.num_streams; ++s) {
+        const int d = b.draft_lens[s];
+        if (d == 0) continue;
+        ++drafted_steps;
+        int32_t* drafts = b.token_ids.data() + b.query_starts[s + 1] - d;
+        for (int j = 0; j < d; ++j) EXPECT_EQ(drafts[j], drafts[-1]);  // reserved: the last token
+        std::vector<int32_t> known;
+        int prompt_len = 0;
+        ASSERT_TRUE(engine.tokens(b.stream_ids[s], &known, &prompt_len));
+        const std::vector<int32_t> next = model.reference(known, d);
+        for (int j = 0; j < d; ++j) drafts[j] = j < wrong_at ? next[j] : (next[j] + 1) % 1000;
+      }
+      const std::vector<int32_t> out = model.run(b);
+      ASSERT_TRUE(engine.commit(out.data(), nullptr, static_cast<int>(out.size())).ok());
+    }
+    EXPECT_EQ(testing::Generated(engine, a), model.reference(prompt, 24)) << wrong_at;
+    const EngineStats st = engine.stats();
+    EXPECT_GT(drafted_steps, 0);
+    if (wrong_at >= 3) {
+      EXPECT_EQ(st.spec.accepted_tokens, st.spec.draft_tokens);
+      EXPECT_LE(st.steps, 1 + 24 / 4 + 1);
+    } else if (wrong_at == 0) {
+      EXPECT_EQ(st.spec.accepted_tokens, 0);
+    } else {
+      EXPECT_GT(st.spec.accepted_tokens, 0);
+      EXPECT_LT(st.spec.accepted_tokens, st.spec.draft_tokens);
+    }
+    engine.release(a);
+    testing::ExpectAllBlocksBack(engine);
+  }
+}
+
 }  // namespace
 }  // namespace rtp_llm
