@@ -6,7 +6,7 @@ eagerly, overlapped, with chunked prefill. Marked `gpu`: skipped where torch see
 
 import pytest
 import torch
-from testlib import hf_greedy, hf_model, make_loopy, make_tiny, random_prompts
+from testlib import hf_greedy, hf_model, make_loopy, make_tiny, random_prompts, repetitive_prompts
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -22,8 +22,7 @@ def models(tmp_path_factory):
 
 
 def _prompts():
-    blocks = random_prompts(7, [6, 9, 13])
-    return [b * 4 for b in blocks] + random_prompts(8, [20, 9, 70])
+    return repetitive_prompts() + random_prompts(9, [70])
 
 
 @pytest.mark.parametrize("chunk", [0, 16], ids=["whole", "chunked"])

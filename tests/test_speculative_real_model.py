@@ -6,6 +6,9 @@ copy still takes fewer steps, and the accepted drafts are reported. With penalti
 logit_bias (each verify row counts the drafts before it) the greedy text is the plain one. With
 SmolLM2 as its own draft model (--sp_type=vanilla) every draft is accepted, with the plain text."""
 
+import json
+import urllib.request
+
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.llm import LLM
 
@@ -72,3 +75,23 @@ def test_a_draft_model_equal_to_the_target_has_every_draft_accepted(smollm2):
         assert b.aux_info["iter_count"] * 3 <= a.aux_info["iter_count"], (a.aux_info, b.aux_info)
     assert stats["spec_draft_tokens"] > 0
     assert stats["spec_accepted_tokens"] == stats["spec_draft_tokens"], stats
+
+
+def test_the_server_drafts_with_a_draft_model(smollm2):
+    """start_server --sp_type=vanilla --sp_checkpoint_path: upstream's native route answers with the
+    plain greedy text, and /metrics counts the drafts it accepted."""
+    from testlib import post_json, start_server, stop_server
+
+    plain, _ = run(smollm2, SpeculativeConfig())
+    proc, base = start_server(smollm2, "--sp_type=vanilla", f"--sp_checkpoint_path={smollm2}",
+                              "--gen_num_per_cycle=4", frontends=1)
+    try:
+        status, text = post_json(base + "/", {"prompt": COPY_PROMPT, "generate_config": CONFIG})
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+    finally:
+        assert stop_server(proc) == 0
+    assert status == 200, text
+    assert json.loads(text)["response"] == plain[0].outputs[0].text, (text, plain[0].outputs[0].text)
+    accepted = [line for line in metrics.splitlines() if line.startswith("rtp_llm_spec_accepted_tokens_total")]
+    assert accepted and float(accepted[0].split()[-1]) > 0, accepted

@@ -16,8 +16,7 @@ import torch
 from rtp_llm.async_decoder_engine.draft_model import Proposals, check_draft, force_acceptance
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.llm import LLM
-from rtp_llm.test.speculative_test import repetitive_prompts
-from rtp_llm.test.testlib import make_loopy, make_tiny
+from rtp_llm.test.testlib import make_loopy, make_tiny, repetitive_prompts
 
 NEW_TOKENS = 48
 GREEDY = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}

@@ -19,16 +19,10 @@ import unittest
 
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.llm import LLM
-from rtp_llm.test.testlib import TINY, make_loopy, make_tiny, random_prompts
+from rtp_llm.test.testlib import TINY, make_loopy, make_tiny, repetitive_prompts
 
 NEW_TOKENS = 64
 NGRAM = SpeculativeConfig("ngram", 4, 1, 3)
-
-
-def repetitive_prompts():
-    """Copy-style prompts (a random block repeated) and plain random ones."""
-    blocks = random_prompts(7, [6, 9, 13])
-    return [b * 4 for b in blocks] + random_prompts(8, [20, 9])
 
 
 class SpeculativeTest(unittest.TestCase):

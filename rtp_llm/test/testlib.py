@@ -156,6 +156,12 @@ def random_prompts(seed: int, lengths, prefix=()):
     return [list(prefix) + torch.randint(0, TINY_VOCAB, (n,), generator=g).tolist() for n in lengths]
 
 
+def repetitive_prompts():
+    """Copy-style prompts (a random block repeated) and plain random ones (speculative decoding)."""
+    blocks = random_prompts(7, [6, 9, 13])
+    return [b * 4 for b in blocks] + random_prompts(8, [20, 9])
+
+
 def overlap_sampling_configs(prompt_tail: int):
     """generate_configs whose tokens must not depend on overlapped scheduling: seeded samples,
     penalties (while such a stream samples the engine steps in turn) and a stop word."""

@@ -19,7 +19,8 @@ NAMES = [f.name for f in fields(ServerConfig)]
 # Values that validate only with another flag set too: field -> (value, the other flags).
 NEEDS = {"world_rank": (1, {"tp_size": 2}), "reasoning_parser": ("qwen3", {}), "tool_call_parser": ("hermes", {}),
          "sp_type": ("ngram", {}), "quantization": ("int8", {}),
-         "load_format": ("dummy", {}), "kv_cache_dtype": ("fp8", {"device": "cuda"})}
+         "load_format": ("dummy", {}), "kv_cache_dtype": ("fp8", {"device": "cuda"}),
+         "sp_checkpoint_path": (None, {"sp_type": "vanilla"})}  # (None: the checkpoint, a path that exists)
 
 
 def _kind(name):
@@ -31,7 +32,7 @@ def _kind(name):
 
 def _other_value(name, checkpoint):
     """A valid value of the flag that is not its default."""
-    if name == "checkpoint_path":
+    if name in ("checkpoint_path", "sp_checkpoint_path"):
         return checkpoint
     if name in NEEDS:
         return NEEDS[name][0]
@@ -127,15 +128,31 @@ class ServerConfigTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r"--sp_type=mtp \(a multi-token-prediction head\) is not implemented "
                                                 r"yet; supported: ngram .*deterministic"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type", "mtp")
-        with self.assertRaisesRegex(ValueError, "--sp_checkpoint_path .*only prompt-lookup drafting"):
-            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_checkpoint_path=/x")
+        with self.assertRaisesRegex(ValueError, "--sp_checkpoint_path is the draft model of --sp_type=vanilla, not "
+                                                "of --sp_type=ngram"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=ngram", f"--sp_checkpoint_path={self.ckpt}")
+        with self.assertRaisesRegex(ValueError, "--sp_type=vanilla needs the draft model's checkpoint: "
+                                                "--sp_checkpoint_path"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=vanilla")
+        with self.assertRaisesRegex(ValueError, "--sp_checkpoint_path /no/such/dir does not exist"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=vanilla", "--sp_checkpoint_path=/no/such/dir")
+        with self.assertRaisesRegex(ValueError, r"--sp_type=vanilla \(a draft model\) runs on one rank: it needs "
+                                                r"--tp_size=1, got 2"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=vanilla", f"--sp_checkpoint_path={self.ckpt}",
+                       "--tp_size=2")
+        with self.assertRaisesRegex(ValueError, "--sp_act_type is an upstream RTP-LLM flag"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_act_type=bf16")
         with self.assertRaisesRegex(ValueError, r"--sp_type must be one of .* got 'medusa'"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=medusa")
         with self.assertRaisesRegex(ValueError, r"--sp_min_token_match \(4\) must be in \[1, --sp_max_token_match=3\]"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=ngram", "--sp_min_token_match=4")
         c = self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=deterministic", "--gen_num_per_cycle=7")
         self.assertEqual(c.speculative().core_config(),
-                         {"gen_num_per_cycle": 7, "sp_min_token_match": 2, "sp_max_token_match": 3})
+                         {"gen_num_per_cycle": 7, "sp_min_token_match": 2, "sp_max_token_match": 3, "draft_model": False})
+        c = self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=vanilla", f"--sp_checkpoint_path={self.ckpt}",
+                       "--sp_model_type=qwen_3")
+        self.assertEqual((c.speculative().sp_checkpoint_path, c.speculative().sp_model_type), (self.ckpt, "qwen_3"))
+        self.assertTrue(c.speculative().core_config()["draft_model"])
         with self.assertRaisesRegex(ValueError, "use --max_num_batched_tokens"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--max_batch_tokens_size=4096")
         with self.assertRaises(SystemExit), mock.patch("sys.stderr"):  # a flag upstream does not have either
