@@ -23,8 +23,9 @@ each drafting stream runs its last token and its drafts, and every one of those 
 sampled (device/base.py sampled_token_rows; the sampler's rows repeat the stream's parameters:
 StepBatch.sampled_streams()), so the step yields num_sampled + num_draft_tokens tokens, which
 commit verifies. Where the device has graphs, the extend graph of the step's token count computes
-those rows (within its row count; else the step runs eagerly). With a draft model (`drafter`: draft_model.py) stage() first has it propose
-the step's drafts and run its mirror of the step, whose forward then precedes the target's."""
+those rows (within its row count; else the step runs eagerly). With a draft model (`drafter`:
+draft_model.py) stage() first has it propose the step's drafts and stage its mirror of the step,
+whose forward then precedes the target's."""
 
 import os
 import threading

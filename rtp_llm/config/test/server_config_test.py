@@ -148,7 +148,8 @@ class ServerConfigTest(unittest.TestCase):
             self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=ngram", "--sp_min_token_match=4")
         c = self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=deterministic", "--gen_num_per_cycle=7")
         self.assertEqual(c.speculative().core_config(),
-                         {"gen_num_per_cycle": 7, "sp_min_token_match": 2, "sp_max_token_match": 3, "draft_model": False})
+                         {"gen_num_per_cycle": 7, "sp_min_token_match": 2, "sp_max_token_match": 3,
+                          "draft_model": False})
         c = self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=vanilla", f"--sp_checkpoint_path={self.ckpt}",
                        "--sp_model_type=qwen_3")
         self.assertEqual((c.speculative().sp_checkpoint_path, c.speculative().sp_model_type), (self.ckpt, "qwen_3"))

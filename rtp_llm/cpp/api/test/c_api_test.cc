@@ -59,6 +59,7 @@ TEST(CApi, TheAbiVersionCoversItsHeaders) {
       {8, 0x6e999bd89c606671ULL},
       {9, 0xc29856afd26697d4ULL},
       {10, 0xda89623b75a17f90ULL},
+      {11, 0x74a9d2ab847bd0a7ULL},
   };
   const uint64_t now = Fnv1a(AbiText("cpp/api/c_api.h") + AbiText("cpp/api/engine_api.h") +
                              AbiText("cpp/engine/step_batch_fields.h"));
