@@ -6,20 +6,23 @@ next tokens, and the target verifies them in the step that proposed them
 The draft's KV cache mirrors the target's: a pool of the same block count, indexed by the same
 block tables and slots, so the core's block bookkeeping (allocation, preemption, the prefix
 cache, rolling back rejected drafts) serves both. Invariant: wherever a target block holds a
-computed position, the draft's block holds the draft's K and V of that position's token. It
-holds because every step the target runs, the draft runs first over the same inputs (the
-mirror: same token ids, positions and slots, no logits), so the draft sees the prompt and every
-kept token exactly as the target does. A broken invariant costs acceptance, never correctness:
-whatever the drafts are, the target's samples decide what is kept.
+computed position, the draft's block holds the draft's K and V of that position's token, but
+for at most the one position a stream's last round proposed without running. A broken invariant
+costs acceptance, never correctness: whatever the drafts are, the target's samples decide what
+is kept.
 
-A step in which streams draft (the core reserved d positions after each one's last token:
-DeferredDrafter):
-  1. propose(): d draft decode steps over the drafting streams, the first from each stream's last
-     known token at its position, each later one from the step before's greedy tokens on the
-     device (placeholder ids, as overlap scheduling's); one host copy at the end writes the d
-     proposals over the reserved positions of the batch's token_ids.
-  2. the mirror over the whole batch (its drafting streams' rows rewrite the proposals' slots
-     with the same tokens), then the target's forward, sampling and commit as for any drafter.
+Each step the target runs:
+  1. its drafting streams (the core reserved d positions after each one's last token:
+     DeferredDrafter) get their drafts: d draft steps over them (propose()). Step 0 runs each
+     stream's last known token at its position, after the token of the position before when
+     the draft has not run it (the last round's last draft, accepted: Proposals), and yields
+     draft 1; step j runs draft j from the step before's greedy tokens on the device
+     (placeholder ids, as overlap scheduling's). One host copy at the end writes the proposals
+     over the reserved positions of the batch's token_ids. The steps wrote the draft's K and V
+     of every position but the last draft's.
+  2. its other streams (prompts, plain decodes) run through the draft first (the mirror: their
+     token ids, positions and slots, no logits), so the draft sees every prompt and kept token.
+  3. the target's forward, sampling and commit, as with any drafter.
 
 Drafts are the draft model's argmax: a point mass, the distribution the rejection sampler
 assumes of a drafter, so sampled rows keep the target's distribution exactly.
@@ -66,93 +69,140 @@ def force_acceptance(tokens: torch.Tensor, draft_tokens: Optional[np.ndarray], r
 
 
 @dataclass
-class ProposalBatch:
-    """One draft decode step over the drafting streams, one token each: the StepBatch fields that
-    DeviceBackend.prepare_inputs and the graph runners read. token_ids [S] (-1 - r: row r of the
-    step before's proposals), positions [S], slot_mapping [S] int64, block_tables [S, B]."""
+class DraftBatch:
+    """A step of the draft model: the StepBatch fields that DeviceBackend.prepare_inputs and the
+    graph runners read. Per token: token_ids [T] (-1 - r: row r of the step before's samples),
+    positions [T], slot_mapping [T] int64; per stream: query_lens [S] (its last positions, in
+    order) and block_tables [S, B]. Each stream's last token is sampled."""
 
     token_ids: np.ndarray
     positions: np.ndarray
     slot_mapping: np.ndarray
+    query_lens: np.ndarray
     block_tables: np.ndarray
 
     def __post_init__(self):
-        s = len(self.token_ids)
-        self.num_streams = self.num_tokens = self.num_sampled = s
-        self.num_prefill = self.num_draft_tokens = self.num_prompt_logprobs = 0
+        s, t = len(self.query_lens), len(self.token_ids)
+        self.num_streams, self.num_tokens, self.num_sampled = s, t, s
+        self.num_draft_tokens = self.num_prompt_logprobs = 0
+        self.query_lens = self.query_lens.astype(np.int32)
+        self.query_starts = np.r_[0, np.cumsum(self.query_lens)].astype(np.int32)
+        self.context_lens = (self.positions[self.query_starts[1:] - 1] + 1).astype(np.int32)
+        self.prefix_lens = self.context_lens - self.query_lens
+        self.num_prefill = int((self.query_lens > 1).sum())
         self.block_table_stride = self.block_tables.shape[1]
-        self.query_lens = np.ones(s, np.int32)
-        self.prefix_lens = self.positions.astype(np.int32)
-        self.context_lens = self.prefix_lens + 1
-        self.query_starts = np.arange(s + 1, dtype=np.int32)
         self.do_sample = np.ones(s, np.int32)
         self.draft_lens = np.zeros(s, np.int32)
-        self.prompt_targets = np.full(s, -1, np.int32)
+        self.prompt_targets = np.full(t, -1, np.int32)
+
+
+def mirror_batch(b, streams: np.ndarray) -> DraftBatch:
+    """StepBatch b's rows of the streams where `streams` [S] is true, as they are."""
+    tokens = np.repeat(streams, b.query_lens)
+    return DraftBatch(b.token_ids[tokens], b.positions[tokens], b.slot_mapping[tokens], b.query_lens[streams],
+                      np.ascontiguousarray(b.block_tables[streams]))
 
 
 class Proposals:
-    """Where a step's drafts go: the drafting streams (draft_lens > 0) of StepBatch `b`, each
-    with its first query token (its last known token) at index first[k] and d[k] drafts after it."""
+    """A step's drafts: the drafting streams (draft_lens > 0) of StepBatch `b`, each with its last
+    known token at query index first[k], at position prefix_lens (the target has computed every
+    position before it), and d[k] reserved positions after it.
 
-    def __init__(self, b):
+    seen: stream id -> (v, token), what DraftModel knows of the draft's cache: positions below v
+    hold the draft's K and V of the stream's tokens, and token is the one at v when the draft
+    proposed it without running it (its last draft of a round), else -1. If the round accepted
+    every draft, the stream's prefix is v + 1: step 0 then runs that token before the last one."""
+
+    def __init__(self, b, seen: dict, block_size: int):
         self.b = b
         self.streams = np.nonzero(b.draft_lens > 0)[0]
         self.d = b.draft_lens[self.streams].astype(np.int64)
         self.first = b.query_starts[self.streams + 1].astype(np.int64) - 1 - self.d
+        self.prefix = b.prefix_lens[self.streams].astype(np.int64)
+        known = [seen.get(int(i), (-1, -1)) for i in b.stream_ids[self.streams]]
+        self.gap = np.array([tok if v == p - 1 else -1 for (v, tok), p in zip(known, self.prefix)], np.int64)
+        self.block_size = block_size
 
     @property
     def steps(self) -> int:
         return int(self.d.max()) if len(self.d) else 0
 
-    def batch(self, j: int) -> ProposalBatch:
-        """Draft step j (0-based): the streams with more than j drafts, each running query token
-        first + j; its token is the stream's last known one (j = 0) or draft j, the greedy token
-        of its row in step j - 1 (placeholder -1 - row)."""
+    def batch(self, j: int) -> DraftBatch:
+        """Draft step j (0-based) over the streams with more than j drafts, each sampled at
+        position prefix + j: step 0 from its last known token (after the unseen one, if any), a
+        later step from draft j, its row's greedy token in step j - 1 (placeholder -1 - row)."""
+        if j == 0:
+            return self._catch_up()
         keep = self.d > j
         at = self.first[keep] + j
         b = self.b
-        if j == 0:
-            tokens = b.token_ids[at].astype(np.int32)
-        else:
-            row = np.cumsum(self.d > j - 1) - 1  # each stream's row in step j - 1
-            tokens = (-1 - row[keep]).astype(np.int32)
-        return ProposalBatch(tokens, b.positions[at].astype(np.int32), b.slot_mapping[at].astype(np.int64),
-                             np.ascontiguousarray(b.block_tables[self.streams[keep]]))
+        row = np.cumsum(self.d > j - 1) - 1  # each stream's row in step j - 1
+        return DraftBatch((-1 - row[keep]).astype(np.int32), b.positions[at], b.slot_mapping[at],
+                          np.ones(int(keep.sum()), np.int32), np.ascontiguousarray(b.block_tables[self.streams[keep]]))
 
-    def write(self, drafts: np.ndarray) -> None:
+    def _catch_up(self) -> DraftBatch:
+        b, g = self.b, self.gap >= 0
+        q = 1 + g.astype(np.int64)
+        last = np.cumsum(q) - 1
+        tokens = np.empty(int(q.sum()), np.int32)
+        positions = np.empty_like(tokens)
+        slots = np.empty(len(tokens), np.int64)
+        tokens[last], positions[last], slots[last] = (b.token_ids[self.first], b.positions[self.first],
+                                                      b.slot_mapping[self.first])
+        gi, pos = last[g] - 1, self.prefix[g] - 1
+        blocks = b.block_tables[self.streams[g], pos // self.block_size].astype(np.int64)
+        tokens[gi], positions[gi], slots[gi] = self.gap[g], pos, blocks * self.block_size + pos % self.block_size
+        return DraftBatch(tokens, positions, slots, q, np.ascontiguousarray(b.block_tables[self.streams]))
+
+    def write(self, drafts: np.ndarray, seen: dict) -> None:
         """Writes step 0.. step d-1's greedy tokens (concatenated in step order) over the reserved
-        positions: step j's row of a stream is its draft j + 1, at query token first + 1 + j."""
+        positions (step j's row of a stream is its draft j + 1, at query token first + 1 + j), and
+        records in `seen` what the draft's cache now holds: positions below prefix + d, and the
+        last draft, proposed but not run."""
         at = 0
         for j in range(self.steps):
             keep = self.d > j
             n = int(keep.sum())
             self.b.token_ids[self.first[keep] + 1 + j] = drafts[at:at + n]
             at += n
+        ids = self.b.stream_ids[self.streams].tolist()
+        seen.update(zip(ids, zip((self.prefix + self.d).tolist(), self.b.token_ids[self.first + self.d].tolist())))
 
 
 class DraftModel:
     """The draft model's runner (a ModelRunner over the draft model and its mirrored KV cache):
-    stage(b) proposes b's drafts and stages the mirror over b (module docstring)."""
+    stage(b) proposes b's drafts and stages the mirror of b's other streams (module docstring)."""
 
-    def __init__(self, runner):
+    def __init__(self, runner, max_streams: int):
         self.runner = runner
+        self.seen = {}  # stream id -> (v, token): Proposals
+        self._max_seen = 4 * max_streams
 
     def propose(self, b) -> None:
         """Fills b's reserved draft positions with the draft model's greedy tokens (one host sync)."""
-        p = Proposals(b)
+        p = Proposals(b, self.seen, self.runner.block_size)
         prev, outs = None, []
         for j in range(p.steps):
             logits = self.runner.logits(p.batch(j), prev)
             prev = self.runner.backend.argmax(logits).to(torch.int32)
             outs.append(prev)
         if outs:
-            p.write(torch.cat(outs).cpu().numpy())
+            p.write(torch.cat(outs).cpu().numpy(), self.seen)
 
     def stage(self, b):
-        """b's drafts proposed (when it has any), then the mirror's StagedStep over b."""
-        if b.num_draft_tokens:
+        """b's drafts proposed (when it has any), then the mirror's StagedStep over b's streams that
+        do not draft (None when all do: their proposals ran their positions)."""
+        drafting = b.draft_lens > 0
+        if drafting.any():
             self.propose(b)
-        return self.runner.stage(b, logits=False)
+        rest = ~drafting
+        ids = b.stream_ids
+        if len(self.seen) > self._max_seen:  # (streams that ended: only the batch's are kept)
+            self.seen = {i: self.seen[i] for i in ids.tolist() if i in self.seen}
+        self.seen.update(zip(ids[rest].tolist(), zip(b.context_lens[rest].tolist(), [-1] * int(rest.sum()))))
+        if not rest.any():
+            return None
+        return self.runner.stage(b if rest.all() else mirror_batch(b, rest), logits=False)
 
 
 def check_draft(target, draft, sp_checkpoint_path: str) -> None:

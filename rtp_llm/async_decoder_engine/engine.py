@@ -167,7 +167,8 @@ class EngineLoop:
             draft_kv = self.backend.allocate_cache(draft_model.kv_cache_spec, self.num_blocks, block, kv_dtype)
             self.runner.drafter = DraftModel(ModelRunner(draft_model, self.backend, draft_kv, block,
                                                          args.max_batch_size, self.max_seq_len, step_tokens,
-                                                         use_graphs=args.cuda_graph, bind=False))
+                                                         use_graphs=args.cuda_graph, bind=False),
+                                             args.max_batch_size)
         overlap = self.backend.async_execution if args.overlap_schedule is None else args.overlap_schedule
         grammar = None
         if self.core is not None:

@@ -208,7 +208,8 @@ class ModelRunner:
         for token, kind in self.faults.items():
             if (b.token_ids == token).any():
                 _inject(kind, token)
-        # The draft model proposes b's drafts (into b.token_ids) before anything reads them.
+        # The draft model proposes b's drafts (into b.token_ids) before anything reads them, and
+        # stages its mirror of the other streams (None: none).
         first = self.drafter.stage(b) if self.drafter is not None else None
         staged = self._stage(b, logits)
         return staged if first is None else staged.after(first)

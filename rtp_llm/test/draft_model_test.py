@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from rtp_llm.async_decoder_engine.draft_model import Proposals, check_draft, force_acceptance
+from rtp_llm.async_decoder_engine.draft_model import Proposals, check_draft, force_acceptance, mirror_batch
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.llm import LLM
 from rtp_llm.test.testlib import make_loopy, make_tiny, repetitive_prompts
@@ -100,25 +100,35 @@ class DraftModelTest(unittest.TestCase):
         check_draft(SimpleNamespace(vocab_size=512), SimpleNamespace(vocab_size=500), "/d")
 
     def test_proposal_steps_follow_each_streams_reserved_positions(self):
-        # Three streams: a prompt chunk (no drafts), a decode with 2 drafts, a decode with 3.
+        # Three streams: a prompt chunk (no drafts), a decode with 2 drafts, a decode with 3 whose
+        # last round's last draft (token 59, position 19) was accepted without the draft running it.
         b = SimpleNamespace(
-            draft_lens=np.array([0, 2, 3], np.int32), query_starts=np.array([0, 4, 7, 11], np.int32),
+            stream_ids=np.array([7, 8, 9], np.int64), draft_lens=np.array([0, 2, 3], np.int32),
+            query_lens=np.array([4, 3, 4], np.int32), query_starts=np.array([0, 4, 7, 11], np.int32),
+            prefix_lens=np.array([0, 9, 20], np.int32), context_lens=np.array([4, 12, 24], np.int32),
             token_ids=np.array([1, 2, 3, 4, 50, 50, 50, 60, 60, 60, 60], np.int32),
             positions=np.array([0, 1, 2, 3, 9, 10, 11, 20, 21, 22, 23], np.int32),
             slot_mapping=np.arange(100, 111, dtype=np.int64), block_tables=np.array([[1, 0], [2, 3], [4, 5]], np.int32))
-        p = Proposals(b)
+        seen = {8: (9, -1), 9: (19, 59)}
+        p = Proposals(b, seen, block_size=16)
         self.assertEqual(p.steps, 3)
         s0, s1, s2 = p.batch(0), p.batch(1), p.batch(2)
-        np.testing.assert_array_equal(s0.token_ids, [50, 60])  # the last known tokens
-        np.testing.assert_array_equal(s0.positions, [9, 20])
-        np.testing.assert_array_equal(s0.slot_mapping, [104, 107])
+        np.testing.assert_array_equal(s0.token_ids, [50, 59, 60])  # the last known tokens, the unseen one first
+        np.testing.assert_array_equal(s0.positions, [9, 19, 20])
+        np.testing.assert_array_equal(s0.slot_mapping, [104, 5 * 16 + 3, 107])  # position 19: its 2nd block (5), offset 3
+        np.testing.assert_array_equal(s0.query_lens, [1, 2])
         np.testing.assert_array_equal(s0.context_lens, [10, 21])
         np.testing.assert_array_equal(s0.block_tables, [[2, 3], [4, 5]])
         np.testing.assert_array_equal(s1.token_ids, [-1, -2])  # rows 0 and 1 of step 0
         np.testing.assert_array_equal(s2.token_ids, [-2])      # only the 3-draft stream, row 1 of step 1
         np.testing.assert_array_equal(s2.positions, [22])
-        p.write(np.array([51, 61, 52, 62, 63], np.int32))
+        p.write(np.array([51, 61, 52, 62, 63], np.int32), seen)
         np.testing.assert_array_equal(b.token_ids, [1, 2, 3, 4, 50, 51, 52, 60, 61, 62, 63])
+        self.assertEqual(seen, {8: (11, 52), 9: (23, 63)})  # positions below prefix + d; the last draft, not run
+        m = mirror_batch(b, np.array([True, False, True]))
+        np.testing.assert_array_equal(m.token_ids, [1, 2, 3, 4, 60, 61, 62, 63])
+        np.testing.assert_array_equal(m.prefix_lens, [0, 20])
+        np.testing.assert_array_equal(m.query_starts, [0, 4, 8])
 
     def test_forced_acceptance_keeps_drafts_only(self):
         tokens = torch.tensor([5, 6, 7, 8], dtype=torch.int32)
