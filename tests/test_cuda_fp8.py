@@ -169,6 +169,15 @@ def _reference_logits(ref_dir, prompt, token, device):
     return [out.logits[0, -1].float().cpu(), nxt.logits[0, -1].float().cpu()]
 
 
+def _bf16_valued(path: str) -> str:
+    """The checkpoint at path with every weight rounded to bf16 (kept fp32), in place."""
+    from safetensors.torch import load_file, save_file
+
+    f = os.path.join(path, "model.safetensors")
+    save_file({k: v.to(torch.bfloat16).to(v.dtype) for k, v in load_file(f).items()}, f, metadata={"format": "pt"})
+    return path
+
+
 def _dequantized_checkpoint(ckpt: str, src: str, out: str) -> str:
     """src with the FP8 checkpoint ckpt's projections, exactly dequantized, in fp32."""
     from safetensors.torch import load_file, save_file
@@ -260,7 +269,9 @@ def test_quantization_fp8_at_load_runs_on_the_fp8_kernels(tmp_path):
     from rtp_llm.llm import LLM
     from rtp_llm.tools.quantize_fp8 import write
 
-    src = make_tiny("qwen3_gqa_untied", str(tmp_path / "src"))
+    # bf16 values: the run's bf16 weights are then exactly the ones the tool quantizes (from fp32 ones
+    # the flag would quantize their bf16 rounding, whose codes differ by an e4m3 step here and there).
+    src = _bf16_valued(make_tiny("qwen3_gqa_untied", str(tmp_path / "src")))
     ref = _dequantized_checkpoint(write(src, str(tmp_path / "channel"), "channel"), src, str(tmp_path / "ref"))
     llm = LLM(src, device="cuda", act_type="bf16", progress=False, max_seq_len=256, cuda_graph=False,
               quantization="fp8")

@@ -93,6 +93,8 @@ def main(argv=None):
                    help="benchmark only: keep each draft with this probability (random weights)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--load_format", default="auto", help="dummy: random weights of the checkpoints' shapes")
+    p.add_argument("--kv_cache_mem_mb", type=int, default=4096,
+                   help="each engine's KV cache (both engines are loaded at once: a GPU's default would not fit two)")
     a = p.parse_args(argv)
     random_weights(a)
     if a.force_accept:
@@ -102,7 +104,7 @@ def main(argv=None):
     llms = {}
     try:
         for label, spec in specs.items():
-            llms[label] = LLM(a.checkpoint, act_type=a.act_type, progress=False, max_seq_len=1024, speculative=spec,
+            llms[label] = LLM(a.checkpoint, act_type=a.act_type, progress=False, max_seq_len=1024, kv_cache_mem_mb=a.kv_cache_mem_mb, speculative=spec,
                               device=a.device, load_format=a.load_format)
             llms[label].generate("warm up", {"max_new_tokens": 4, "temperature": 0})
         runs = {}
