@@ -186,8 +186,7 @@ class EngineLoop:
     def _draft_model(self, loaded: LoadedModel, draft: Optional[LoadedModel], tp: TPShard) -> DecoderModel:
         """The draft model of --sp_type=vanilla on this device (its loaded weights dropped)."""
         spec = self.args.speculative
-        if tp.size > 1:
-            raise ValueError(f"--sp_type=vanilla (a draft model) runs on one rank: it needs --tp_size=1, got {tp.size}")
+        spec.check_ranks(tp.size)
         draft = draft or load_draft(spec, loaded, self.args.device)
         check_draft(loaded.config, draft.config, spec.sp_checkpoint_path)
         model = DecoderModel(draft.config, draft.weights, self.backend, self.max_seq_len, tp)

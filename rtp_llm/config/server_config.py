@@ -147,9 +147,7 @@ class ServerConfig:
         self.speculative().validate()
         if self.sp_checkpoint_path and not os.path.exists(self.sp_checkpoint_path):
             raise ValueError(f"--sp_checkpoint_path {self.sp_checkpoint_path} does not exist")
-        if self.speculative().draft_model and self.tp_size != 1:
-            raise ValueError(f"--sp_type=vanilla (a draft model) runs on one rank: it needs --tp_size=1, "
-                             f"got {self.tp_size}")
+        self.speculative().check_ranks(self.tp_size)
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"--load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         self.quantization = quantization_flag.scheme(self.quantization, self.int8_mode) or ""

@@ -60,6 +60,11 @@ class SpeculativeConfig:
             raise ValueError(f"--sp_min_token_match ({self.sp_min_token_match}) must be in [1, --sp_max_token_match="
                              f"{self.sp_max_token_match}]")
 
+    def check_ranks(self, tp_size: int) -> None:
+        """A draft model runs on one rank (no tensor-parallel shards of it yet)."""
+        if self.draft_model and tp_size != 1:
+            raise ValueError(f"--sp_type=vanilla (a draft model) runs on one rank: it needs --tp_size=1, got {tp_size}")
+
     def core_config(self) -> dict:
         """The engine core's fields (RTP_LLM_ENGINE_CONFIG): gen_num_per_cycle 0 turns drafting off."""
         return {"gen_num_per_cycle": self.gen_num_per_cycle if self.enabled else 0,
