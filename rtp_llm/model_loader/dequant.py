@@ -4,9 +4,10 @@ read_linear() finds the tensors a module is stored as and returns its weight as 
 [N, K] (out, in), in fp32. Each value is exact: an integer code minus its zero point (exact in
 int32) times its fp16/bf16/fp32 scale, or an e4m3 value times its scale, as one fp32 product
 (at most 4 + 24 significant bits: correctly rounded, so any correct implementation gives the
-same bits). The caller rounds that to the run dtype once. An FP8 weight may instead stay as
-stored (read_linear's keep_fp8: an Fp8Tensor, fp8_weight.py) for a backend with FP8 kernels, which
-widens nothing; every other backend widens it with the same product (docs/engine.md).
+same bits). The caller rounds that to the run dtype once. An FP8, GPTQ or AWQ weight may instead
+stay as stored (read_linear's `keep`: an Fp8Tensor, fp8_weight.py, or a GroupIntTensor,
+int_weight.py) for a backend with kernels for it, which widens nothing; every other backend
+widens it with the same product (docs/engine.md).
 
 What decides a module's format is what the checkpoint stores for it, read against the
 QuantConfig: `<m>.qweight` (GPTQ/AWQ), an e4m3 `<m>.weight` with its scale, or a plain float
@@ -15,11 +16,12 @@ a MoE router), so a plain float weight is loaded as it is; a module the config l
 converted must be plain; anything else that does not fit (scales beside a float weight, an
 integer weight, packed tensors under a config of another method) is a CheckpointError."""
 
-from typing import Dict, Optional, Protocol, Tuple, Union
+from typing import Dict, NamedTuple, Optional, Protocol, Tuple, Union
 
 import torch
 
 from rtp_llm.model_loader.fp8_weight import Fp8Tensor
+from rtp_llm.model_loader.int_weight import GroupIntTensor, from_codes
 from rtp_llm.model_loader.quant_config import AWQ, FP8, GPTQ, QuantConfig
 from rtp_llm.model_loader.weights import CheckpointError
 
@@ -96,7 +98,17 @@ def _groups(qc: QuantConfig, k: int) -> int:
     return 1 if qc.group_size == -1 else _ceil(k, qc.group_size)
 
 
-def dequant_gptq(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int, k: int) -> torch.Tensor:
+class Codes(NamedTuple):
+    """A GPTQ / AWQ weight unpacked, in the formats' [K, N] orientation: codes [K, N] and zeros
+    [G, N] int32 (zeros as computed with), scales [G, N] as stored, group_of_k int64 [K]."""
+
+    codes: torch.Tensor
+    zeros: torch.Tensor
+    scales: torch.Tensor
+    group_of_k: torch.Tensor
+
+
+def gptq_codes(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int, k: int) -> Codes:
     """GPTQ (AutoGPTQ / GPTQModel): qweight int32 [K * bits / 32, N] (codes along K, low bits
     first), qzeros int32 [G, N * bits / 32] (along N), scales [G, N], g_idx int [K] (the group
     of each input channel: shuffled under desc_act; k // group_size otherwise and when absent).
@@ -113,7 +125,7 @@ def dequant_gptq(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: in
     if g_idx is None:
         if qc.desc_act:
             raise CheckpointError(f"{module}: quantization_config.desc_act is true but {module}.g_idx is missing")
-        g_idx = torch.arange(k) // (k if qc.group_size == -1 else qc.group_size)
+        g_idx = torch.arange(k) // _group_size(qc, k)
     else:
         _check(g_idx, f"{module}.g_idx", (k,), (torch.int32, torch.int64), why)
         g_idx = g_idx.long()
@@ -121,11 +133,10 @@ def dequant_gptq(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: in
             raise CheckpointError(f"tensor {module}.g_idx holds groups outside [0, {g}) ({why})")
     q = unpack_int32(t["qweight"], qc.bits, 0)                          # [K, N]
     z = unpack_int32(t["qzeros"], qc.bits, 1) + qc.zero_offset          # [G, N]
-    w = (q - z[g_idx]).float() * t["scales"].float()[g_idx]            # [K, N]
-    return w.t().contiguous()
+    return Codes(q, z, t["scales"], g_idx)
 
 
-def dequant_awq(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int, k: int) -> torch.Tensor:
+def awq_codes(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int, k: int) -> Codes:
     """AWQ GEMM (AutoAWQ): qweight int32 [K, N / 8] and qzeros int32 [G, N / 8], 8 nibbles a
     word in AWQ's interleaved column order, scales [G, N]; group of input k: k // group_size.
     W[n, k] = (q[k, n] - z[k // group_size, n]) * s[k // group_size, n]."""
@@ -141,9 +152,16 @@ def dequant_awq(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int
     def columns(packed):  # [R, N / 8] words -> [R, N] codes in column order
         return unpack_int32(packed, 4, 1).unflatten(1, (-1, 8))[:, :, order].flatten(1)
 
-    group = torch.arange(k) // (k if qc.group_size == -1 else qc.group_size)
-    w = (columns(t["qweight"]) - columns(t["qzeros"])[group]).float() * t["scales"].float()[group]  # [K, N]
-    return w.t().contiguous()
+    return Codes(columns(t["qweight"]), columns(t["qzeros"]), t["scales"], torch.arange(k) // _group_size(qc, k))
+
+
+def dequant_codes(c: Codes) -> torch.Tensor:
+    """W [N, K] = (q - z) * s, gathered by each input's group, in fp32."""
+    return ((c.codes - c.zeros[c.group_of_k]).float() * c.scales.float()[c.group_of_k]).t().contiguous()
+
+
+def _group_size(qc: QuantConfig, k: int) -> int:
+    return k if qc.group_size == -1 else qc.group_size
 
 
 def _refuse_skipped(qc: QuantConfig, module: str, stored: str) -> None:
@@ -152,7 +170,8 @@ def _refuse_skipped(qc: QuantConfig, module: str, stored: str) -> None:
                               f"as not quantized")
 
 
-def _packed(tensors: Tensors, qc: Optional[QuantConfig], module: str, n: int, k: int) -> torch.Tensor:
+def _packed(tensors: Tensors, qc: Optional[QuantConfig], module: str, n: int, k: int,
+            keep: Optional[torch.dtype]) -> Union[torch.Tensor, GroupIntTensor]:
     if qc is None or qc.kind not in (GPTQ, AWQ):
         method = qc.quant_method if qc else "absent"
         raise CheckpointError(f"tensor {module}.qweight is a packed integer weight (GPTQ/AWQ), but "
@@ -163,19 +182,22 @@ def _packed(tensors: Tensors, qc: Optional[QuantConfig], module: str, n: int, k:
     missing = [s for s in PACKED_SUFFIXES[:3] if s not in parts]
     if missing:
         raise CheckpointError(f"missing tensor {module}.{missing[0]} beside {module}.qweight ({qc.describe()})")
-    return dequant_gptq(parts, qc, module, n, k) if qc.kind == GPTQ else dequant_awq(parts, qc, module, n, k)
+    c = (gptq_codes if qc.kind == GPTQ else awq_codes)(parts, qc, module, n, k)
+    kept = from_codes(c.codes, c.zeros, c.scales, c.group_of_k, _group_size(qc, k), qc.bits, keep) if keep else None
+    return kept if kept is not None else dequant_codes(c)
 
 
 def read_linear(tensors: Tensors, qc: Optional[QuantConfig], module: str, shape: Tuple[int, int],
-                keep_fp8: Optional[torch.dtype] = None) -> Optional[Union[torch.Tensor, Fp8Tensor]]:
+                keep: Optional[torch.dtype] = None) -> Optional[Union[torch.Tensor, Fp8Tensor, GroupIntTensor]]:
     """The weight of linear module `module` (expected `shape` [N, K]) as stored: dequantized to
     fp32 when quantized, as stored when plain; None when the checkpoint has neither form. With
-    keep_fp8 (a run dtype), an FP8 weight stays an Fp8Tensor that dequantizes to it."""
+    `keep` (a run dtype), an FP8 weight stays an Fp8Tensor and a GPTQ / AWQ one a GroupIntTensor
+    (where its groups allow) that dequantizes to it."""
     name = module + ".weight"
     if f"{module}.qweight" in tensors:
         if name in tensors:
             raise CheckpointError(f"{module} is stored twice: {name} and {module}.qweight")
-        return _packed(tensors, qc, module, *shape)
+        return _packed(tensors, qc, module, *shape, keep)
     if name not in tensors:
         return None
     w = tensors.get(name)
@@ -192,8 +214,8 @@ def read_linear(tensors: Tensors, qc: Optional[QuantConfig], module: str, shape:
                                   f"({' or '.join(f'{module}.{s}' for s in qc.scale_names)}; {qc.describe()})")
         if tuple(w.shape) != tuple(shape):
             return w  # check_weights names the shape at fault
-        kept = fp8_weight(w, tensors.get(f"{module}.{found[0]}"), qc, f"{module}.{found[0]}", keep_fp8 or torch.float32)
-        return kept if keep_fp8 else kept.dequantize()
+        kept = fp8_weight(w, tensors.get(f"{module}.{found[0]}"), qc, f"{module}.{found[0]}", keep or torch.float32)
+        return kept if keep else kept.dequantize()
     if scales:
         raise CheckpointError(f"tensor {name} is {str(w.dtype).replace('torch.', '')} beside a scale "
                               f"({module}.{scales[0]}): only float8_e4m3fn weights are scaled")

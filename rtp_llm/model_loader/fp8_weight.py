@@ -8,7 +8,6 @@ a block-FP8 checkpoint's `weight_scale_inv` is the grid itself. So slicing, stac
 kernels know one layout, and W[n, k] = e4m3 value x scale[n // bn, k // bk], one fp32 product."""
 
 import math
-import re
 from dataclasses import dataclass, replace
 from typing import ClassVar, Optional, Sequence, Tuple
 
@@ -22,17 +21,6 @@ E4M3_MAX = 448.0  # e4m3's largest finite value
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
-
-
-# The projections whose weights may be FP8 on the device (decoder.py packs them with
-# DeviceBackend.pack_linear / pack_gate_up): attention's q/k/v/o and a dense MLP's; not a MoE
-# layer's experts (stacked into float tensors) nor DeepSeek's latent projections (absorbed).
-_PROJECTIONS = re.compile(r"\.self_attn\.[qkvo]_proj\.weight$|\.mlp\.(gate|up|down)_proj\.weight$")
-
-
-def fp8_projection(config, name: str) -> bool:
-    """Whether weight `name` of the model `config` (a ModelConfig) may be kept FP8."""
-    return config.mla is None and bool(_PROJECTIONS.search(name))
 
 
 def quantize_per_row(w: torch.Tensor, dtype: torch.dtype) -> "Fp8Tensor":

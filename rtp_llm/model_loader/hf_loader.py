@@ -13,8 +13,10 @@ from tqdm import tqdm
 from rtp_llm.config.model_config import ModelConfig, MoeConfig, RopeScaling
 from rtp_llm.model_loader.deepseek_config import deepseek_moe, mla_config
 from rtp_llm.model_loader.dequant import PACKED_SUFFIXES, check_plain, read_linear
-from rtp_llm.model_loader.fp8_weight import Fp8Tensor, fp8_projection
+from rtp_llm.model_loader.fp8_weight import Fp8Tensor
+from rtp_llm.model_loader.int_weight import GroupIntTensor
 from rtp_llm.model_loader.quant_config import QuantConfig, parse_quant_config
+from rtp_llm.model_loader.quantized import kept_projection
 from rtp_llm.model_loader.registry import MODEL_TYPES, resolve_model_type
 from rtp_llm.model_loader.weights import (CheckpointError, check_weights, expected_weights, fp32_weights,
                                           pack_experts)
@@ -213,17 +215,18 @@ def _load_order(index: _ShardIndex, wanted: Dict[str, tuple]) -> List[str]:
     return list(order)
 
 
-def _keeps_fp8(config: ModelConfig, name: str, dtype: torch.dtype) -> Optional[torch.dtype]:
-    """The run dtype an FP8 weight `name` is kept for (read_linear's keep_fp8), or None: widened now."""
-    return dtype if fp8_projection(config, name) else None
+def _kept_for(config: ModelConfig, name: str, dtype: torch.dtype) -> Optional[torch.dtype]:
+    """The run dtype a packed weight `name` (FP8, GPTQ, AWQ) is kept for (read_linear's keep), or
+    None: widened now."""
+    return dtype if kept_projection(config, name) else None
 
 
 def load_hf_weights(checkpoint_path: str, config: ModelConfig, dtype: torch.dtype,
                     progress: bool = True) -> Dict[str, torch.Tensor]:
     """The model's weights in the run dtype, one at a time: a quantized linear weight is
     dequantized exactly (dequant.py) and rounded to `dtype` before the next is read, except an
-    FP8 projection, which stays an Fp8Tensor (the decoder widens it the same way for a backend
-    without FP8 kernels)."""
+    FP8, GPTQ or AWQ projection, which stays packed (Fp8Tensor, GroupIntTensor: the decoder widens
+    it the same way for a backend without kernels for it)."""
     qc = read_quant_config(checkpoint_path)
     wanted = expected_weights(config)
     weights: Dict[str, torch.Tensor] = {}
@@ -233,10 +236,10 @@ def load_hf_weights(checkpoint_path: str, config: ModelConfig, dtype: torch.dtyp
         bar = tqdm(total=len(wanted), desc="loading weights", unit="tensor", disable=not progress)
         for name in order:
             if len(wanted[name]) == 2 and name.endswith(".weight"):
-                w = read_linear(index, qc, name[:-len(".weight")], wanted[name], _keeps_fp8(config, name, dtype))
+                w = read_linear(index, qc, name[:-len(".weight")], wanted[name], _kept_for(config, name, dtype))
             else:
                 w = check_plain(name, index.get(name), qc)
-            if not isinstance(w, Fp8Tensor):  # (an Fp8Tensor dequantizes to dtype already)
+            if not isinstance(w, (Fp8Tensor, GroupIntTensor)):  # (these dequantize to dtype already)
                 w = w.to(torch.float32 if fp32_weights(config, name) else dtype)
             weights[name] = w
             bar.update(1)

@@ -20,8 +20,9 @@ from typing import Dict, Optional
 
 import torch
 
-from rtp_llm.model_loader.fp8_weight import Fp8Tensor, fp8_projection, quantize_per_row
-from rtp_llm.model_loader.quantized import Q8_0Tensor, QuantizedTensor
+from rtp_llm.model_loader.fp8_weight import Fp8Tensor, quantize_per_row
+from rtp_llm.model_loader.int_weight import GroupIntTensor
+from rtp_llm.model_loader.quantized import Q8_0Tensor, QuantizedTensor, kept_projection
 from rtp_llm.model_loader.registry import UnsupportedModelError
 
 _QUANTIZED_NAMES = ("_proj.weight", "lm_head.weight")
@@ -62,8 +63,8 @@ def quantize_weights(weights: Dict[str, object], quantization: Optional[str], co
     count = 0
     for name in list(weights):
         w = weights[name]
-        if isinstance(w, Fp8Tensor):  # an FP8 checkpoint's projection: requantized from its values
-            w = weights[name] = w.dequantize()
+        if isinstance(w, (Fp8Tensor, GroupIntTensor)):  # a packed checkpoint's projection: requantized
+            w = weights[name] = w.dequantize()          # from its values
         if _quantizable(name, w, config.tie_word_embeddings):
             weights[name] = quantize_q8_0(w)
             count += 1
@@ -77,9 +78,9 @@ def _quantize_fp8(weights: Dict[str, object], config, device: str) -> int:
         w = weights[name]
         if isinstance(w, Fp8Tensor) and w.row_scaled:
             continue  # already per-row FP8: kept as the checkpoint stores it
-        if isinstance(w, Fp8Tensor):
-            w = w.dequantize()  # block FP8: requantized per row from its values
-        if isinstance(w, torch.Tensor) and w.is_floating_point() and fp8_projection(config, name):
+        if isinstance(w, (Fp8Tensor, GroupIntTensor)):
+            w = w.dequantize()  # block FP8, GPTQ, AWQ: requantized per row from their values
+        if isinstance(w, torch.Tensor) and w.is_floating_point() and kept_projection(config, name):
             weights[name] = quantize_per_row(w.to(device), w.dtype).to(w.device)
             count += 1
     return count
@@ -91,6 +92,7 @@ def _check_fp8(weights: Dict[str, object], device: str) -> None:
     if device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0):
         raise UnsupportedModelError("--quantization=fp8 needs a Hopper GPU (compute capability 9.0+: FP8 GEMMs with "
                                     "row-wise scales); this GPU would run the weights widened to bf16")
-    if any(isinstance(w, QuantizedTensor) and not isinstance(w, Fp8Tensor) for w in weights.values()):
+    hf_packed = (Fp8Tensor, GroupIntTensor)
+    if any(isinstance(w, QuantizedTensor) and not isinstance(w, hf_packed) for w in weights.values()):
         raise UnsupportedModelError("--quantization=fp8 takes HF checkpoints (float or FP8 weights); a GGUF file's "
                                     "quantized blocks load as they are, without the flag")

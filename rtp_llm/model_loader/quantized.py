@@ -5,12 +5,25 @@ The formats' block sizes come from the gguf package (GGML_QUANT_SIZES), the one 
 this side; the CPU kernels declare theirs (and the blocks' layouts) in rtp_llm/cpp/ops/cpu/q8_0.h
 and kquant.h."""
 
+import re
 import warnings
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 import torch
+
+
+# The projections whose weights may stay packed as a checkpoint stores them (FP8, GPTQ / AWQ) or be
+# quantized at load (--quantization=fp8), for decoder.py to pack with DeviceBackend.pack_linear /
+# pack_gate_up: attention's q/k/v/o and a dense MLP's; not a MoE layer's experts (stacked into float
+# tensors) nor DeepSeek's latent projections (absorbed).
+_PROJECTIONS = re.compile(r"\.self_attn\.[qkvo]_proj\.weight$|\.mlp\.(gate|up|down)_proj\.weight$")
+
+
+def kept_projection(config, name: str) -> bool:
+    """Whether weight `name` of the model `config` (a ModelConfig) is such a projection."""
+    return config.mla is None and bool(_PROJECTIONS.search(name))
 
 
 def _sizes(qtype_name: str) -> Tuple[int, int]:

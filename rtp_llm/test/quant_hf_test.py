@@ -20,6 +20,7 @@ from rtp_llm.llm import LLM
 from rtp_llm.model_loader import CheckpointError, load_model
 from rtp_llm.model_loader.fp8_weight import Fp8Tensor
 from rtp_llm.model_loader.hf_loader import read_hf_config
+from rtp_llm.model_loader.int_weight import GroupIntTensor
 from rtp_llm.model_loader.quantized import cat_rows, take
 from rtp_llm.test.quant_writers import SKIPPED, fp8_block, fp8_channel, rewrite_config, write_quantized
 from rtp_llm.test.testlib import add_tiny_tokenizer, free_port, hf_greedy, hf_model, make_tiny, random_prompts
@@ -43,8 +44,11 @@ NEW_TOKENS = 24
 PROMPTS = random_prompts(23, [4, 19, 37])
 
 
+PACKED = (Fp8Tensor, GroupIntTensor)  # what the loader keeps as stored, for a backend with kernels for it
+
+
 def widened(w):
-    return w.dequantize() if isinstance(w, Fp8Tensor) else w
+    return w.dequantize() if isinstance(w, PACKED) else w
 
 
 class QuantHfTest(unittest.TestCase):
@@ -65,12 +69,12 @@ class QuantHfTest(unittest.TestCase):
         for name, (qdir, rdir, dequantized) in self.cases.items():
             with self.subTest(name):
                 loaded = load_model(qdir, progress=False).weights
-                kept = sorted(k for k, w in loaded.items() if isinstance(w, Fp8Tensor))
-                if CASES[name][1].startswith(("fp8", "ct_fp8", "fbgemm")):  # FP8 projections stay FP8 until packed
-                    self.assertTrue(kept and all(k.endswith("_proj.weight") and ".experts." not in k for k in kept))
-                else:
-                    self.assertEqual(kept, [])
-                ours = {k: widened(w) for k, w in loaded.items()}  # as a backend without FP8 kernels widens them
+                # Projections stay as stored until packed (MoE experts are stacked widened)
+                kept = sorted(k for k, w in loaded.items() if isinstance(w, PACKED))
+                self.assertTrue(kept and all(k.endswith("_proj.weight") and ".experts." not in k for k in kept))
+                want_type = GroupIntTensor if CASES[name][1] in ("gptq", "awq") else Fp8Tensor
+                self.assertTrue(all(isinstance(loaded[k], want_type) for k in kept))
+                ours = {k: widened(w) for k, w in loaded.items()}  # as a backend without kernels widens them
                 plain = load_model(rdir, progress=False).weights
                 self.assertEqual(sorted(ours), sorted(plain))
                 for key in plain:  # every tensor, the skipped projection and MoE's packed experts included
