@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine (device tool): quantized checkpoints, ours and vLLM's engine on the same files
-# (rtp_llm.tools.bench_quant: random bf16 weights of ARCH, quantized by our own quantize_fp8), one
+# (rtp_llm.tools.bench_quant: random bf16 weights of ARCH, quantized by our own rtp_llm.tools.quantize), one
 # process per engine and checkpoint, results appended to $OUT/quant_ARCH.jsonl.
 #   bash scripts/gpu_quant_vs_vllm.sh ENGINES ARCH QUANTS
 #   e.g. bash scripts/gpu_quant_vs_vllm.sh ours,vllm qwen3-8b bf16,fp8

@@ -128,3 +128,37 @@ def step_logits(llm, prompt):
     tokens, _ = core.stream_tokens(sid)
     core.release(sid)
     return out, [int(t) for t in tokens[len(prompt):]]
+
+
+def hf_step_logits(ref_dir, prompt, token, device):
+    """HF's fp32 logits for prompt's last token and for `token` after it (ref_dir: a quantized
+    checkpoint's exactly dequantized weights, dequantized_checkpoint)."""
+    from testlib import hf_model
+
+    model = hf_model(ref_dir, torch.float32, device)
+    with torch.inference_mode():
+        out = model(torch.tensor([prompt], device=device), use_cache=True)
+        nxt = model(torch.tensor([[token]], device=device), past_key_values=out.past_key_values, use_cache=True)
+    return [out.logits[0, -1].float().cpu(), nxt.logits[0, -1].float().cpu()]
+
+
+def dequantized_checkpoint(ckpt: str, src: str, out: str) -> str:
+    """src with the quantized checkpoint ckpt's projections (kept packed by the loader: FP8, GPTQ,
+    AWQ), exactly dequantized, in fp32."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from rtp_llm.model_loader import load_model
+    from rtp_llm.model_loader.quantized import QuantizedTensor
+
+    os.makedirs(out)
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    for name, w in load_model(ckpt, progress=False).weights.items():
+        if isinstance(w, QuantizedTensor):
+            tensors[name] = w.dequantize()
+    save_file({k: v.float().contiguous() for k, v in tensors.items()}, os.path.join(out, "model.safetensors"))
+    for f in ("config.json", "generation_config.json"):
+        if os.path.exists(os.path.join(src, f)):
+            shutil.copy(os.path.join(src, f), out)
+    return out

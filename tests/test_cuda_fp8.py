@@ -3,16 +3,15 @@ dequantized weights, and an FP8 checkpoint served on the GPU against the same ch
 to bf16. Without a GPU the kernels run in Triton's interpreter (the engine test needs the GPU)."""
 
 import os
-import shutil
 
 import pytest
 import torch
-from interpreted_triton import DEV, INTERPRETED, step_logits
+from interpreted_triton import DEV, INTERPRETED, dequantized_checkpoint, hf_step_logits, step_logits
 
 from rtp_llm.device.cuda import kernels as K
 from rtp_llm.device.cuda.kernels.fp8 import block_gemm, quantize_rows
 from rtp_llm.model_loader.fp8_weight import Fp8Tensor
-from rtp_llm.tools.quantize_fp8 import quantize_block, quantize_channel
+from rtp_llm.tools.quantize import quantize_block, quantize_channel
 
 # (N, K, block): per-row scales, 128 x 128 blocks with partial edges, and narrow 16 x 64 blocks.
 WEIGHTS = [(48, 96, None), (200, 320, (128, 128)), (64, 192, (16, 64))]
@@ -157,18 +156,6 @@ def _fake_quantized(x: torch.Tensor, group) -> torch.Tensor:
     return codes.float() * s.repeat_interleave(g, 1)[:, :x.shape[-1]]
 
 
-def _reference_logits(ref_dir, prompt, token, device):
-    """HF's fp32 logits for prompt's last token and for `token` after it (ref_dir: the FP8
-    checkpoint's exactly dequantized weights)."""
-    from testlib import hf_model
-
-    model = hf_model(ref_dir, torch.float32, device)
-    with torch.inference_mode():
-        out = model(torch.tensor([prompt], device=device), use_cache=True)
-        nxt = model(torch.tensor([[token]], device=device), past_key_values=out.past_key_values, use_cache=True)
-    return [out.logits[0, -1].float().cpu(), nxt.logits[0, -1].float().cpu()]
-
-
 def _bf16_valued(path: str) -> str:
     """The checkpoint at path with every weight rounded to bf16 (kept fp32), in place."""
     from safetensors.torch import load_file, save_file
@@ -176,24 +163,6 @@ def _bf16_valued(path: str) -> str:
     f = os.path.join(path, "model.safetensors")
     save_file({k: v.to(torch.bfloat16).to(v.dtype) for k, v in load_file(f).items()}, f, metadata={"format": "pt"})
     return path
-
-
-def _dequantized_checkpoint(ckpt: str, src: str, out: str) -> str:
-    """src with the FP8 checkpoint ckpt's projections, exactly dequantized, in fp32."""
-    from safetensors.torch import load_file, save_file
-
-    from rtp_llm.model_loader import load_model
-
-    os.makedirs(out)
-    tensors = load_file(os.path.join(src, "model.safetensors"))
-    for name, w in load_model(ckpt, progress=False).weights.items():
-        if isinstance(w, Fp8Tensor):
-            tensors[name] = w.dequantize()
-    save_file({k: v.float().contiguous() for k, v in tensors.items()}, os.path.join(out, "model.safetensors"))
-    for f in ("config.json", "generation_config.json"):
-        if os.path.exists(os.path.join(src, f)):
-            shutil.copy(os.path.join(src, f), out)
-    return out
 
 
 @pytest.mark.parametrize("scheme", ["block", "channel"])
@@ -208,7 +177,7 @@ def test_fp8_checkpoint_through_the_step_path(tmp_path, monkeypatch, scheme):
 
     import rtp_llm.device.cuda.kernels.fp8 as fp8
     from rtp_llm.llm import LLM
-    from rtp_llm.tools.quantize_fp8 import write
+    from rtp_llm.tools.quantize import write
 
     src = make_tiny("qwen3_gqa_untied", str(tmp_path / "src"))
     ckpt = write(src, str(tmp_path / scheme), scheme)
@@ -247,9 +216,9 @@ def test_fp8_checkpoint_through_the_step_path(tmp_path, monkeypatch, scheme):
             step_logits(llm, p)
     finally:
         llm.close()
-    ref = _dequantized_checkpoint(ckpt, src, str(tmp_path / "ref"))
+    ref = dequantized_checkpoint(ckpt, src, str(tmp_path / "ref"))
     for prompt, (got, tokens) in zip(random_prompts(5, [1, 3]), short):
-        for g, w in zip(got, _reference_logits(ref, prompt, tokens[0], DEV)):  # prefill, then decode
+        for g, w in zip(got, hf_step_logits(ref, prompt, tokens[0], DEV)):  # prefill, then decode
             assert ((g - w).norm() / w.norm()).item() < tol, len(prompt)
     assert len(calls) >= 2 * 4 * layers  # every projection of each long prompt's step (qkv, o, gate_up, down)
     for x, w, y in calls:
@@ -262,17 +231,17 @@ def test_fp8_checkpoint_through_the_step_path(tmp_path, monkeypatch, scheme):
 @pytest.mark.skipif(INTERPRETED, reason="--quantization=fp8 runs on CUDA only")
 def test_quantization_fp8_at_load_runs_on_the_fp8_kernels(tmp_path):
     """--quantization=fp8 on a bf16 checkpoint: the projections are quantized per row at load, as
-    quantize_fp8's channel scheme writes them, and computed on the FP8 kernels: a GEMV-sized
+    the quantize tool's channel scheme writes them, and computed on the FP8 kernels: a GEMV-sized
     prompt's logits are HF's on those weights dequantized."""
     from testlib import make_tiny, random_prompts
 
     from rtp_llm.llm import LLM
-    from rtp_llm.tools.quantize_fp8 import write
+    from rtp_llm.tools.quantize import write
 
     # bf16 values: the run's bf16 weights are then exactly the ones the tool quantizes (from fp32 ones
     # the flag would quantize their bf16 rounding, whose codes differ by an e4m3 step here and there).
     src = _bf16_valued(make_tiny("qwen3_gqa_untied", str(tmp_path / "src")))
-    ref = _dequantized_checkpoint(write(src, str(tmp_path / "channel"), "channel"), src, str(tmp_path / "ref"))
+    ref = dequantized_checkpoint(write(src, str(tmp_path / "channel"), "channel"), src, str(tmp_path / "ref"))
     llm = LLM(src, device="cuda", act_type="bf16", progress=False, max_seq_len=256, cuda_graph=False,
               quantization="fp8")
     try:
@@ -282,7 +251,7 @@ def test_quantization_fp8_at_load_runs_on_the_fp8_kernels(tmp_path):
     finally:
         llm.close()
     for prompt, (got, tokens) in zip(prompts, ours):
-        for g, w in zip(got, _reference_logits(ref, prompt, tokens[0], DEV)):
+        for g, w in zip(got, hf_step_logits(ref, prompt, tokens[0], DEV)):
             assert ((g - w).norm() / w.norm()).item() < 3e-2, len(prompt)  # bf16 weights before quantizing
 
 

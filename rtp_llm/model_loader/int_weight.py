@@ -30,9 +30,9 @@ def pack_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
     32 / bits), each row's codes in order, low bits first."""
     per = 32 // bits
     n, k = codes.shape
-    c = codes.to(torch.int64).view(n, k // per, per)
+    c = codes.to(torch.int64).contiguous().view(n, k // per, per)
     words = sum(c[:, :, j] << (bits * j) for j in range(per))
-    return ((words + 2 ** 31) % 2 ** 32 - 2 ** 31).to(torch.int32)
+    return ((words + 2 ** 31) % 2 ** 32 - 2 ** 31).to(torch.int32).contiguous()
 
 
 def unpack_rows(words: torch.Tensor, bits: int) -> torch.Tensor:

@@ -22,7 +22,7 @@ from rtp_llm.model_loader.fp8_weight import Fp8Tensor
 from rtp_llm.model_loader.hf_loader import read_hf_config
 from rtp_llm.model_loader.int_weight import GroupIntTensor
 from rtp_llm.model_loader.quantized import cat_rows, take
-from rtp_llm.test.quant_writers import SKIPPED, fp8_block, fp8_channel, rewrite_config, write_quantized
+from rtp_llm.test.quant_writers import SKIPPED, fp8_block, fp8_channel, gptq, rewrite_config, write_quantized
 from rtp_llm.test.testlib import add_tiny_tokenizer, free_port, hf_greedy, hf_model, make_tiny, random_prompts
 
 # case -> (tiny model, writer case, writer options)
@@ -141,14 +141,15 @@ class QuantHfTest(unittest.TestCase):
                 other = fp8(16, 100, (32, 50))  # other blocks of inputs: one grid cannot hold both
                 self.assertNotIsInstance(cat_rows([a, other]), Fp8Tensor)
 
-    def test_quantize_fp8_tool_writes_what_the_writers_write(self):
+    def test_quantize_tool_writes_what_the_writers_write(self):
         from safetensors.torch import load_file
 
-        from rtp_llm.tools.quantize_fp8 import write
+        from rtp_llm.tools.quantize import write
 
         src = self.src["qwen3_gqa_untied"]
         plain = load_file(os.path.join(src, "model.safetensors"))
-        oracles = {"block": lambda w: fp8_block(w, 128, 128), "channel": lambda w: fp8_channel(w, torch.float32)}
+        oracles = {"block": lambda w: fp8_block(w, 128, 128), "channel": lambda w: fp8_channel(w, torch.float32),
+                   "gptq": lambda w: gptq(w, 4, 128)}
         for scheme, oracle in oracles.items():
             with self.subTest(scheme):
                 out = write(src, os.path.join(self.tmp.name, f"tool-{scheme}"), scheme)
@@ -156,7 +157,7 @@ class QuantHfTest(unittest.TestCase):
                 projections = [n for n in plain if n.startswith("model.layers.") and n.endswith("_proj.weight")]
                 self.assertTrue(projections)
                 for name in projections:
-                    self.assertIsInstance(loaded[name], Fp8Tensor)
+                    self.assertIsInstance(loaded[name], GroupIntTensor if scheme == "gptq" else Fp8Tensor)
                     self.assertTrue(torch.equal(loaded[name].dequantize(), oracle(plain[name].float())[1]), name)
                 embed = "model.embed_tokens.weight"
                 self.assertTrue(torch.equal(loaded[embed], plain[embed].float()))

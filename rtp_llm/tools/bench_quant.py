@@ -1,13 +1,14 @@
 """Quantized checkpoints on the GPU, ours and vLLM's engine on the same files (issue 23): random
 bf16 weights of a named architecture (random_checkpoint), quantized by our own tool
-(quantize_fp8), each engine offline on each: batch-1 TTFT / TPOT and throughput (bench_gpu's
+(rtp_llm.tools.quantize), each engine offline on each: batch-1 TTFT / TPOT and throughput (bench_gpu's
 offline rows), with the weight-read floor of each checkpoint.
 
     python -m rtp_llm.tools.bench_quant --arch qwen3-8b --quant bf16,fp8 --engine ours|vllm \\
         [--concurrency 256] [--out results.jsonl]
 
 --quant fp8 is block FP8 (Qwen3-FP8's format): our engine widens it to bf16 unless
-RTP_LLM_CUDA_FP8_BLOCK=1 (each row says which); fp8_channel runs on the FP8 kernels.
+RTP_LLM_CUDA_FP8_BLOCK=1 (each row says which); fp8_channel runs on the FP8 kernels; gptq is
+4-bit GPTQ in groups of 128 (vLLM runs it with its Marlin kernels).
 
 One engine per process (run it once per engine: both hold most of the GPU's memory), and for
 vLLM one --quant (its memory is freed at exit only). The checkpoints are written once to
@@ -21,12 +22,12 @@ import torch
 
 from rtp_llm.tools.bench_gpu import CONCURRENCY, SHAPES, copy_bandwidth, emit, offline, vllm_offline
 
-# --quant -> the quantize_fp8 scheme writing it (bf16: the random checkpoint as written)
-SCHEMES = {"bf16": None, "fp8": "block", "fp8_channel": "channel"}
+# --quant -> the rtp_llm.tools.quantize scheme writing it (bf16: the random checkpoint as written)
+SCHEMES = {"bf16": None, "fp8": "block", "fp8_channel": "channel", "gptq": "gptq"}
 
 
 def checkpoint(arch: str, quant: str) -> str:
-    from rtp_llm.tools.quantize_fp8 import write as quantize
+    from rtp_llm.tools.quantize import write as quantize
     from rtp_llm.tools.random_checkpoint import write
 
     root = os.path.join(tempfile.gettempdir(), f"rtp_llm_bench_{arch}")
@@ -54,7 +55,7 @@ def read_floor_bytes(ckpt: str) -> int:
                 n = 1
                 for d in t.get_shape():
                     n *= d
-                nbytes = n * {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4}[t.get_dtype()]
+                nbytes = n * {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4, "I32": 4}[t.get_dtype()]
                 if key != "model.embed_tokens.weight" or tied:
                     total += nbytes
     return total

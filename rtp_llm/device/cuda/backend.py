@@ -1,8 +1,8 @@
 """CUDA backend: Triton kernels (rtp_llm.device.cuda.kernels) for attention over the paged KV
 cache, the cache write, rotary, RMSNorm with fused residual add, SiLU-and-mul, small-batch
-projections (GEMV), FP8 checkpoints' projections, MoE's routing and routed experts (grouped GEMMs)
-and DeepSeek's latent attention; cuBLAS (torch) for the other GEMMs. A step's integer inputs reach the GPU in one copy
-from a pinned buffer."""
+projections (GEMV), FP8, GPTQ and AWQ checkpoints' projections, MoE's routing and routed
+experts (grouped GEMMs) and DeepSeek's latent attention; cuBLAS (torch) for the other GEMMs. A
+step's integer inputs reach the GPU in one copy from a pinned buffer."""
 
 import gc
 import os
@@ -18,6 +18,7 @@ from rtp_llm.device.cuda.graph_runner import CudaGraphRunner
 from rtp_llm.device.cuda.host_gate import CudaHostGate
 from rtp_llm.device.cuda.metadata import CudaAttentionMetadata, DecodeRows
 from rtp_llm.model_loader.fp8_weight import Fp8Tensor
+from rtp_llm.model_loader.int_weight import GroupIntTensor
 
 
 class CudaBackend(DeviceBackend):
@@ -199,7 +200,13 @@ class CudaBackend(DeviceBackend):
             raise ValueError(f"--kv_cache_dtype={name} needs a GPU with FP8 (compute capability 8.9+)")
         return torch.float8_e4m3fn
 
+    # GPTQ / AWQ projections stay packed in bf16 and fp16 runs (kernels/wint.py: the codes read as
+    # stored, a quarter of bf16's bytes at 4 bits); an fp32 run widens them (the exact reference),
+    # as does RTP_LLM_CUDA_WINT=0 (to compare against).
     def keeps_quantized(self, weight):
+        if isinstance(weight, GroupIntTensor):
+            return (weight.dtype in (torch.bfloat16, torch.float16) and os.environ.get("RTP_LLM_CUDA_WINT", "1") != "0"
+                    and K.wint_supports(weight.shape[1], weight.group, weight.bits))
         if not (isinstance(weight, Fp8Tensor) and weight.dtype == torch.bfloat16):
             return False  # (cuBLASLt's row-wise scaled GEMM writes bf16 only)
         if not (weight.row_scaled or os.environ.get("RTP_LLM_CUDA_FP8_BLOCK") == "1"):
@@ -207,6 +214,10 @@ class CudaBackend(DeviceBackend):
         return self.supports_fp8() and K.fp8_supports(*weight.shape, weight.block)
 
     def pack_linear(self, weight):
+        if isinstance(weight, GroupIntTensor):
+            t = weight.to(self.device)
+            return K.IntLinear(t.blocks.contiguous(), t.scale.contiguous(), t.zero.contiguous(), t.perm, t.group,
+                               t.bits, t.shape[1])
         if isinstance(weight, Fp8Tensor):
             return K.Fp8Linear(weight.blocks.to(self.device).contiguous(), weight.scale.to(self.device).contiguous(),
                                weight.block)
@@ -215,6 +226,8 @@ class CudaBackend(DeviceBackend):
     def linear(self, x, weight, out=None):
         if isinstance(weight, K.Fp8Linear):
             return K.fp8_linear(x, weight, out=out)
+        if isinstance(weight, K.IntLinear):
+            return K.wint_linear(x, weight, out=out)
         if K.use_gemv(x, weight):
             return K.gemv(x, weight, out=out)
         if out is None:
@@ -224,6 +237,8 @@ class CudaBackend(DeviceBackend):
     def gate_up_silu(self, x, gate_up):
         if isinstance(gate_up, K.Fp8Linear):
             return K.fp8_gate_up_silu(x, gate_up, self.silu_and_mul)
+        if isinstance(gate_up, K.IntLinear):
+            return K.wint_gate_up_silu(x, gate_up, self.silu_and_mul)
         if K.use_gemv(x, gate_up):
             return K.gemv(x, gate_up, gated=True)  # SiLU-and-mul in the GEMV's epilogue
         return super().gate_up_silu(x, gate_up)

@@ -1,5 +1,6 @@
 """Triton kernels of the CUDA backend, one module per family: attention over the paged KV cache
-(attention), small-batch projections (gemv), FP8 projections (fp8), MoE's routing and routed
+(attention), small-batch projections (gemv), FP8 projections (fp8), GPTQ / AWQ integer weights
+(wint), MoE's routing and routed
 experts (moe), DeepSeek's latent attention (mla), row-wise ops (row_ops: RMSNorm, rotary, the
 fused q/k norm + rotary + KV write, SiLU-and-mul, the KV write, overlap placeholders, grammar
 bitmasks), and the launch helpers they share (launch: programmatic dependent launch). This
@@ -20,6 +21,8 @@ from rtp_llm.device.cuda.kernels.launch import launch_options, pdl, pdl_enter  #
 from rtp_llm.device.cuda.kernels.mla import mla_attention, store_latent  # noqa: F401
 from rtp_llm.device.cuda.kernels.moe import moe  # noqa: F401
 from rtp_llm.device.cuda.kernels.moe import route as moe_route  # noqa: F401
+from rtp_llm.device.cuda.kernels.wint import IntLinear, wint_gate_up_silu, wint_linear  # noqa: F401
+from rtp_llm.device.cuda.kernels.wint import supports as wint_supports  # noqa: F401
 from rtp_llm.device.cuda.kernels.row_ops import (  # noqa: F401
     apply_token_bitmask,
     qkv_to_cache,

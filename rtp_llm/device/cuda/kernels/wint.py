@@ -1,0 +1,262 @@
+"""Weight-only integer projections (GPTQ and AWQ checkpoints, 4 or 8 bits, groups of inputs): the
+packed codes are read as stored (model_loader/int_weight.py's row layout: output channel n's
+codes along K, 32 / BITS a word, low bits first), so a decode step streams a quarter (int4) of a
+bf16 weight's bytes. W[n, perm[j]] = (q[n, j] - zero[n, j // GROUP]) * scale[n, j // GROUP].
+
+- M <= GEMV_MAX_ROWS rows: a GEMV. Each program streams BLOCK_N rows' words, unpacks them in
+  registers as [BLOCK_N, BLOCK_W, PER] codes, sums (q - zero) x over each word's PER inputs,
+  then scales that by the word's group scale (one multiply per word, not per weight).
+- More rows: a GEMM whose K tiles lie within one group: the tile's codes are unpacked and
+  scaled into the activations' dtype, then tl.dot (tensor cores).
+
+Codes become floats without an integer conversion (16 a clock per SM on Hopper, slower than the
+weights stream in): q | 0x4B000000 read as an fp32 is 2^23 + q exactly, and the zero point is
+taken as 2^23 + zero, so the subtraction gives (q - zero) exactly with one float add. A
+desc_act weight's columns are in group order: the kernels read the activations through perm."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from rtp_llm.device.cuda.kernels.gemv import GEMV_MAX_ROWS
+from rtp_llm.device.cuda.kernels.launch import launch_options, pdl_enter
+
+_MAGIC = tl.constexpr(0x4B000000)  # the bits of 2^23 as an fp32: a code OR-ed into its mantissa is added
+_MAGIC_F = tl.constexpr(8388608.0)
+
+
+@dataclass
+class IntLinear:
+    """A packed projection on the device: qweight int32 [N, K * bits / 32]; scale [N, G] (fp16 /
+    bf16 / fp32 as stored), zero int16 [N, G], G = ceil(K / group); perm int32 [K] or None."""
+
+    qweight: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+    perm: Optional[torch.Tensor]
+    group: int
+    bits: int
+    k: int
+
+    @property
+    def shape(self):
+        return (self.qweight.shape[0], self.k)
+
+
+def supports(k: int, group: int, bits: int) -> bool:
+    """Whether these kernels take such a weight: the GEMM's K tiles (16 inputs at least, tl.dot's
+    least) must each lie within one group."""
+    return bits in (4, 8) and k % (32 // bits) == 0 and (group >= k or group % 16 == 0)
+
+
+def _gemm_block_k(group: int, k: int) -> int:
+    if group >= k:
+        return 64
+    return next(b for b in (128, 64, 32, 16) if group % b == 0)
+
+
+@triton.jit
+def _rows_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, KW, G, BITS: tl.constexpr, GROUP: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, PERM: tl.constexpr, LAYOUT: tl.constexpr):
+    """sum_j W[rows, j] x[perm[j]] in fp32 [BLOCK_N] for one activation row at x_ptr. LAYOUT 0:
+    each tile's codes as one [BLOCK_N, BLOCK_W, PER] tensor; 1: PER [BLOCK_N, BLOCK_W] slices,
+    one per code position in the words."""
+    PER: tl.constexpr = 32 // BITS
+    j = tl.arange(0, PER)
+    offs_w = tl.arange(0, BLOCK_W)
+    acc = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+    for w0 in range(0, KW, BLOCK_W):
+        ws = w0 + offs_w
+        wmask = ws < KW
+        mask = nmask[:, None] & wmask[None, :]
+        words = tl.load(w_ptr + rows[:, None] * KW + ws[None, :], mask=mask, other=0)
+        sz = rows[:, None] * G + (ws * PER // GROUP)[None, :]
+        z = tl.load(z_ptr + sz, mask=mask, other=0).to(tl.float32) + _MAGIC_F
+        s = tl.load(s_ptr + sz, mask=mask, other=0.0).to(tl.float32)
+        if LAYOUT == 0:
+            q = (words[:, :, None] >> (j * BITS)[None, None, :]) & ((1 << BITS) - 1)
+            qf = (q | _MAGIC).to(tl.float32, bitcast=True)
+            ks = ws[:, None] * PER + j[None, :]
+            if PERM:
+                ks = tl.load(p_ptr + ks, mask=wmask[:, None], other=0)
+            x = tl.load(x_ptr + ks, mask=wmask[:, None], other=0.0).to(tl.float32)
+            part = tl.sum((qf - z[:, :, None]) * x[None, :, :], axis=2)
+        else:
+            part = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+            for i in tl.static_range(PER):
+                qf = (((words >> (i * BITS)) & ((1 << BITS) - 1)) | _MAGIC).to(tl.float32, bitcast=True)
+                ks = ws * PER + i
+                if PERM:
+                    ks = tl.load(p_ptr + ks, mask=wmask, other=0)
+                x = tl.load(x_ptr + ks, mask=wmask, other=0.0).to(tl.float32)
+                part += (qf - z) * x[None, :]
+        acc += part * s
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _wint_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, out_ptr, N, KW, G, stride_x, stride_out, M: tl.constexpr,
+                      BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+                      PERM: tl.constexpr, GATED: tl.constexpr, LAYOUT: tl.constexpr, PDL: tl.constexpr):
+    """out[m, n] = sum_j W[n, j] x[m, perm[j]] for M (<= 4) rows; GATED: W is [2 N, K] (gate rows
+    then up rows) and out = silu(gate) * up, rounded as HF rounds gate_proj, act_fn and the product."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    rows = offs_n.to(tl.int64)
+    pdl_enter(PDL)
+    dt = out_ptr.dtype.element_ty
+    for m in tl.static_range(M):
+        res = _rows_dot(x_ptr + m * stride_x, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, KW, G, BITS, GROUP, BLOCK_N,
+                        BLOCK_W, PERM, LAYOUT)
+        if GATED:
+            up = _rows_dot(x_ptr + m * stride_x, w_ptr, s_ptr, z_ptr, p_ptr, rows + N, nmask, KW, G, BITS, GROUP,
+                           BLOCK_N, BLOCK_W, PERM, LAYOUT)
+            g = res.to(dt).to(tl.float32)
+            a = (g * tl.sigmoid(g)).to(dt).to(tl.float32)
+            res = a * up.to(dt).to(tl.float32)
+        tl.store(out_ptr + m * stride_out + offs_n, res.to(dt), mask=nmask)
+
+
+@triton.jit
+def _wint_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, p_ptr, c_ptr, M, N, K, KW, G, stride_a, stride_c,
+                      BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PERM: tl.constexpr, PDL: tl.constexpr):
+    """c [M, N] = a [M, K] . W^T, W's K tiles (BLOCK_K within one group) unpacked and scaled into
+    a's dtype. Programs walk GROUP_M row tiles per column tile (L2 reuse of the weight tile)."""
+    PER: tl.constexpr = 32 // BITS
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = pid // per_group * GROUP_M
+    group_m = min(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_m
+    pid_n = (pid % per_group) // group_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mmask, nmask = offs_m < M, offs_n < N
+    rows_a = offs_m.to(tl.int64)[:, None] * stride_a
+    rows_w = offs_n.to(tl.int64)
+    pdl_enter(PDL)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + offs_k
+        kmask = ks < K
+        ka = ks
+        if PERM:
+            ka = tl.load(p_ptr + ks, mask=kmask, other=0)
+        a = tl.load(a_ptr + rows_a + ka[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+        words = tl.load(w_ptr + rows_w[None, :] * KW + (ks // PER)[:, None], mask=kmask[:, None] & nmask[None, :],
+                        other=0)
+        q = (words >> ((ks % PER) * BITS)[:, None]) & ((1 << BITS) - 1)
+        qf = (q | _MAGIC).to(tl.float32, bitcast=True)
+        g = k0 // GROUP
+        z = tl.load(z_ptr + rows_w * G + g, mask=nmask, other=0).to(tl.float32) + _MAGIC_F
+        s = tl.load(s_ptr + rows_w * G + g, mask=nmask, other=0.0).to(tl.float32)
+        b = ((qf - z[None, :]) * s[None, :]).to(a.dtype)
+        acc = tl.dot(a, b, acc)
+    c = c_ptr + offs_m.to(tl.int64)[:, None] * stride_c + offs_n[None, :]
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _dequantize_kernel(w_ptr, s_ptr, z_ptr, p_ptr, out_ptr, N, K, KW, G, BITS: tl.constexpr, GROUP: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PERM: tl.constexpr):
+    """out [N, K] = W in out's dtype, in input order (column j to input perm[j])."""
+    PER: tl.constexpr = 32 // BITS
+    rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rows < N)[:, None] & (ks < K)[None, :]
+    words = tl.load(w_ptr + rows[:, None] * KW + (ks // PER)[None, :], mask=mask, other=0)
+    q = (words >> ((ks % PER) * BITS)[None, :]) & ((1 << BITS) - 1)
+    sz = rows[:, None] * G + (ks // GROUP)[None, :]
+    z = tl.load(z_ptr + sz, mask=mask, other=0)
+    s = tl.load(s_ptr + sz, mask=mask, other=0.0).to(tl.float32)
+    cols = ks
+    if PERM:
+        cols = tl.load(p_ptr + ks, mask=ks < K, other=0)
+    w = (q - z).to(tl.float32) * s
+    tl.store(out_ptr + rows[:, None] * K + cols[None, :], w.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def dequantize(w: IntLinear, dtype: torch.dtype) -> torch.Tensor:
+    """W [N, K] in `dtype` (each value (q - zero) * scale, one rounding), in input order."""
+    n, k = w.shape
+    out = torch.empty((n, k), dtype=dtype, device=w.qweight.device)
+    perm = w.perm if w.perm is not None else w.qweight
+    _dequantize_kernel[(triton.cdiv(n, 32), triton.cdiv(k, 128))](
+        w.qweight, w.scale, w.zero, perm, out, n, k, w.qweight.shape[1], w.scale.shape[1], BITS=w.bits,
+        GROUP=min(w.group, k), BLOCK_N=32, BLOCK_K=128, PERM=w.perm is not None)
+    return out
+
+
+def gemv_config(n: int, bits: int):
+    """(BLOCK_N, BLOCK_W, num_warps, LAYOUT): each program streams BLOCK_N rows, BLOCK_W words of
+    each at a time ([BLOCK_N, BLOCK_W, 32 / bits] codes in registers: 4K a tile over 4 warps)."""
+    per = 32 // bits
+    block_w = 64 if per == 8 else 128
+    return (8 if n >= 2048 else 4), block_w, 4, 0
+
+
+def gemm_config(m: int) -> dict:
+    if m <= 32:
+        return dict(BLOCK_M=16 if m <= 16 else 32, BLOCK_N=64, GROUP_M=1, num_warps=4, num_stages=4)
+    if m <= 256:
+        return dict(BLOCK_M=64, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=4)
+    return dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=3)
+
+
+def gemv(x: torch.Tensor, w: IntLinear, out: Optional[torch.Tensor] = None, gated: bool = False,
+         config=None) -> torch.Tensor:
+    """x [M <= GEMV_MAX_ROWS, K] (unit stride along K) -> [M, N] (gated: [M, N / 2]); config:
+    gemv_config's tuple, for benchmarks."""
+    m = x.shape[0]
+    n = w.qweight.shape[0] // (2 if gated else 1)
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_n, block_w, warps, layout = config or gemv_config(n, w.bits)
+    perm = w.perm if w.perm is not None else w.qweight
+    _wint_gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, w.qweight, w.scale, w.zero, perm, out, n, w.qweight.shape[1], w.scale.shape[1], x.stride(0), out.stride(0),
+        M=m, BITS=w.bits, GROUP=min(w.group, w.k), BLOCK_N=block_n, BLOCK_W=block_w, PERM=w.perm is not None,
+        GATED=gated, LAYOUT=layout, num_warps=warps, **launch_options())
+    return out
+
+
+def gemm(x: torch.Tensor, w: IntLinear, out: Optional[torch.Tensor] = None, config=None) -> torch.Tensor:
+    """x [M, K] (unit stride along K) -> [M, N]; config: gemm_config's dict, for benchmarks."""
+    m, k = x.shape
+    n = w.qweight.shape[0]
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    cfg = config or gemm_config(m)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    perm = w.perm if w.perm is not None else w.qweight
+    _wint_gemm_kernel[grid](x, w.qweight, w.scale, w.zero, perm, out, m, n, k, w.qweight.shape[1], w.scale.shape[1],
+                            x.stride(0), out.stride(0), BITS=w.bits, GROUP=min(w.group, k),
+                            BLOCK_K=_gemm_block_k(w.group, k), PERM=w.perm is not None, **cfg, **launch_options())
+    return out
+
+
+def wint_linear(x: torch.Tensor, w: IntLinear, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [M, K] (bf16 / fp16) -> x W^T [M, N] in x's dtype, into `out` when given (contiguous)."""
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if 0 < x.shape[0] <= GEMV_MAX_ROWS:
+        return gemv(x, w, out)
+    return gemm(x, w, out)
+
+
+def wint_gate_up_silu(x: torch.Tensor, w: IntLinear, silu_and_mul) -> torch.Tensor:
+    """silu(x gate^T) * (x up^T) for a fused [2 I, K] gate_up (gate rows then up rows): the
+    GEMV's epilogue at small batch, else the projection then silu_and_mul."""
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if 0 < x.shape[0] <= GEMV_MAX_ROWS:
+        return gemv(x, w, gated=True)
+    return silu_and_mul(gemm(x, w))
