@@ -4,7 +4,7 @@ path against HF on those weights. Without a GPU the kernels run in Triton's inte
 
 import pytest
 import torch
-from interpreted_triton import DEV, INTERPRETED, step_logits
+from interpreted_triton import DEV, INTERPRETED, hf_step_logits, step_logits
 
 from rtp_llm.device.cuda import kernels as K
 from rtp_llm.model_loader.dequant import dequant_codes, gptq_codes
@@ -82,7 +82,7 @@ def test_gptq_checkpoint_through_the_step_path(tmp_path, monkeypatch):
     interpreted in fp32, where the backend keeps the codes for the test): prefill and decode
     logits of short (GEMV) and long (GEMM) prompts equal HF's fp32 model on the exactly
     dequantized weights."""
-    from interpreted_triton import dequantized_checkpoint, hf_step_logits
+    from interpreted_triton import dequantized_checkpoint
     from testlib import make_tiny, random_prompts
 
     from rtp_llm.llm import LLM
@@ -121,3 +121,39 @@ def test_dequantize_gives_the_exact_values(n, k, bits, group, shuffled):
     assert torch.equal(dequantize(packed, torch.float32).cpu(), w)
     if not INTERPRETED:  # (Triton 3.6's interpreter truncates fp32 to bf16 instead of rounding it)
         assert torch.equal(dequantize(packed, torch.bfloat16).cpu(), w.to(torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRETED, reason="--quantization=int8 computes on CUDA's int kernels only with a GPU")
+def test_quantization_int8_at_load_runs_on_the_int_kernels(tmp_path):
+    """--quantization=int8 on CUDA: each projection becomes int8 codes with a scale per row at load
+    (quantize_at_load_test checks the codes), computed on the int kernels: the logits of short
+    (GEMV) and long (GEMM) prompts are HF's on those weights dequantized."""
+    from safetensors.torch import save_file
+    from testlib import make_tiny, random_prompts
+
+    from rtp_llm.llm import LLM
+    from rtp_llm.model_loader import load_model
+    from rtp_llm.model_loader.quantize_at_load import quantize_weights
+
+    src = make_tiny("qwen3_gqa_untied", str(tmp_path / "src"))
+    loaded = load_model(src, dtype=torch.bfloat16, progress=False)
+    weights = dict(loaded.weights)
+    assert quantize_weights(weights, "int8", loaded.config, "cuda") > 0
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    save_file({k: (v.dequantize() if hasattr(v, "dequantize") else v).float().contiguous() for k, v in weights.items()},
+              str(ref_dir / "model.safetensors"))
+    (ref_dir / "config.json").write_text((tmp_path / "src" / "config.json").read_text())
+    llm = LLM(src, device="cuda", act_type="bf16", progress=False, max_seq_len=256, cuda_graph=False,
+              quantization="int8")
+    prompts = random_prompts(7, [1, 3, 40])
+    try:
+        qkv = llm.engine.runner.model.layers[0].qkv
+        assert isinstance(qkv, K.IntLinear) and qkv.bits == 8
+        ours = [step_logits(llm, p) for p in prompts]
+    finally:
+        llm.close()
+    for prompt, (got, tokens) in zip(prompts, ours):
+        for g, w in zip(got, hf_step_logits(str(ref_dir), prompt, tokens[0], DEV)):
+            assert ((g - w).norm() / w.norm()).item() < 2e-2, len(prompt)

@@ -6,7 +6,8 @@ anything loads. And --kv_cache_dtype (vLLM's name): the KV cache's element type,
 from typing import Optional
 
 # --quantization value -> (what it is, the devices that compute on it)
-SCHEMES = {"int8": ("weight-only int8, fp16 scales per 32 inputs (GGUF Q8_0 blocks)", ("cpu",)),
+SCHEMES = {"int8": ("weight-only int8: on the CPU fp16 scales per 32 inputs (GGUF Q8_0 blocks), on CUDA one "
+                    "scale per output row", ("cpu", "cuda")),
            "fp8": ("FP8 e4m3 weights, one scale per output row; activations quantized per row at run time "
                    "(Hopper GPUs)", ("cuda",))}
 

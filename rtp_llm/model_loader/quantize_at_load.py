@@ -9,6 +9,11 @@ scales: the error per weight is at most d / 2 of its own block. What stays in it
 biases, the embedding table and a tied LM head (looked up by row), weights whose inputs are not
 a multiple of 32, and tensors the checkpoint already quantized (GGUF blocks).
 
+int8 on CUDA is per output row instead (upstream's per-channel weight-only int8): each attention
+and dense-MLP projection becomes int8 codes (stored as q + 128, a GroupIntTensor of 8 bits and one
+group a row) with one fp32 scale per row (its max |w| / 127), which the integer-weight kernels
+compute on (device/cuda/kernels/wint.py); the LM head stays in the run dtype.
+
 fp8 (CUDA): each attention and dense-MLP projection becomes e4m3 codes with one fp32 scale per
 output row (its max |w| / 448), the format the CUDA backend's FP8 kernels compute on
 (device/cuda/kernels/fp8.py); activations are quantized per row at run time above 4 rows.
@@ -21,7 +26,7 @@ from typing import Dict, Optional
 import torch
 
 from rtp_llm.model_loader.fp8_weight import Fp8Tensor, quantize_per_row
-from rtp_llm.model_loader.int_weight import GroupIntTensor
+from rtp_llm.model_loader.int_weight import GroupIntTensor, pack_rows
 from rtp_llm.model_loader.quantized import Q8_0Tensor, QuantizedTensor, kept_projection
 from rtp_llm.model_loader.registry import UnsupportedModelError
 
@@ -60,6 +65,8 @@ def quantize_weights(weights: Dict[str, object], quantization: Optional[str], co
                          f"(its experts and latent attention take float weights only)")
     if quantization == "fp8":
         return _quantize_fp8(weights, config, device)
+    if quantization == "int8" and device.startswith("cuda"):
+        return _quantize_int8_rows(weights, config, device)
     count = 0
     for name in list(weights):
         w = weights[name]
@@ -67,6 +74,30 @@ def quantize_weights(weights: Dict[str, object], quantization: Optional[str], co
             w = weights[name] = w.dequantize()          # from its values
         if _quantizable(name, w, config.tie_word_embeddings):
             weights[name] = quantize_q8_0(w)
+            count += 1
+    return count
+
+
+def quantize_int8_rows(w: torch.Tensor, dtype: torch.dtype) -> GroupIntTensor:
+    """w [N, K] as int8 codes with one fp32 scale per row (its max |w| / 127; 1 for an all-zero
+    row), computed where w is, stored as q + 128 in [1, 255] (zero point 128); dequantizes to dtype."""
+    wf = w.float()
+    n, k = wf.shape
+    amax = wf.abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax > 0, amax / _Q8_0_MAX, torch.ones_like(amax))
+    codes = torch.round(wf / scale).clamp_(-_Q8_0_MAX, _Q8_0_MAX).to(torch.int32) + 128
+    zero = torch.full((n, 1), 128, dtype=torch.int16, device=w.device)
+    return GroupIntTensor(pack_rows(codes, 8), (n, k), dtype, scale, zero, k, 8)
+
+
+def _quantize_int8_rows(weights: Dict[str, object], config, device: str) -> int:
+    count = 0
+    for name in list(weights):
+        w = weights[name]
+        if isinstance(w, (Fp8Tensor, GroupIntTensor)):
+            w = w.dequantize()
+        if isinstance(w, torch.Tensor) and w.is_floating_point() and kept_projection(config, name):
+            weights[name] = quantize_int8_rows(w.to(device), w.dtype).to(w.device)
             count += 1
     return count
 

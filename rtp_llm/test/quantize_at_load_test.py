@@ -1,5 +1,6 @@
 """--quantization=int8 (model_loader/quantize_at_load.py) on the CPU: the blocks it writes are
-GGUF Q8_0 as the gguf package decodes them, within half a quantization step of the weights; an
+GGUF Q8_0 as the gguf package decodes them, within half a quantization step of the weights (and
+CUDA's per-row int8 codes within half theirs); an
 HF checkpoint's projections reach the backend packed as Q8_0 (no bf16 copy), the embedding and a
 tied head stay bf16, and the next tokens follow the fp32 path; what we cannot run is refused by
 flag name."""
@@ -43,6 +44,22 @@ class QuantizeAtLoadTest(unittest.TestCase):
         err = (decoded.float() - ref).reshape(24, 3, 32).abs()
         self.assertTrue(bool((err <= step * 0.5 * 1.01 + 1e-6).all()), float((err / step.clamp_min(1e-12)).max()))
         self.assertTrue(bool((decoded[3, 32:64] == 0).all()))
+
+    def test_cuda_rows_are_int8_within_half_a_step(self):
+        from rtp_llm.model_loader.int_weight import GroupIntTensor
+        from rtp_llm.model_loader.quantize_at_load import quantize_int8_rows
+
+        w = (torch.randn(24, 96) * torch.logspace(-3, 1, 24).unsqueeze(1)).to(torch.bfloat16)
+        w[5] = 0  # an all-zero row: scale 1, weights 0
+        t = quantize_int8_rows(w, torch.bfloat16)
+        self.assertIsInstance(t, GroupIntTensor)
+        self.assertEqual((t.bits, t.group, tuple(t.scale.shape), tuple(t.blocks.shape)), (8, 96, (24, 1), (24, 24)))
+        self.assertTrue(bool((t.zero == 128).all()))
+        got = GroupIntTensor(t.blocks, t.shape, torch.float32, t.scale, t.zero, t.group, t.bits).dequantize()
+        step = w.float().abs().amax(1, keepdim=True) / 127
+        err = (got - w.float()).abs()
+        self.assertTrue(bool((err <= step * 0.5 * 1.001 + 1e-9).all()), float((err / step.clamp_min(1e-12)).max()))
+        self.assertTrue(bool((got[5] == 0).all()))
 
     def test_projections_reach_the_backend_as_q8_0(self):
         from rtp_llm.device.cpu.q8_0 import Q8_0Linear
@@ -93,7 +110,7 @@ class QuantizeAtLoadTest(unittest.TestCase):
         path = self.paths["qwen3_gqa_untied"]
         for kwargs, words in [(dict(quantization="fp8", act_type="bf16"), "--quantization=fp8 runs on --device=cuda"),
                               (dict(quantization="w4a8", act_type="bf16"), "--quantization=w4a8 is not supported"),
-                              (dict(quantization="int8", act_type="bf16", device="cuda"), "--device=cuda"),
+                              (dict(quantization="int8", act_type="bf16", device="npu"), "--device=cpu/cuda"),
                               (dict(quantization="int8", act_type="fp32"), "--act_type=bf16")]:
             with self.assertRaises(ValueError) as e:
                 LLM(path, progress=False, **kwargs)
