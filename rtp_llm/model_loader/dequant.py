@@ -21,7 +21,7 @@ from typing import Dict, NamedTuple, Optional, Protocol, Tuple, Union
 import torch
 
 from rtp_llm.model_loader.fp8_weight import Fp8Tensor
-from rtp_llm.model_loader.int_weight import GroupIntTensor, from_codes
+from rtp_llm.model_loader.int_weight import GroupIntTensor, from_codes, from_words
 from rtp_llm.model_loader.quant_config import AWQ, FP8, GPTQ, QuantConfig
 from rtp_llm.model_loader.weights import CheckpointError
 
@@ -108,12 +108,8 @@ class Codes(NamedTuple):
     group_of_k: torch.Tensor
 
 
-def gptq_codes(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int, k: int) -> Codes:
-    """GPTQ (AutoGPTQ / GPTQModel): qweight int32 [K * bits / 32, N] (codes along K, low bits
-    first), qzeros int32 [G, N * bits / 32] (along N), scales [G, N], g_idx int [K] (the group
-    of each input channel: shuffled under desc_act; k // group_size otherwise and when absent).
-    W[n, k] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n], z the stored zero plus zero_offset
-    (v1's zero - 1 convention; 15 + 1 = 16 as AutoGPTQ's kernels read it)."""
+def _gptq_groups(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int, k: int) -> torch.Tensor:
+    """Checks a GPTQ weight's tensors (gptq_codes says what they are); returns its g_idx (int64 [K])."""
     per, g = 32 // qc.bits, _groups(qc, k)
     if k % per or n % per:
         raise CheckpointError(f"{module}: a {qc.bits}-bit GPTQ weight of {n} x {k} needs N and K multiples of {per}")
@@ -125,15 +121,38 @@ def gptq_codes(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int,
     if g_idx is None:
         if qc.desc_act:
             raise CheckpointError(f"{module}: quantization_config.desc_act is true but {module}.g_idx is missing")
-        g_idx = torch.arange(k) // _group_size(qc, k)
-    else:
-        _check(g_idx, f"{module}.g_idx", (k,), (torch.int32, torch.int64), why)
-        g_idx = g_idx.long()
-        if int(g_idx.min()) < 0 or int(g_idx.max()) >= g:
-            raise CheckpointError(f"tensor {module}.g_idx holds groups outside [0, {g}) ({why})")
+        return torch.arange(k) // _group_size(qc, k)
+    _check(g_idx, f"{module}.g_idx", (k,), (torch.int32, torch.int64), why)
+    g_idx = g_idx.long()
+    if int(g_idx.min()) < 0 or int(g_idx.max()) >= g:
+        raise CheckpointError(f"tensor {module}.g_idx holds groups outside [0, {g}) ({why})")
+    return g_idx
+
+
+def gptq_codes(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int, k: int) -> Codes:
+    """GPTQ (AutoGPTQ / GPTQModel): qweight int32 [K * bits / 32, N] (codes along K, low bits
+    first), qzeros int32 [G, N * bits / 32] (along N), scales [G, N], g_idx int [K] (the group
+    of each input channel: shuffled under desc_act; k // group_size otherwise and when absent).
+    W[n, k] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n], z the stored zero plus zero_offset
+    (v1's zero - 1 convention; 15 + 1 = 16 as AutoGPTQ's kernels read it)."""
+    g_idx = _gptq_groups(t, qc, module, n, k)
     q = unpack_int32(t["qweight"], qc.bits, 0)                          # [K, N]
     z = unpack_int32(t["qzeros"], qc.bits, 1) + qc.zero_offset          # [G, N]
     return Codes(q, z, t["scales"], g_idx)
+
+
+def _gptq_kept(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int, k: int,
+               dtype: torch.dtype) -> Optional[GroupIntTensor]:
+    """A GPTQ weight kept packed (None: its groups are no runs of group_size inputs). Groups in
+    input order: its qweight transposed is the row layout already (no codes unpacked); shuffled
+    (desc_act): through its codes."""
+    g_idx = _gptq_groups(t, qc, module, n, k)
+    size = _group_size(qc, k)
+    if not torch.equal(g_idx, torch.arange(k) // size):
+        c = gptq_codes(t, qc, module, n, k)
+        return from_codes(c.codes, c.zeros, c.scales, c.group_of_k, size, qc.bits, dtype)
+    z = unpack_int32(t["qzeros"], qc.bits, 1) + qc.zero_offset
+    return from_words(t["qweight"].t(), k, z, t["scales"], size, qc.bits, dtype)
 
 
 def awq_codes(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int, k: int) -> Codes:
@@ -182,6 +201,10 @@ def _packed(tensors: Tensors, qc: Optional[QuantConfig], module: str, n: int, k:
     missing = [s for s in PACKED_SUFFIXES[:3] if s not in parts]
     if missing:
         raise CheckpointError(f"missing tensor {module}.{missing[0]} beside {module}.qweight ({qc.describe()})")
+    if keep and qc.kind == GPTQ:
+        kept = _gptq_kept(parts, qc, module, n, k, keep)
+        if kept is not None:
+            return kept
     c = (gptq_codes if qc.kind == GPTQ else awq_codes)(parts, qc, module, n, k)
     kept = from_codes(c.codes, c.zeros, c.scales, c.group_of_k, _group_size(qc, k), qc.bits, keep) if keep else None
     return kept if kept is not None else dequant_codes(c)

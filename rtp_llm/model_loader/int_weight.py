@@ -163,5 +163,12 @@ def from_codes(codes_kn: torch.Tensor, zeros_gn: torch.Tensor, scales_gn: torch.
             return None
         perm = order.to(torch.int32)
         codes_kn = codes_kn[order]
-    return GroupIntTensor(pack_rows(codes_kn.t(), bits), (codes_kn.shape[1], k), dtype, scales_gn.t().contiguous(),
+    return from_words(pack_rows(codes_kn.t(), bits), k, zeros_gn, scales_gn, group, bits, dtype, perm)
+
+
+def from_words(words: torch.Tensor, k: int, zeros_gn: torch.Tensor, scales_gn: torch.Tensor, group: int, bits: int,
+               dtype: torch.dtype, perm: Optional[torch.Tensor] = None) -> GroupIntTensor:
+    """A GroupIntTensor of words already in the row layout (int32 [N, K * bits / 32]; GPTQ's
+    qweight transposed is, when its groups are in input order), zeros [G, N], scales [G, N]."""
+    return GroupIntTensor(words.contiguous(), (words.shape[0], k), dtype, scales_gn.t().contiguous(),
                           zeros_gn.t().to(torch.int16).contiguous(), group, bits, perm)

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 import torch
 
@@ -72,12 +73,14 @@ def random_prompts(vocab: int, batch: int, length: int, seed: int):
 
 
 def offline(ckpt: str, emit_, overlap: bool = True, throughput: bool = True, max_batch_size: int = 256,
-            load_format: str = "auto", concurrency=None):
-    """Our engine through the LLM API (load_format "dummy": random weights from config.json)."""
+            load_format: str = "auto", concurrency=None, quantization: Optional[str] = None):
+    """Our engine through the LLM API (load_format "dummy": random weights from config.json;
+    quantization: --quantization's value)."""
     from rtp_llm.llm import LLM
 
     llm = LLM(ckpt, act_type="bf16", progress=False, device="cuda", max_seq_len=2176, max_batch_size=max_batch_size,
-              max_num_batched_tokens=8192, overlap_schedule=None if overlap else False, load_format=load_format)
+              max_num_batched_tokens=8192, overlap_schedule=None if overlap else False, load_format=load_format,
+              quantization=quantization)
 
     def gen(prompts, n):
         t = time.perf_counter()

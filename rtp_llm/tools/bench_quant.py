@@ -8,7 +8,8 @@ offline rows), with the weight-read floor of each checkpoint.
 
 --quant fp8 is block FP8 (Qwen3-FP8's format): our engine widens it to bf16 unless
 RTP_LLM_CUDA_FP8_BLOCK=1 (each row says which); fp8_channel runs on the FP8 kernels; gptq is
-4-bit GPTQ in groups of 128 (vLLM runs it with its Marlin kernels).
+4-bit GPTQ in groups of 128 (vLLM runs it with its Marlin kernels); int8 is the bf16 checkpoint
+with our --quantization=int8 (per-row int8 made at load; ours only).
 
 One engine per process (run it once per engine: both hold most of the GPU's memory), and for
 vLLM one --quant (its memory is freed at exit only). The checkpoints are written once to
@@ -23,7 +24,8 @@ import torch
 from rtp_llm.tools.bench_gpu import CONCURRENCY, SHAPES, copy_bandwidth, emit, offline, vllm_offline
 
 # --quant -> the rtp_llm.tools.quantize scheme writing it (bf16: the random checkpoint as written)
-SCHEMES = {"bf16": None, "fp8": "block", "fp8_channel": "channel", "gptq": "gptq"}
+SCHEMES = {"bf16": None, "fp8": "block", "fp8_channel": "channel", "gptq": "gptq", "int8": None}
+AT_LOAD = {"int8": "int8"}  # --quant -> our --quantization on the bf16 checkpoint (ours only)
 
 
 def checkpoint(arch: str, quant: str) -> str:
@@ -38,9 +40,10 @@ def checkpoint(arch: str, quant: str) -> str:
     return out if os.path.exists(os.path.join(out, "config.json")) else quantize(src, out, SCHEMES[quant])
 
 
-def read_floor_bytes(ckpt: str) -> int:
+def read_floor_bytes(ckpt: str, int8_projections: bool = False) -> int:
     """Bytes a decoded token reads: every stored tensor but the embedding table (one row; a tied
-    one is read again as the LM head)."""
+    one is read again as the LM head); int8_projections: the decoder's projections as --quantization
+    int8 makes them on CUDA (a byte a weight, an fp32 scale a row)."""
     import json
 
     from safetensors import safe_open
@@ -56,6 +59,8 @@ def read_floor_bytes(ckpt: str) -> int:
                 for d in t.get_shape():
                     n *= d
                 nbytes = n * {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4, "I32": 4}[t.get_dtype()]
+                if int8_projections and key.startswith("model.layers.") and key.endswith("_proj.weight"):
+                    nbytes = n + 4 * t.get_shape()[0]
                 if key != "model.embed_tokens.weight" or tied:
                     total += nbytes
     return total
@@ -85,10 +90,12 @@ def main():
         block_kernels = os.environ.get("RTP_LLM_CUDA_FP8_BLOCK") == "1"
         out = lambda r: emit(a.out, dict(r, arch=a.arch, quant=quant, engine=a.engine,  # noqa: E731
                                          gpu=torch.cuda.get_device_name(), fp8_block_kernels=block_kernels))
-        floor = read_floor_bytes(ckpt)
+        floor = read_floor_bytes(ckpt, AT_LOAD.get(quant) == "int8")
         out({"mode": "floor", "read_bytes": floor, "copy_bandwidth_GBps": bw / 1e9, "tpot_floor_ms": floor / bw * 1e3})
         if a.engine == "ours":
-            offline(ckpt, out, max_batch_size=a.max_batch_size, concurrency=conc)
+            offline(ckpt, out, max_batch_size=a.max_batch_size, concurrency=conc, quantization=AT_LOAD.get(quant))
+        elif quant in AT_LOAD:
+            raise SystemExit(f"--quant {quant} is our --quantization at load: vLLM has no such scheme")
         else:
             vllm_offline(ckpt, out, max_batch_size=a.max_batch_size, concurrency=conc, load_format="auto")
 
