@@ -61,9 +61,10 @@ def _gemm_block_k(group: int, k: int) -> int:
 @triton.jit
 def _rows_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, KW, G, BITS: tl.constexpr, GROUP: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, PERM: tl.constexpr, LAYOUT: tl.constexpr):
-    """sum_j W[rows, j] x[perm[j]] in fp32 [BLOCK_N] for one activation row at x_ptr. LAYOUT 0:
-    each tile's codes as one [BLOCK_N, BLOCK_W, PER] tensor; 1: PER [BLOCK_N, BLOCK_W] slices,
-    one per code position in the words."""
+    """sum_j W[rows, j] x[perm[j]] in fp32 [BLOCK_N] for one activation row at x_ptr. LAYOUT bit
+    0: the tile's codes as PER [BLOCK_N, BLOCK_W] slices, one per code position in the words (else
+    one [BLOCK_N, BLOCK_W, PER] tensor); bit 1: the tile lies within one group (BLOCK_W divides a
+    group's words), so each row's scale and zero are loaded once (else gathered per word)."""
     PER: tl.constexpr = 32 // BITS
     j = tl.arange(0, PER)
     offs_w = tl.arange(0, BLOCK_W)
@@ -73,10 +74,15 @@ def _rows_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, KW, G, BITS: tl.co
         wmask = ws < KW
         mask = nmask[:, None] & wmask[None, :]
         words = tl.load(w_ptr + rows[:, None] * KW + ws[None, :], mask=mask, other=0)
-        sz = rows[:, None] * G + (ws * PER // GROUP)[None, :]
-        z = tl.load(z_ptr + sz, mask=mask, other=0).to(tl.float32) + _MAGIC_F
-        s = tl.load(s_ptr + sz, mask=mask, other=0.0).to(tl.float32)
-        if LAYOUT == 0:
+        if LAYOUT >= 2:
+            sz = rows[:, None] * G + w0 * PER // GROUP
+            z = tl.load(z_ptr + sz, mask=nmask[:, None], other=0).to(tl.float32) + _MAGIC_F
+            s = tl.load(s_ptr + sz, mask=nmask[:, None], other=0.0).to(tl.float32)
+        else:
+            sz = rows[:, None] * G + (ws * PER // GROUP)[None, :]
+            z = tl.load(z_ptr + sz, mask=mask, other=0).to(tl.float32) + _MAGIC_F
+            s = tl.load(s_ptr + sz, mask=mask, other=0.0).to(tl.float32)
+        if LAYOUT % 2 == 0:
             q = (words[:, :, None] >> (j * BITS)[None, None, :]) & ((1 << BITS) - 1)
             qf = (q | _MAGIC).to(tl.float32, bitcast=True)
             ks = ws[:, None] * PER + j[None, :]
@@ -193,6 +199,12 @@ def dequantize(w: IntLinear, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
+def within_group(block_w: int, w: IntLinear) -> bool:
+    """Whether tiles of block_w words lie within one group each (LAYOUT bit 1)."""
+    per = 32 // w.bits
+    return w.group >= w.k or (w.group % per == 0 and (w.group // per) % block_w == 0)
+
+
 def gemv_config(n: int, bits: int):
     """(BLOCK_N, BLOCK_W, num_warps, LAYOUT): each program streams BLOCK_N rows, BLOCK_W words of
     each at a time ([BLOCK_N, BLOCK_W, 32 / bits] codes in registers: 4K a tile over 4 warps)."""
@@ -218,6 +230,8 @@ def gemv(x: torch.Tensor, w: IntLinear, out: Optional[torch.Tensor] = None, gate
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, block_w, warps, layout = config or gemv_config(n, w.bits)
+    if layout >= 2 and not within_group(block_w, w):
+        raise ValueError(f"a GEMV tile of {block_w} words spans groups of {w.group} inputs ({w.bits} bits)")
     perm = w.perm if w.perm is not None else w.qweight
     _wint_gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w.qweight, w.scale, w.zero, perm, out, n, w.qweight.shape[1], w.scale.shape[1], x.stride(0), out.stride(0),
