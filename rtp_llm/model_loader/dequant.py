@@ -141,16 +141,14 @@ def gptq_codes(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int,
     return Codes(q, z, t["scales"], g_idx)
 
 
-def _gptq_kept(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int, k: int,
-               dtype: torch.dtype) -> Optional[GroupIntTensor]:
-    """A GPTQ weight kept packed (None: its groups are no runs of group_size inputs). Groups in
-    input order: its qweight transposed is the row layout already (no codes unpacked); shuffled
-    (desc_act): through its codes."""
+def _gptq_in_order(t: Dict[str, torch.Tensor], qc: QuantConfig, module: str, n: int, k: int,
+                   dtype: torch.dtype) -> Optional[GroupIntTensor]:
+    """A GPTQ weight whose groups are in input order kept packed without unpacking its codes (its
+    qweight transposed is the row layout already); None where desc_act shuffled its groups."""
     g_idx = _gptq_groups(t, qc, module, n, k)
     size = _group_size(qc, k)
     if not torch.equal(g_idx, torch.arange(k) // size):
-        c = gptq_codes(t, qc, module, n, k)
-        return from_codes(c.codes, c.zeros, c.scales, c.group_of_k, size, qc.bits, dtype)
+        return None
     z = unpack_int32(t["qzeros"], qc.bits, 1) + qc.zero_offset
     return from_words(t["qweight"].t(), k, z, t["scales"], size, qc.bits, dtype)
 
@@ -202,7 +200,7 @@ def _packed(tensors: Tensors, qc: Optional[QuantConfig], module: str, n: int, k:
     if missing:
         raise CheckpointError(f"missing tensor {module}.{missing[0]} beside {module}.qweight ({qc.describe()})")
     if keep and qc.kind == GPTQ:
-        kept = _gptq_kept(parts, qc, module, n, k, keep)
+        kept = _gptq_in_order(parts, qc, module, n, k, keep)
         if kept is not None:
             return kept
     c = (gptq_codes if qc.kind == GPTQ else awq_codes)(parts, qc, module, n, k)
