@@ -35,9 +35,9 @@ def _sweep_gemv(x, ws, copies, gated):
     res = {}
     # Tiles gathering a scale per word (layouts 0, 1) or within a group (2, 3: BLOCK_W divides its words).
     configs = [(bn, bw, 4, lay) for lay in (0, 1) for bn in (4, 8, 16) for bw in (32, 64, 128)]
-    configs += [(bn, bw, 4, lay) for lay in (2, 3) for bn in (8, 16, 32) for bw in (8, 16)]
+    configs += [(bn, bw, 4, lay) for lay in (2, 3, 7) for bn in (8, 16, 32) for bw in (8, 16)]
     for cfg in configs:
-        if cfg[3] >= 2 and not wint.within_group(cfg[1], ws[0]):
+        if cfg[3] % 4 >= 2 and not wint.within_group(cfg[1], ws[0]):
             continue
         try:
             res[str(cfg)] = graph_us(lambda: [wint.gemv(x, w, gated=gated, config=cfg) for w in ws], copies)

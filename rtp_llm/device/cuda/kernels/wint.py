@@ -3,16 +3,18 @@ packed codes are read as stored (model_loader/int_weight.py's row layout: output
 codes along K, 32 / BITS a word, low bits first), so a decode step streams a quarter (int4) of a
 bf16 weight's bytes. W[n, perm[j]] = (q[n, j] - zero[n, j // GROUP]) * scale[n, j // GROUP].
 
-- M <= GEMV_MAX_ROWS rows: a GEMV. Each program streams BLOCK_N rows' words, unpacks them in
-  registers as [BLOCK_N, BLOCK_W, PER] codes, sums (q - zero) x over each word's PER inputs,
-  then scales that by the word's group scale (one multiply per word, not per weight).
+- M <= GEMV_MAX_ROWS rows: a GEMV. Each program streams BLOCK_N rows' words in tiles of BLOCK_W
+  words, sums (q - zero) x over each tile's codes and scales that by the tile's group scale
+  (a tile within one group: one scale and zero a row and tile, not one a weight).
 - More rows: a GEMM whose K tiles lie within one group: the tile's codes are unpacked and
   scaled into the activations' dtype, then tl.dot (tensor cores).
 
-Codes become floats without an integer conversion (16 a clock per SM on Hopper, slower than the
-weights stream in): q | 0x4B000000 read as an fp32 is 2^23 + q exactly, and the zero point is
-taken as 2^23 + zero, so the subtraction gives (q - zero) exactly with one float add. A
-desc_act weight's columns are in group order: the kernels read the activations through perm."""
+At one row the GEMV is bound by arithmetic as much as by the weights' bytes (8 codes a 4-byte
+word), so a code costs as few instructions as it can: no integer-to-float conversion (16 a
+clock per SM on Hopper): q | 0x4B000000 read as an fp32 is 2^23 + q exactly, and the zero point
+is taken as 2^23 + zero, so one float subtraction gives (q - zero) exactly; and no shift per code
+(_rows_dot's LAYOUT 7). A desc_act weight's columns are in group order: the kernels read the
+activations through perm."""
 
 from dataclasses import dataclass
 from typing import Optional
@@ -64,8 +66,12 @@ def _rows_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, KW, G, BITS: tl.co
     """sum_j W[rows, j] x[perm[j]] in fp32 [BLOCK_N] for one activation row at x_ptr. LAYOUT bit
     0: the tile's codes as PER [BLOCK_N, BLOCK_W] slices, one per code position in the words (else
     one [BLOCK_N, BLOCK_W, PER] tensor); bit 1: the tile lies within one group (BLOCK_W divides a
-    group's words), so each row's scale and zero are loaded once (else gathered per word)."""
+    group's words), so each row's scale and zero are loaded once (else gathered per word); bit 2
+    (with bit 0): codes taken in place, without a shift each: (word & (mask << sh)) | 2^23's bits
+    is 2^23 + q 2^sh exactly (sh < 24 - BITS: the low half word's codes, then the high half's
+    after one shift), paired with 2^23 + zero 2^sh and x 2^-sh, the same products."""
     PER: tl.constexpr = 32 // BITS
+    HALF: tl.constexpr = PER // 2
     j = tl.arange(0, PER)
     offs_w = tl.arange(0, BLOCK_W)
     acc = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
@@ -74,13 +80,13 @@ def _rows_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, KW, G, BITS: tl.co
         wmask = ws < KW
         mask = nmask[:, None] & wmask[None, :]
         words = tl.load(w_ptr + rows[:, None] * KW + ws[None, :], mask=mask, other=0)
-        if LAYOUT >= 2:
+        if LAYOUT % 4 >= 2:
             sz = rows[:, None] * G + w0 * PER // GROUP
-            z = tl.load(z_ptr + sz, mask=nmask[:, None], other=0).to(tl.float32) + _MAGIC_F
+            zr = tl.load(z_ptr + sz, mask=nmask[:, None], other=0).to(tl.float32)
             s = tl.load(s_ptr + sz, mask=nmask[:, None], other=0.0).to(tl.float32)
         else:
             sz = rows[:, None] * G + (ws * PER // GROUP)[None, :]
-            z = tl.load(z_ptr + sz, mask=mask, other=0).to(tl.float32) + _MAGIC_F
+            zr = tl.load(z_ptr + sz, mask=mask, other=0).to(tl.float32)
             s = tl.load(s_ptr + sz, mask=mask, other=0.0).to(tl.float32)
         if LAYOUT % 2 == 0:
             q = (words[:, :, None] >> (j * BITS)[None, None, :]) & ((1 << BITS) - 1)
@@ -89,16 +95,23 @@ def _rows_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, KW, G, BITS: tl.co
             if PERM:
                 ks = tl.load(p_ptr + ks, mask=wmask[:, None], other=0)
             x = tl.load(x_ptr + ks, mask=wmask[:, None], other=0.0).to(tl.float32)
-            part = tl.sum((qf - z[:, :, None]) * x[None, :, :], axis=2)
+            part = tl.sum((qf - (zr + _MAGIC_F)[:, :, None]) * x[None, :, :], axis=2)
         else:
             part = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+            hi = words >> 16
             for i in tl.static_range(PER):
-                qf = (((words >> (i * BITS)) & ((1 << BITS) - 1)) | _MAGIC).to(tl.float32, bitcast=True)
                 ks = ws * PER + i
                 if PERM:
                     ks = tl.load(p_ptr + ks, mask=wmask, other=0)
                 x = tl.load(x_ptr + ks, mask=wmask, other=0.0).to(tl.float32)
-                part += (qf - z) * x[None, :]
+                if LAYOUT >= 4:
+                    sh: tl.constexpr = (i % HALF) * BITS
+                    src = words if i < HALF else hi
+                    qf = ((src & (((1 << BITS) - 1) << sh)) | _MAGIC).to(tl.float32, bitcast=True)
+                    part += (qf - (zr * (1 << sh) + _MAGIC_F)) * (x * (1.0 / (1 << sh)))[None, :]
+                else:
+                    qf = (((words >> (i * BITS)) & ((1 << BITS) - 1)) | _MAGIC).to(tl.float32, bitcast=True)
+                    part += (qf - (zr + _MAGIC_F)) * x[None, :]
         acc += part * s
     return tl.sum(acc, axis=1)
 
@@ -205,12 +218,19 @@ def within_group(block_w: int, w: IntLinear) -> bool:
     return w.group >= w.k or (w.group % per == 0 and (w.group // per) % block_w == 0)
 
 
-def gemv_config(n: int, bits: int):
-    """(BLOCK_N, BLOCK_W, num_warps, LAYOUT): each program streams BLOCK_N rows, BLOCK_W words of
-    each at a time ([BLOCK_N, BLOCK_W, 32 / bits] codes in registers: 4K a tile over 4 warps)."""
-    per = 32 // bits
-    block_w = 64 if per == 8 else 128
-    return (8 if n >= 2048 else 4), block_w, 4, 0
+def gemv_config(n: int, w: IntLinear):
+    """(BLOCK_N, BLOCK_W, num_warps, LAYOUT) for the GEMV over w's [n, K] rows: tiles of 16
+    words within one group (a row's scale and zero loaded once a tile), codes taken in place
+    (LAYOUT 7), 256 words a tile; where a group holds fewer than 4 words (or a number with no
+    power-of-two divisor of 4 or more), tiles gathering a scale per word (LAYOUT 0)."""
+    per = 32 // w.bits
+    block_w = 16
+    if w.group < w.k:
+        words = w.group // per
+        block_w = next((b for b in (16, 8, 4) if words % b == 0), 0)
+    if block_w:
+        return min(64, 256 // block_w), block_w, 4, 7
+    return 8, 64, 4, 0
 
 
 def gemm_config(m: int) -> dict:
@@ -229,8 +249,8 @@ def gemv(x: torch.Tensor, w: IntLinear, out: Optional[torch.Tensor] = None, gate
     n = w.qweight.shape[0] // (2 if gated else 1)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_n, block_w, warps, layout = config or gemv_config(n, w.bits)
-    if layout >= 2 and not within_group(block_w, w):
+    block_n, block_w, warps, layout = config or gemv_config(n, w)
+    if layout % 4 >= 2 and not within_group(block_w, w):
         raise ValueError(f"a GEMV tile of {block_w} words spans groups of {w.group} inputs ({w.bits} bits)")
     perm = w.perm if w.perm is not None else w.qweight
     _wint_gemv_kernel[(triton.cdiv(n, block_n),)](
