@@ -34,8 +34,8 @@ def _sweep_gemv(x, ws, copies, gated):
 
     res = {}
     # Tiles gathering a scale per word (layouts 0, 1) or within a group (2, 3: BLOCK_W divides its words).
-    configs = [(bn, bw, 4, lay) for lay in (0, 1) for bn in (4, 8, 16) for bw in (32, 64, 128)]
-    configs += [(bn, bw, 4, lay) for lay in (2, 3, 7) for bn in (8, 16, 32) for bw in (8, 16)]
+    configs = [(bn, bw, 4, lay) for lay in (0, 1) for bn in (4, 16) for bw in (32, 64)]
+    configs += [(bn, bw, nw, lay) for lay in (3, 7) for bn in (8, 16, 32) for bw in (8, 16) for nw in (4, 8)]
     for cfg in configs:
         if cfg[3] % 4 >= 2 and not wint.within_group(cfg[1], ws[0]):
             continue
@@ -89,6 +89,8 @@ def main():
                    "bf16_us": graph_us(lambda: [K.gemv(x, w) if K.use_gemv(x, w) else torch.nn.functional.linear(x, w)
                                                 for w in bf], len(bf))}
             row["int_GBps"] = nbytes / row["int_us"] / 1e3
+            if m <= K.GEMV_MAX_ROWS:
+                row["gemv_config"] = str(wint.gemv_config(n, ws[0]))
             if m > K.GEMV_MAX_ROWS:
                 row["dequant_cublas_us"] = graph_us(
                     lambda: [torch.nn.functional.linear(x, wint.dequantize(w, torch.bfloat16)) for w in ws[:4]], 4)
