@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from rtp_llm.device.cuda.kernels.gemv import GEMV_MAX_ROWS, gemv
-from rtp_llm.device.cuda.kernels.launch import launch_options, pdl_enter
+from rtp_llm.device.cuda.kernels.launch import grouped_tile, launch_options, pdl_enter
 
 @dataclass
 class Fp8Linear:
@@ -93,13 +93,7 @@ def _block_gemm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, K, stride_a, s
     """c [M, N] = sum over K tiles t of (a[:, t] . b[:, t]^T) x as[m, t] x bs[n / BN_S, t]: a e4m3
     [M, K] with as fp32 [M, K / BLOCK_K], b e4m3 [N, K] with bs fp32 [ceil(N / BN_S), K / BLOCK_K];
     BLOCK_K is the scales' block of inputs. Programs walk GROUP_M row tiles per column tile (L2 reuse)."""
-    pid = tl.program_id(0)
-    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = pid // per_group * GROUP_M
-    group_m = min(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_m
-    pid_n = (pid % per_group) // group_m
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)

@@ -1,4 +1,5 @@
-"""Programmatic dependent launch and the launch helpers every kernel family shares.
+"""Programmatic dependent launch and the launch helpers every kernel family shares (and the
+grouped tile order of the GEMMs).
 
 A decode step is ~9 short kernels per layer, so the gap between two kernels is a large part
 of it. With PDL (Hopper and later) a kernel is launched while its predecessor still runs; it
@@ -35,3 +36,15 @@ def pdl_enter(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n): the output tile of this program of a GEMM's 1-D grid, GROUP_M row tiles
+    walked per column tile, so that programs running together share their weight tiles in L2."""
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = pid // per_group * GROUP_M
+    group_m = min(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_m, (pid % per_group) // group_m

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from rtp_llm.device.cuda.kernels.gemv import GEMV_MAX_ROWS
-from rtp_llm.device.cuda.kernels.launch import launch_options, pdl_enter
+from rtp_llm.device.cuda.kernels.launch import grouped_tile, launch_options, pdl_enter
 
 _MAGIC = tl.constexpr(0x4B000000)  # the bits of 2^23 as an fp32: a code OR-ed into its mantissa is added
 _MAGIC_F = tl.constexpr(8388608.0)
@@ -146,13 +146,7 @@ def _wint_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, p_ptr, c_ptr, M, N, K, KW, G, 
     """c [M, N] = a [M, K] . W^T, W's K tiles (BLOCK_K within one group) unpacked and scaled into
     a's dtype. Programs walk GROUP_M row tiles per column tile (L2 reuse of the weight tile)."""
     PER: tl.constexpr = 32 // BITS
-    pid = tl.program_id(0)
-    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = pid // per_group * GROUP_M
-    group_m = min(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_m
-    pid_n = (pid % per_group) // group_m
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
