@@ -46,12 +46,22 @@ class Grammar:
                 raise GrammarError(field, "must be a JSON Schema (an object or a boolean)")
             if kind == "structural_tag" and not isinstance(value, dict):
                 raise GrammarError(field, "must be a structural tag object")
-            return cls(kind, json.dumps(value, ensure_ascii=False))
+            return cls(kind, _unicode(json.dumps(value, ensure_ascii=False), field))
         if kind not in GRAMMAR_FIELDS:
             raise GrammarError(field, f"unknown grammar kind {kind!r} (known: {', '.join(GRAMMAR_FIELDS)})")
         if not isinstance(value, str) or not value.strip():
             raise GrammarError(field, "must be a non-empty string")
-        return cls(kind, value)
+        return cls(kind, _unicode(value, field))
+
+
+def _unicode(text: str, field: str) -> str:
+    """text, which the engine receives as UTF-8: refused where it holds a lone surrogate (JSON's
+    "\\ud800" escapes decode to one), which has no UTF-8 form."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise GrammarError(field, f"is not valid Unicode text (an unpaired surrogate at position {e.start})") from None
+    return text
 
 
 def _json_value(value: Any, field: str) -> Any:
@@ -67,7 +77,7 @@ def choice(options: Any, field: str) -> Grammar:
     """Exactly one of the strings `options` (vLLM's choice), as a regex of escaped literals."""
     if not isinstance(options, list) or not options or not all(isinstance(o, str) and o for o in options):
         raise GrammarError(field, "must be a non-empty list of non-empty strings")
-    return Grammar("regex", "|".join(f"({_regex_literal(o)})" for o in options))
+    return Grammar("regex", _unicode("|".join(f"({_regex_literal(o)})" for o in options), field))
 
 
 def _regex_literal(s: str) -> str:

@@ -330,12 +330,16 @@ class AppTest(unittest.IsolatedAsyncioTestCase):
                              ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
                              ({"structured_outputs": {"what": 1}}, "structured_outputs.what"),
                              ({"guided_regex": 5}, "guided_regex"),
+                             # a lone surrogate (JSON's "\ud800") has no UTF-8 form for the engine
+                             ({"structured_outputs": {"regex": "\ud800"}}, "structured_outputs.regex"),
+                             ({"structured_outputs": {"choice": ["a\udc00"]}}, "structured_outputs.choice"),
                              ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
                               "structured_outputs")]:
             status, _, text = await self.request("/v1/chat/completions", dict(chat, **extra))
             self.assertEqual((status, json.loads(text)["error"]["param"]), (400, param), extra)
         for cfg, field in [({"json_schema": "{not json"}, "generate_config.json_schema"),
                            ({"regex": "a", "ebnf": 'root ::= "a"'}, "generate_config.ebnf"),
+                           ({"json_schema": {"enum": ["\ud800"]}}, "generate_config.json_schema"),
                            ({"response_format": {"type": "yaml"}}, "generate_config.response_format")]:
             status, _, text = await self.request("/", {"prompt": "hi", "generate_config": cfg})
             self.assertEqual(status, 400, text)

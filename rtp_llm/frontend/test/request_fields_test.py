@@ -206,7 +206,8 @@ class GrammarFieldsTest(unittest.TestCase):
         for cfg, field in [({"json_schema": 5}, "json_schema"), ({"json_schema": "{"}, "json_schema"),
                            ({"regex": ""}, "regex"), ({"ebnf": 3}, "ebnf"), ({"structural_tag": []}, "structural_tag"),
                            ({"response_format": {"type": "json_schema"}}, "response_format"),
-                           ({"regex": "a", "json_schema": {}}, "regex"),
+                           ({"regex": "a", "json_schema": {}}, "regex"), ({"regex": "\ud800"}, "regex"),
+                           ({"ebnf": 'root ::= "\udfff"'}, "ebnf"), ({"json_schema": {"const": "\ud800"}}, "json_schema"),
                            ({"response_format": {"type": "json_object"}, "regex": "a"}, "regex")]:
             with self.subTest(cfg=cfg), self.assertRaises(GenerateConfigError) as cm:
                 GenerateConfig.from_dict(cfg)
