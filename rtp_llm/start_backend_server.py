@@ -1,5 +1,6 @@
 """A backend process: one rank. Rank 0 loads its shard of the model, runs the engine loop and
-serves RpcService on start_port + 1 (loopback) until SIGTERM/SIGINT; other ranks (--tp_size
+serves RpcService on start_port + 1 (loopback; every interface on a DECODE instance, for its
+PREFILL instances) until SIGTERM/SIGINT; other ranks (--tp_size
 > 1) load theirs and follow rank 0's steps until it stops them. With --paced_engine_step_ms
 (benchmark only) the one rank loads no model and its engine emits paced tokens instead."""
 
@@ -62,9 +63,12 @@ def serve(config: ServerConfig) -> int:
         engine.run_worker()  # returns when rank 0 stops; raises (exit 1) if rank 0 is gone
         log.info("rank %d stopping", tp.rank)
         return 0
-    port = engine.core.start_rpc_server(config.rpc_address)
+    from rtp_llm.pd import handoff
+
+    pd = handoff.start(config.pd(), engine)
+    port = engine.core.start_rpc_server(config.rpc_bind_address)
     engine.start()
-    log.info("backend serving RpcService on 127.0.0.1:%d", port)
+    log.info("backend serving RpcService on %s:%d (%s)", config.pd().rpc_bind_host, port, config.role_type)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
@@ -72,6 +76,8 @@ def serve(config: ServerConfig) -> int:
     log.info("backend stopping")
     engine.core.stop_rpc_server()  # cancels calls in progress; their streams are aborted
     engine.stop()  # and the other ranks
+    if pd is not None:
+        pd.close()
     return 0
 
 

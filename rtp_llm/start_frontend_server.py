@@ -24,6 +24,11 @@ async def _serve(config: ServerConfig) -> None:
     if tokenizer is None:
         raise CheckpointError("it has no tokenizer: pass --tokenizer_path")
     client = BackendClient(config.rpc_address, config.max_queue_size)
+    if config.role_type == "PREFILL":  # requests continue on the DECODE instance (rtp_llm/pd/)
+        from rtp_llm.pd.prefill_entry import PrefillEntry
+
+        decode = config.pd().decode_address
+        client = PrefillEntry(client, BackendClient(decode, config.max_queue_size, wait_for_ready=False), decode)
     name = os.path.basename(os.path.normpath(config.checkpoint_path))
     # Per frontend process (SO_REUSEPORT spreads connections unevenly, so a share of a global
     # limit would refuse requests while another frontend idles).

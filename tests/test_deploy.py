@@ -12,7 +12,7 @@ import yaml
 from rtp_llm.config.server_config import ServerConfig, parse_server_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MANIFESTS = ["deploy/k8s/single-node.yaml", "deploy/k8s/multi-node-lws.yaml"]
+MANIFESTS = ["deploy/k8s/single-node.yaml", "deploy/k8s/multi-node-lws.yaml", "deploy/k8s/pd-disaggregated.yaml"]
 
 
 def _containers(doc):
@@ -46,7 +46,12 @@ def test_manifest_env_are_server_flags_and_probes_hit_health(path):
             unknown = {n for n in env if n not in flags and not n.startswith("NCCL_")}
             assert not unknown, f"{path} {role}: not server flags: {unknown}"
             config = _parse_as_the_server(env, flags)
-            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            # A PREFILL pod's /health fails while its decode instance is away: no liveness probe
+            # (a restart would not bring the decode instance back).
+            probes = ("startupProbe", "readinessProbe") if config.role_type == "PREFILL" else (
+                "startupProbe", "readinessProbe", "livenessProbe")
+            assert config.role_type != "PREFILL" or "livenessProbe" not in c
+            for probe in probes:
                 if role != "worker":
                     assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}, (path, role, probe)
             if doc["kind"] == "LeaderWorkerSet":
@@ -54,3 +59,24 @@ def test_manifest_env_are_server_flags_and_probes_hit_health(path):
                 assert config.local_world_size * size == config.world_size == config.tp_size
                 assert "--world_rank=$((LWS_WORKER_INDEX * LOCAL_WORLD_SIZE))" in " ".join(c["args"])
     assert found
+
+
+def test_the_prefill_deployment_reaches_the_decode_rpc_service():
+    docs = list(yaml.safe_load_all(open(os.path.join(ROOT, "deploy/k8s/pd-disaggregated.yaml"))))
+    flags = {f.name.upper() for f in fields(ServerConfig)}
+    roles = {}
+    for doc in docs:
+        for _, c in _containers(doc):
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            config = _parse_as_the_server(env, flags)
+            roles[config.role_type] = (config, c, {e["name"]: e for e in c["env"]})
+    prefill, decode = roles["PREFILL"][0], roles["DECODE"][0]
+    host, port = prefill.pd().decode_address.rsplit(":", 1)
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == host)
+    rpc = next(p for p in service["spec"]["ports"] if p["port"] == int(port))
+    container_port = {p["name"]: p["containerPort"] for p in roles["DECODE"][1]["ports"]}[rpc["targetPort"]]
+    assert container_port == int(decode.rpc_bind_address.rsplit(":", 1)[1])
+    for role in ("PREFILL", "DECODE"):  # peers read KV blocks at the pod's own address and port
+        config, c, env = roles[role]
+        assert env["KV_TRANSFER_HOST"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+        assert {p["name"]: p["containerPort"] for p in c["ports"]}["kv-transfer"] == config.pd().kv_transfer_port

@@ -159,6 +159,9 @@ class EngineLoop:
                                self.max_seq_len, args.reuse_cache, c.eos_token_ids, c.vocab_size,
                                **spec) if tp.rank == 0 else None
         kv = self.backend.allocate_cache(model.kv_cache_spec, self.num_blocks, block, kv_dtype)
+        # The pool and the index of its blocks dimension (allocate_cache's layouts): prefill/decode
+        # disaggregation moves its blocks (rtp_llm/pd/).
+        self.kv_cache, self.kv_blocks_dim = kv, 1 if model.kv_cache_spec.is_mla else 2
         # A step's sampled rows: one per stream, and one more per drafted token (within the budget).
         rows = min(step_tokens, args.max_batch_size * (1 + spec["gen_num_per_cycle"]))
         self.runner = ModelRunner(model, self.backend, kv, block, args.max_batch_size, self.max_seq_len,

@@ -12,6 +12,7 @@ from rtp_llm.config import quantization as quantization_flag
 from rtp_llm.config.model_config import LOAD_FORMATS
 from rtp_llm.config.parallel_config import ParallelConfig
 from rtp_llm.config.output_parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from rtp_llm.config.pd_config import RPC_PORT_OFFSET, PdConfig
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.config.upstream_flags import unsupported_upstream_flag
 
@@ -118,6 +119,11 @@ class ServerConfig:
     sp_max_token_match: int = SpeculativeConfig.sp_max_token_match
     sp_checkpoint_path: str = ""
     sp_model_type: str = ""
+    # Prefill/decode disaggregation (upstream's flags; config/pd_config.py): PDFUSION, PREFILL
+    # (the entry; hands requests to the DECODE instance at remote_rpc_server_ip) or DECODE.
+    role_type: str = "PDFUSION"
+    remote_rpc_server_ip: str = ""
+    kv_transfer_host: str = ""             # where peers reach this instance's KV transfer ("": this host's address)
 
     def validate(self) -> None:
         if not self.checkpoint_path:
@@ -153,6 +159,7 @@ class ServerConfig:
         self.quantization = quantization_flag.scheme(self.quantization, self.int8_mode) or ""
         quantization_flag.check(self.quantization or None, self.device, self.act_type)
         quantization_flag.check_kv_cache_dtype(self.kv_cache_dtype, self.device)
+        self.pd().validate(self.tp_size, self.sp_type, self.reuse_cache, bool(self.paced_engine_step_ms))
         if self.paced_engine_step_ms and self.tp_size != 1:
             raise ValueError(f"--paced_engine_step_ms runs no model: it needs --tp_size=1, got {self.tp_size}")
         self.world_size = self.world_size or self.tp_size
@@ -179,7 +186,15 @@ class ServerConfig:
 
     @property
     def rpc_address(self) -> str:
-        return f"127.0.0.1:{self.start_port + 1}"
+        """Where this instance's frontends reach its RPC service."""
+        return f"127.0.0.1:{self.start_port + RPC_PORT_OFFSET}"
+
+    @property
+    def rpc_bind_address(self) -> str:
+        return f"{self.pd().rpc_bind_host}:{self.start_port + RPC_PORT_OFFSET}"
+
+    def pd(self) -> PdConfig:
+        return PdConfig(self.role_type, self.remote_rpc_server_ip, self.kv_transfer_host, self.start_port)
 
     def speculative(self) -> SpeculativeConfig:
         return SpeculativeConfig(self.sp_type, self.gen_num_per_cycle, self.sp_min_token_match,

@@ -11,7 +11,8 @@ UPSTREAM_GROUPS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
         (
             "batch_decode_scheduler_batch_size", "batch_decode_scheduler_warmup_type"
         )),
-    "cache_store": ("PD disaggregation is not implemented: every server prefills and decodes",
+    "cache_store": ("upstream's cache store is not ours: prefill/decode disaggregation (--role_type) moves KV blocks "
+        "through the KV transfer engine (NIXL; docs/deploy.md)",
         (
             "cache_store_messager_io_thread_count", "cache_store_messager_worker_thread_count",
             "cache_store_rdma_connect_timeout_ms", "cache_store_rdma_io_thread_count",
@@ -150,7 +151,8 @@ UPSTREAM_GROUPS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
             "comm_buffer_size", "cp_rotate_method", "dp_size", "enable_ffn_disaggregate", "ep_size",
             "ffn_sp_size", "prefill_cp_kv_cache_sharded", "prefill_cp_size", "use_ub_comm"
         )),
-    "pd_separation": ("PD disaggregation is not implemented: every server prefills and decodes",
+    "pd_separation": ("upstream's PD retry and timeout tuning is not implemented: --role_type, "
+        "--remote_rpc_server_ip and --kv_transfer_host configure disaggregation (docs/deploy.md)",
         (
             "decode_entrance", "decode_polling_kv_cache_step_ms", "decode_retry_interval_ms",
             "decode_retry_timeout_ms", "decode_retry_times", "load_cache_timeout_ms", "max_rpc_timeout_ms",
@@ -174,14 +176,10 @@ UPSTREAM_GROUPS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
             "tool_call_loop_begin_marker", "tool_call_loop_end_marker", "tool_call_loop_max_span_tokens",
             "tool_call_loop_monitor", "tool_call_loop_threshold"
         )),
-    "role": ("PD disaggregation is not implemented: every server prefills and decodes",
-        (
-            "role_type",
-        )),
     "rpc_discovery": ("upstream's service discovery is not implemented: a server is one node, or --tp_size ranks "
         "(docs/deploy.md)",
         (
-            "decode_cm2_config", "multimodal_part_cm2_config", "remote_rpc_server_ip", "remote_vit_server_ip",
+            "decode_cm2_config", "multimodal_part_cm2_config", "remote_vit_server_ip",
             "use_local"
         )),
     "scheduler": ("the scheduler is sized by --max_batch_size and --max_num_batched_tokens",

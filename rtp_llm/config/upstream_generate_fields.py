@@ -31,8 +31,8 @@ IGNORED: Dict[str, str] = {
     **{k: "request bookkeeping of upstream's frontend and logs" for k in (
         "chat_id", "task_id", "trace_id", "inter_request_id", "global_request_id", "md5_value", "custom_prop",
         "request_format", "out_prefix")},
-    **{k: "upstream's PD disaggregation, load balancing and traffic control" for k in (
-        "can_use_pd_separation", "role_addrs", "traffic_reject_priority")},
+    **{k: "upstream's load balancing and traffic control" for k in ("role_addrs", "traffic_reject_priority")},
+    "can_use_pd_separation": "a PREFILL instance (--role_type) hands every request it can to its DECODE instance",
     **{k: "upstream's cache tiers; the prefix cache is the server's --reuse_cache" for k in (
         "reuse_cache", "enable_memory_block_cache", "enable_remote_cache", "enable_device_cache", "sync_wait_write")},
     **{k: "upstream's profiling" for k in ("gen_timeline", "profile_step")},

@@ -26,6 +26,7 @@ class Chunk:
     # with k > 0, their alternatives as top_logprobs'.
     prompt_logprobs: Optional[List[float]] = None
     prompt_top_logprobs: Optional[list] = None
+    kv_export: Optional[pb.KvExportPB] = None  # handed off after this first token (rtp_llm/pd/prefill_entry.py)
 
 
 class BackendError(Exception):
@@ -75,12 +76,12 @@ def _chunk(updates: List[pb.MultiplexUpdatePB]) -> Chunk:
     prompt = next((o for o in outs if o.prompt_logprobs is not None), last)  # (at most one carries them)
     if len(outs) == 1:
         return Chunk(last.token_ids, last.finished, last.aux, last.logprobs, last.finish_reason, last.top_logprobs,
-                     last.prompt_logprobs, last.prompt_top_logprobs)
+                     last.prompt_logprobs, last.prompt_top_logprobs, last.kv_export)
     ids = [t for o in outs for t in o.token_ids]
     logprobs = None if last.logprobs is None else [p for o in outs for p in o.logprobs or ()]
     top = None if last.top_logprobs is None else [a for o in outs for a in o.top_logprobs or ()]
     return Chunk(ids, last.finished, last.aux, logprobs, last.finish_reason, top, prompt.prompt_logprobs,
-                 prompt.prompt_top_logprobs)
+                 prompt.prompt_top_logprobs, last.kv_export)
 
 
 class _Sink:
@@ -100,8 +101,8 @@ class Multiplexer:
     The call opens with the first request and again after it broke (the backend restarted);
     when it breaks, every request on it fails with the call's status."""
 
-    def __init__(self, stub: pb_grpc.FrontendStreamServiceStub, metadata):
-        self.stub, self.metadata = stub, metadata
+    def __init__(self, stub: pb_grpc.FrontendStreamServiceStub, metadata, wait_for_ready: bool = True):
+        self.stub, self.metadata, self.wait_for_ready = stub, metadata, wait_for_ready
         self.tags = itertools.count(1)
         self.sinks: Dict[int, _Sink] = {}
         self.outbox: Optional[asyncio.Queue] = None
@@ -132,7 +133,7 @@ class Multiplexer:
                 yield await outbox.get()
 
         # wait_for_ready: during a reconnect the call waits for the channel instead of failing.
-        call = self.stub.GenerateMultiplexed(requests(), wait_for_ready=True, metadata=self.metadata)
+        call = self.stub.GenerateMultiplexed(requests(), wait_for_ready=self.wait_for_ready, metadata=self.metadata)
         self.reader = asyncio.create_task(self._read(call))
 
     async def _read(self, call) -> None:
@@ -156,7 +157,10 @@ class Multiplexer:
 
 
 class BackendClient:
-    def __init__(self, address: str, max_queue_size: int = 0):
+    def __init__(self, address: str, max_queue_size: int = 0, wait_for_ready: bool = True):
+        """wait_for_ready: requests wait while the channel (re)connects (this instance's own
+        engine, which may start after the frontend); False fails them at once (another instance's,
+        which may be gone)."""
         # Sent with every call: the engine refuses a stream when this many already wait.
         self.metadata = (("rtp-max-waiting", str(max_queue_size)),) if max_queue_size > 0 else None
         # The backend may come up after this frontend: reconnect quickly rather than with
@@ -165,7 +169,7 @@ class BackendClient:
             ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.max_receive_message_length", 64 << 20)])
         self.stub = pb_grpc.RpcServiceStub(self.channel)
-        self.mux = Multiplexer(pb_grpc.FrontendStreamServiceStub(self.channel), self.metadata)
+        self.mux = Multiplexer(pb_grpc.FrontendStreamServiceStub(self.channel), self.metadata, wait_for_ready)
 
     async def health(self, timeout: float = 2.0, wait_for_ready: bool = False) -> bool:
         """wait_for_ready: wait (up to timeout) for a channel that is still connecting instead of
@@ -182,14 +186,28 @@ class BackendClient:
     async def cache_status(self) -> pb.CacheStatusPB:
         return await self.stub.GetCacheStatus(pb.CacheVersionPB(), timeout=5)
 
-    async def generate(self, token_ids: List[int], config: pb.GenerateConfigPB,
-                       request_id: int = 0) -> AsyncIterator[Chunk]:
+    async def peer_problem(self) -> Optional[str]:
+        """Why another instance this one depends on cannot serve (a PREFILL instance's decode
+        instance: rtp_llm/pd/prefill_entry.py); None: there is none."""
+        return None
+
+    async def remote_finish(self, request_id: int) -> None:
+        """PREFILL: a decode instance read the blocks of export request_id."""
+        await self.stub.RemoteFinish(pb.RemoteFinishRequestPB(request_id=request_id), timeout=5)
+
+    async def generate(self, token_ids: List[int], config: pb.GenerateConfigPB, request_id: int = 0,
+                       handover: Optional[Tuple[List[int], pb.KvExportPB]] = None) -> AsyncIterator[Chunk]:
         """Streams one sequence: each Chunk holds every token that arrived since the last one
         (one, usually; more when this frontend is busy). config.is_streaming False: one Chunk,
         at the end. Closing the iterator early (a stop string was hit, the client went away)
-        cancels the request, and the engine frees its stream."""
+        cancels the request, and the engine frees its stream. handover (a DECODE instance's
+        request): the tokens a PREFILL instance generated and its export (GenerateInputPB's
+        generated_token_ids, kv_export)."""
         request = pb.GenerateInputPB(request_id=request_id, token_ids=token_ids)
         request.generate_config.CopyFrom(config)
+        if handover is not None:
+            request.generated_token_ids.extend(handover[0])
+            request.kv_export.CopyFrom(handover[1])
         tag, sink = self.mux.open(request)
         ended = False
         try:

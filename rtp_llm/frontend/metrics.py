@@ -60,7 +60,8 @@ class Metrics:
             await events.aclose()  # closed early: the sequences' gRPC calls end now, not at garbage collection
         self.e2e.observe(time.perf_counter() - start)
 
-    def render(self, gauges: Dict[str, Tuple[str, float]]) -> str:
+    def render(self, gauges: Dict[str, Tuple[str, float]], lines_after: Sequence[str] = ()) -> str:
+        """This frontend's metrics, the engine's gauges, then lines_after (rendered already)."""
         lines = ["# HELP rtp_llm_http_requests_total HTTP requests by route and status",
                  "# TYPE rtp_llm_http_requests_total counter"]
         for (method, path, status), n in sorted(self.requests.items()):
@@ -69,4 +70,4 @@ class Metrics:
             lines += h.render()
         for name, (help_text, value) in sorted(gauges.items()):
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value}"]
-        return "\n".join(lines) + "\n"
+        return "\n".join([*lines, *lines_after]) + "\n"

@@ -3,7 +3,7 @@
 
 import logging
 import time
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from aiohttp import web
 
@@ -33,6 +33,38 @@ SPEC_STATS = {
 }
 
 
+# Prefill/decode disaggregation's counters (WorkerStatusPB): /worker_status shows them; /metrics
+# as rtp_llm_kv_transfer_* (kv_transfer_metrics).
+KV_TRANSFER_STATS = {
+    "kv_exports": "requests whose KV blocks this PREFILL instance keeps for a decode instance now",
+    "kv_exported_blocks": "KV blocks kept for decode instances, since start",
+    "kv_imported_blocks": "KV blocks this DECODE instance read from PREFILL instances, since start",
+    "kv_import_bytes": "their bytes",
+    "kv_import_us": "the reads' time summed, microseconds",
+    "kv_imports": "reads, one per request handed over",
+    "kv_import_failures": "reads that failed (those prompts were recomputed)",
+}
+
+
+def kv_transfer_metrics(w) -> List[str]:
+    """The issue's names: blocks by direction, bytes and read time (sum and count: the mean)."""
+    return ["# HELP rtp_llm_kv_transfer_blocks_total KV blocks handed over: send (kept for a decode instance to "
+            "read) or recv (read from a prefill instance)",
+            "# TYPE rtp_llm_kv_transfer_blocks_total counter",
+            f'rtp_llm_kv_transfer_blocks_total{{direction="send"}} {w.kv_exported_blocks}',
+            f'rtp_llm_kv_transfer_blocks_total{{direction="recv"}} {w.kv_imported_blocks}',
+            "# HELP rtp_llm_kv_transfer_bytes_total KV bytes read from prefill instances",
+            "# TYPE rtp_llm_kv_transfer_bytes_total counter",
+            f'rtp_llm_kv_transfer_bytes_total{{direction="recv"}} {w.kv_import_bytes}',
+            "# HELP rtp_llm_kv_transfer_seconds time of the reads from prefill instances",
+            "# TYPE rtp_llm_kv_transfer_seconds summary",
+            f"rtp_llm_kv_transfer_seconds_sum {w.kv_import_us / 1e6}",
+            f"rtp_llm_kv_transfer_seconds_count {w.kv_imports}",
+            "# HELP rtp_llm_kv_transfer_failures_total reads from prefill instances that failed (prompt recomputed)",
+            "# TYPE rtp_llm_kv_transfer_failures_total counter",
+            f"rtp_llm_kv_transfer_failures_total {w.kv_import_failures}"]
+
+
 class StatusRoutes:
     def __init__(self, frontend):
         self.fe = frontend
@@ -59,6 +91,9 @@ class StatusRoutes:
             return "the engine is not reachable (the backend process is down or not started)"
         fe.ready = True
         fe.learn_limits(w)
+        peer = await fe.client.peer_problem()  # a PREFILL instance's decode instance
+        if peer is not None:
+            return peer
         pending = w.running_query_len + w.waiting_query_len
         now = time.monotonic()
         if not pending:
@@ -82,6 +117,7 @@ class StatusRoutes:
                                   "max_seq_len": s.max_seq_len, "generated_tokens": s.generated_tokens,
                                   **{name: getattr(s, name) for name in GRAMMAR_STATS},
                                   **{name: getattr(s, name) for name in SPEC_STATS},
+                                  **{name: getattr(s, name) for name in KV_TRANSFER_STATS},
                                   "frontend_in_flight": self.fe.in_flight})
 
     async def cache_status(self, request):
@@ -91,6 +127,7 @@ class StatusRoutes:
 
     async def metrics(self, request):
         gauges = {"rtp_llm_frontend_in_flight": ("requests in flight in this frontend", self.fe.in_flight)}
+        counters: List[str] = []
         try:
             w, c = await self.fe.client.worker_status(), await self.fe.client.cache_status()
             gauges.update({
@@ -108,11 +145,12 @@ class StatusRoutes:
                                                           "drafts, since start",
                                                           w.spec_accepted_tokens / max(w.spec_draft_rounds, 1)),
             })
+            counters = kv_transfer_metrics(w)
         except BackendError:
             pass
         except Exception:  # the engine is down: frontend metrics are still worth serving
             log.warning("metrics: the backend did not answer")
-        return web.Response(text=self.fe.stats.render(gauges), content_type="text/plain")
+        return web.Response(text=self.fe.stats.render(gauges, counters), content_type="text/plain")
 
     async def tokenize(self, request):
         body = await read_json(request)

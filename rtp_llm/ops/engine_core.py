@@ -7,6 +7,7 @@ it; copy what must outlive that.
 
 import ctypes
 import functools
+import logging
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -18,6 +19,7 @@ from rtp_llm.cpp.model_rpc.proto import model_rpc_service_pb2 as pb
 from rtp_llm.ops import NativeLibraryError, ensure_engine_ops_loaded
 from rtp_llm.ops.draft_rows import with_draft_positions
 
+log = logging.getLogger("rtp_llm.engine_core")
 _i32p = ctypes.POINTER(ctypes.c_int32)
 _i64p = ctypes.POINTER(ctypes.c_int64)
 _f32p = ctypes.POINTER(ctypes.c_float)
@@ -178,6 +180,9 @@ class DecodedOutput:
     # log-probs, and with k > 0 their alternatives as top_logprobs' (else None).
     prompt_logprobs: Optional[List[float]] = None
     prompt_top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
+    # A PREFILL instance's request handed off after its first token: the prompt's blocks it kept
+    # (AuxInfoPB.kv_export; finished, finish_reason None).
+    kv_export: Optional[pb.KvExportPB] = None
 
 
 def decode_output(out: pb.GenerateOutputsPB) -> DecodedOutput:
@@ -197,7 +202,8 @@ def decode_output(out: pb.GenerateOutputsPB) -> DecodedOutput:
     prompt = list(memoryview(a.prompt_logprobs.fp32_data).cast("f")) if a.prompt_logprobs.fp32_data else None
     return DecodedOutput(ids, bool(flat.finished and flat.finished[0]), logprobs, aux, a.finish_reason or None,
                          out.error_info.field, _alternatives(a.top_token_ids, a.top_logprobs), prompt,
-                         _alternatives(a.prompt_top_token_ids, a.prompt_top_logprobs))
+                         _alternatives(a.prompt_top_token_ids, a.prompt_top_logprobs),
+                         a.kv_export if a.pd_sep else None)
 
 
 def _alternatives(top_ids: pb.TensorPB, top_logprobs: pb.TensorPB) -> Optional[List[List[Tuple[int, float]]]]:
@@ -266,6 +272,13 @@ def _bind(lib, structs):
     lib.rtp_llm_engine_start_rpc_server.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p,
                                                     ctypes.c_int32]
     lib.rtp_llm_engine_stop_rpc_server.argtypes = [ctypes.c_void_p]
+    lib.rtp_llm_engine_set_kv_source.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32]
+    lib.rtp_llm_engine_release_export.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.rtp_llm_engine_next_kv_import.restype = ctypes.c_int64
+    lib.rtp_llm_engine_next_kv_import.argtypes = [ctypes.c_void_p, ctypes.c_int32, _i32p, _i32p, ctypes.c_int32, _i32p,
+                                                  ctypes.c_char_p, ctypes.c_int32, _i32p, _i64p]
+    lib.rtp_llm_engine_kv_import_done.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int64,
+                                                  ctypes.c_int64]
     return lib
 
 
@@ -475,6 +488,48 @@ class EngineCore:
 
     def stop_rpc_server(self):
         self._lib.rtp_llm_engine_stop_rpc_server(self._handle)
+
+    # Prefill/decode disaggregation (cpp/engine/kv_handoff.h). Thread-safe, like the rest.
+    def set_kv_source(self, source: bytes):
+        """PREFILL: the transfer engine's description of this pool, sent with every export."""
+        self._lib.rtp_llm_engine_set_kv_source(self._handle, source, len(source))
+
+    def release_export(self, export_id: int):
+        self._lib.rtp_llm_engine_release_export(self._handle, export_id)
+
+    def next_kv_import(self, timeout_ms: int) -> Optional["KvImportJob"]:
+        """DECODE: the next stream whose prompt's blocks are to be read (None when none came within
+        timeout_ms). Blocks this thread only (ctypes releases the GIL); call from reader threads."""
+        cap = -(-self.max_seq_len // self.block_size)
+        remote, local = np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32)
+        n, source_len, waited = ctypes.c_int32(), ctypes.c_int32(), ctypes.c_int64()
+        source = ctypes.create_string_buffer(1 << 16)
+        while True:
+            sid = self._lib.rtp_llm_engine_next_kv_import(self._handle, timeout_ms, remote.ctypes.data_as(_i32p),
+                                                          local.ctypes.data_as(_i32p), cap, ctypes.byref(n), source,
+                                                          len(source), ctypes.byref(source_len), ctypes.byref(waited))
+            if sid == -1:
+                return None
+            if sid >= 0:
+                return KvImportJob(sid, source.raw[:source_len.value], remote[:n.value].tolist(),
+                                   local[:n.value].tolist(), waited.value / 1e6)
+            log.warning("a KV read was too large to take (%d blocks, %d-byte source): its prompt is recomputed",
+                        n.value, source_len.value)
+
+    def kv_import_done(self, stream_id: int, ok: bool, nbytes: int = 0, seconds: float = 0.0):
+        """The read ended (ok: the blocks hold the KV); its size and time go into stats()."""
+        self._lib.rtp_llm_engine_kv_import_done(self._handle, stream_id, int(ok), nbytes, int(seconds * 1e6))
+
+
+class KvImportJob(NamedTuple):
+    """One stream's read (cpp/engine/kv_handoff.h): remote block remote[i] into local[i], from the
+    PREFILL instance that `source` (a serialized KvSourcePB) describes."""
+
+    stream_id: int
+    source: bytes
+    remote: List[int]
+    local: List[int]
+    waited_s: float  # since the stream arrived
 
 
 def max_top_logprobs() -> int:

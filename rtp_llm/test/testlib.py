@@ -428,12 +428,13 @@ def _bindable(port: int) -> bool:
 
 def free_port() -> int:
     """A free TCP port below 65000 whose next few are free too: the server listens on
-    start_port (HTTP), start_port + 1 (gRPC) and, with TP, start_port + 3 (the ranks' rendezvous)."""
+    start_port (HTTP), start_port + 1 (gRPC), with TP start_port + 3 (the ranks' rendezvous), and
+    with --role_type start_port + 5 (the KV transfer's listener)."""
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port < 65000 and all(_bindable(port + i) for i in (1, 2, 3)):
+        if port < 65000 and all(_bindable(port + i) for i in (1, 2, 3, 4, 5)):
             return port
 
 

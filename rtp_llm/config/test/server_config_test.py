@@ -20,7 +20,8 @@ NAMES = [f.name for f in fields(ServerConfig)]
 NEEDS = {"world_rank": (1, {"tp_size": 2}), "reasoning_parser": ("qwen3", {}), "tool_call_parser": ("hermes", {}),
          "sp_type": ("ngram", {}), "quantization": ("int8", {}),
          "load_format": ("dummy", {}), "kv_cache_dtype": ("fp8", {"device": "cuda"}),
-         "sp_checkpoint_path": (None, {"sp_type": "vanilla"})}  # (None: the checkpoint, a path that exists)
+         "sp_checkpoint_path": (None, {"sp_type": "vanilla"}), "role_type": ("DECODE", {}),
+         "remote_rpc_server_ip": ("10.0.0.2:30001", {"role_type": "PREFILL"})}  # (None: the checkpoint, a path that exists)
 
 
 def _kind(name):
@@ -122,9 +123,31 @@ class ServerConfigTest(unittest.TestCase):
                 self.assertEqual(server_config.usable_cpus(), usable)
                 self.assertEqual(default_frontend_server_count(), max(1, usable // 2))
 
+    def test_pd_roles_are_checked_by_flag_name(self):
+        c = self.parse(f"--checkpoint_path={self.ckpt}", "--role_type=PREFILL", "--remote_rpc_server_ip=10.0.0.2",
+                       "--start_port=30000")
+        self.assertEqual(c.pd().decode_address, "10.0.0.2:30001")  # upstream: "ip" takes the default port
+        self.assertEqual(c.rpc_bind_address, "127.0.0.1:30001")
+        c = self.parse(f"--checkpoint_path={self.ckpt}", "--role_type=PREFILL", "--remote_rpc_server_ip=host:7001")
+        self.assertEqual(c.pd().decode_address, "host:7001")
+        c = self.parse(f"--checkpoint_path={self.ckpt}", "--role_type=DECODE", "--start_port=30000")
+        self.assertEqual(c.rpc_bind_address, "0.0.0.0:30001")  # its PREFILL instances call it
+        self.assertEqual(c.pd().kv_transfer_port, 30005)
+        for flags, error in [(["--role_type=BOTH"], "--role_type must be one of PDFUSION, PREFILL, DECODE"),
+                             (["--role_type=PREFILL"], "--role_type=PREFILL needs --remote_rpc_server_ip"),
+                             (["--remote_rpc_server_ip=h:1"], "--remote_rpc_server_ip is the PREFILL instance's flag"),
+                             (["--role_type=PREFILL", "--remote_rpc_server_ip=h:x"],
+                              "--remote_rpc_server_ip must be host:port or host"),
+                             (["--role_type=DECODE", "--tp_size=2"], "--role_type=DECODE runs on one rank"),
+                             (["--role_type=DECODE", "--reuse_cache=0"], "--role_type=DECODE needs --reuse_cache=1"),
+                             (["--role_type=DECODE", "--sp_type=ngram"], "does not combine with speculative")]:
+            with self.subTest(flags), self.assertRaisesRegex(ValueError, error):
+                self.parse(f"--checkpoint_path={self.ckpt}", *flags)
+
     def test_an_upstream_flag_not_implemented_is_refused_by_name_with_what_instead(self):
-        with self.assertRaisesRegex(ValueError, r"--role_type is an upstream RTP-LLM flag \(role\) not implemented"):
-            self.parse(f"--checkpoint_path={self.ckpt}", "--role_type=PREFILL")
+        with self.assertRaisesRegex(ValueError, r"--decode_entrance is an upstream RTP-LLM flag \(pd_separation\) not "
+                                                r"implemented.*--role_type"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--decode_entrance=1")
         with self.assertRaisesRegex(ValueError, r"--sp_type=mtp \(a multi-token-prediction head\) is not implemented "
                                                 r"yet; supported: ngram .*deterministic"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type", "mtp")

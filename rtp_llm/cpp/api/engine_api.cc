@@ -276,6 +276,35 @@ void rtp_llm_engine_stats(RtpEngine* engine, RtpEngineStats* out) {
 #undef RTP_LLM_STAT
 }
 
+void rtp_llm_engine_set_kv_source(RtpEngine* engine, const char* source, int32_t len) {
+  engine->engine->set_kv_source(std::string(source == nullptr ? "" : source, source == nullptr ? 0 : std::max(len, 0)));
+}
+
+void rtp_llm_engine_release_export(RtpEngine* engine, int64_t id) { engine->engine->release_export(id); }
+
+int64_t rtp_llm_engine_next_kv_import(RtpEngine* engine, int32_t timeout_ms, int32_t* remote, int32_t* local,
+                                      int32_t cap, int32_t* num_blocks, char* source, int32_t source_cap,
+                                      int32_t* source_len, int64_t* waited_us) {
+  rtp_llm::KvImportJob job;
+  if (!engine->engine->next_kv_import(timeout_ms, &job)) return -1;
+  *waited_us = job.waited_us;
+  *source_len = static_cast<int32_t>(job.source.size());
+  *num_blocks = static_cast<int32_t>(job.remote.size());
+  if (job.source.size() > static_cast<size_t>(std::max(source_cap, 0)) ||
+      job.remote.size() > static_cast<size_t>(std::max(cap, 0))) {
+    engine->engine->kv_import_done(job.stream_id, false);  // unread blocks are never published
+    return -2;
+  }
+  std::copy(job.source.begin(), job.source.end(), source);
+  std::copy(job.remote.begin(), job.remote.end(), remote);
+  std::copy(job.local.begin(), job.local.end(), local);
+  return job.stream_id;
+}
+
+void rtp_llm_engine_kv_import_done(RtpEngine* engine, int64_t stream_id, int32_t ok, int64_t bytes, int64_t us) {
+  engine->engine->kv_import_done(stream_id, ok != 0, bytes, us);
+}
+
 int32_t rtp_llm_engine_start_rpc_server(RtpEngine* engine, const char* address, char* err, int32_t err_len) {
   if (engine->server) {
     write_error("the RPC server is already running", err, err_len);

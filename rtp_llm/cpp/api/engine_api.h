@@ -159,6 +159,23 @@ void rtp_llm_engine_release(RtpEngine* engine, int64_t stream_id);
 
 void rtp_llm_engine_stats(RtpEngine* engine, RtpEngineStats* out);
 
+// Prefill/decode disaggregation (rtp_llm/cpp/engine/kv_handoff.h). PREFILL: set_kv_source stores
+// the transfer engine's description of this instance's KV pool (len bytes, sent with every
+// export as KvExportPB.source); release_export frees export `id`'s blocks (a decode instance read
+// them; unknown ids are ignored). DECODE: next_kv_import waits up to timeout_ms for a stream
+// whose prompt's blocks are to be read and returns its id (-1: none came): the read is remote
+// block remote[i] into local block local[i], i < *num_blocks, from the KvSourcePB in source
+// (*source_len bytes); *waited_us: since the stream arrived. When *num_blocks exceeds cap or *source_len source_cap, nothing is taken
+// and -2 is returned (that stream recomputes its prompt). kv_import_done ends the read (ok = 1:
+// the blocks hold the KV; 0: they are freed) and lets the stream run; bytes and us (the read's
+// size and time) go into the statistics.
+void rtp_llm_engine_set_kv_source(RtpEngine* engine, const char* source, int32_t len);
+void rtp_llm_engine_release_export(RtpEngine* engine, int64_t id);
+int64_t rtp_llm_engine_next_kv_import(RtpEngine* engine, int32_t timeout_ms, int32_t* remote, int32_t* local,
+                                      int32_t cap, int32_t* num_blocks, char* source, int32_t source_cap,
+                                      int32_t* source_len, int64_t* waited_us);
+void rtp_llm_engine_kv_import_done(RtpEngine* engine, int64_t stream_id, int32_t ok, int64_t bytes, int64_t us);
+
 // Serves RpcService on `address` ("host:port", port 0 picks one). Returns the bound port,
 // or -1 with the reason in `err`.
 int32_t rtp_llm_engine_start_rpc_server(RtpEngine* engine, const char* address, char* err, int32_t err_len);

@@ -57,8 +57,9 @@ SchedulerConfig scheduler_config(const EngineCoreConfig& c) {
 EngineCore::EngineCore(EngineCoreConfig config)
     : config_(std::move(config)),
       kv_(config_.num_blocks, config_.block_size, config_.reuse_cache != 0),
+      handoff_(kv_, int64_t{config_.kv_export_timeout_ms > 0 ? config_.kv_export_timeout_ms : 30000} * 1000),
       drafter_(make_drafter(config_)),
-      scheduler_(scheduler_config(config_), kv_, config_.max_seq_len, drafter_.get()) {
+      scheduler_(scheduler_config(config_), kv_, config_.max_seq_len, drafter_.get(), &handoff_) {
   // History: a penalized row copies at most max_seq_len tokens; logit bias: RTP_LLM_MAX_LOGIT_BIAS per row.
   capacity_ = {config_.max_batch_size, config_.max_num_batched_tokens, kv_.blocks_for(config_.max_seq_len),
                config_.max_batch_size * config_.max_seq_len, config_.max_batch_size * RTP_LLM_MAX_LOGIT_BIAS};
@@ -84,14 +85,20 @@ int64_t EngineCore::now_us() {
       .count();
 }
 
-ErrorInfo EngineCore::enqueue(std::vector<int32_t> prompt, GenerateConfig config, int64_t* id, int max_waiting) {
+ErrorInfo EngineCore::enqueue(std::vector<int32_t> prompt, GenerateConfig config, int64_t* id, int max_waiting,
+                              KvHandover* handover) {
+  static const std::vector<int32_t> kNone;
+  const std::vector<int32_t>& generated = handover != nullptr ? handover->generated : kNone;
   const int len = static_cast<int>(prompt.size());
   if (len == 0) return invalid("token_ids", "token_ids must not be empty");
   // An id past the embedding would fail the whole step it runs in (on a GPU, the process).
-  for (const int32_t t : prompt) {
-    if (t < 0 || (config_.vocab_size > 0 && t >= config_.vocab_size)) {
-      return invalid("token_ids", "token id " + std::to_string(t) + " is outside the model's vocabulary [0, " +
-                                      std::to_string(config_.vocab_size) + ")");
+  for (const auto& [field, ids] : {std::pair<const char*, const std::vector<int32_t>*>{"token_ids", &prompt},
+                                   {"generated_token_ids", &generated}}) {
+    for (const int32_t t : *ids) {
+      if (t < 0 || (config_.vocab_size > 0 && t >= config_.vocab_size)) {
+        return invalid(field, "token id " + std::to_string(t) + " is outside the model's vocabulary [0, " +
+                                  std::to_string(config_.vocab_size) + ")");
+      }
     }
   }
   ErrorInfo bad = config.validate();
@@ -118,6 +125,22 @@ ErrorInfo EngineCore::enqueue(std::vector<int32_t> prompt, GenerateConfig config
   }
   const int64_t sid = next_id_++;
   auto stream = std::make_unique<GenerateStream>(sid, std::move(prompt), std::move(config), max_seq_len, now_us());
+  if (!generated.empty() && !stream->resume(generated, config_.eos_token_ids, now_us())) {
+    --next_id_;
+    return invalid("generated_token_ids", "the request is already finished after its generated_token_ids");
+  }
+  if (handover != nullptr && !handover->blocks.empty() && handover->block_size != kv_.block_size()) {
+    --next_id_;
+    return invalid("kv_export", "the PREFILL instance's blocks hold " + std::to_string(handover->block_size) +
+                                    " tokens, this instance's " + std::to_string(kv_.block_size()) +
+                                    ": both need the same --seq_size_per_block");
+  }
+  if (handover != nullptr && !handover->blocks.empty()) {
+    stream->kv_import_pending = true;
+    stream->kv_handover = std::move(*handover);
+    kv_import_queue_.push_back(sid);
+    kv_import_cv_.notify_one();
+  }
   if (stream->grammar_pending) {
     grammar_queue_.push_back(sid);
     ++grammar_.requests;
@@ -148,6 +171,7 @@ const StepBatch& EngineCore::schedule_locked() {
   const int64_t now = now_us();
   ended_.clear();
   scheduler_.expire(now, ended_);
+  handoff_.expire(now);
   count_ended(ended_);
   notify(ended_);
   StepBatch& b = batches_[(oldest_ + outstanding_) % Scheduler::kMaxStepsInFlight];
@@ -289,7 +313,12 @@ bool EngineCore::poll(int64_t id, int from, StreamUpdate* out) {
   if (it == streams_.end()) return false;
   const GenerateStream& s = *it->second;
   const int generated = s.num_generated();
-  from = std::clamp(from, 0, generated);
+  from = std::clamp(from, s.num_resumed(), generated);  // resumed tokens were sent by the instance that sampled them
+  out->kv_exported = s.exports_kv();
+  out->kv_export_id = s.id();
+  out->block_size = kv_.block_size();
+  out->kv_export_blocks = s.kv_export_blocks;
+  out->kv_source = out->kv_exported ? kv_source_ : std::string();
   out->new_tokens.assign(s.tokens().begin() + s.prompt_len() + from, s.tokens().end());
   if (s.config().return_logprobs) {
     out->new_logprobs.assign(s.logprobs().begin() + from, s.logprobs().end());
@@ -360,7 +389,52 @@ EngineStats EngineCore::stats() {
   std::lock_guard<std::mutex> lock(mu_);
   return {scheduler_.num_running(), scheduler_.num_waiting(), static_cast<int>(streams_.size()), kv_.stats(),
           steps_,                   scheduler_.num_preemptions(), finished_, generated_tokens_,
-          grammar_,                 scheduler_.spec_stats()};
+          grammar_,                 scheduler_.spec_stats(), handoff_.num_exports(), handoff_.expired(), handoff_.stats()};
+}
+
+void EngineCore::set_kv_source(std::string source) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kv_source_ = std::move(source);
+}
+
+void EngineCore::release_export(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  handoff_.release(id, now_us());
+}
+
+bool EngineCore::next_kv_import(int timeout_ms, KvImportJob* job) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    while (!kv_import_queue_.empty()) {
+      const int64_t id = kv_import_queue_.front();
+      kv_import_queue_.pop_front();
+      auto it = streams_.find(id);
+      if (it == streams_.end() || it->second->done()) continue;  // ended while it waited
+      GenerateStream& s = *it->second;
+      const KvImport imp = handoff_.begin_import(id, s.tokens().data(), s.num_tokens(),
+                                                 static_cast<int>(s.kv_handover.blocks.size()));
+      job->stream_id = id;
+      job->waited_us = now_us() - s.timing().enqueue_us;
+      job->source = s.kv_handover.source;
+      job->remote.assign(s.kv_handover.blocks.begin() + imp.num_cached,
+                         s.kv_handover.blocks.begin() + imp.num_cached + imp.fresh.size());
+      job->local = imp.fresh;
+      return true;
+    }
+    if (stopped_) return false;
+    if (kv_import_cv_.wait_until(lock, deadline) == std::cv_status::timeout && kv_import_queue_.empty()) return false;
+  }
+}
+
+void EngineCore::kv_import_done(int64_t stream_id, bool ok, int64_t bytes, int64_t us) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    handoff_.end_import(stream_id, ok, bytes, us);
+    auto it = streams_.find(stream_id);
+    if (it != streams_.end()) it->second->kv_import_pending = false;
+  }
+  work_cv_.notify_all();
 }
 
 void EngineCore::stop() {
@@ -369,6 +443,7 @@ void EngineCore::stop() {
     stopped_ = true;
   }
   work_cv_.notify_all();
+  kv_import_cv_.notify_all();
 }
 
 void EngineCore::notify(const std::vector<GenerateStream*>& streams) {

@@ -17,6 +17,7 @@
 
 #include "rtp_llm/cpp/cache/kv_cache_manager.h"
 #include "rtp_llm/cpp/engine/generate_stream.h"
+#include "rtp_llm/cpp/engine/kv_handoff.h"
 #include "rtp_llm/cpp/engine/scheduler.h"
 #include "rtp_llm/cpp/engine/step_batch.h"
 #include "rtp_llm/cpp/engine/step_batch_fields.h"
@@ -54,6 +55,13 @@ struct StreamUpdate {
   std::string finish_reason;  // GenerateStream::finish_reason(), sent as AuxInfoPB.finish_reason
   StreamTiming timing;
   StreamSpecStats spec;
+  // Prefill/decode disaggregation (the stream's last update): the prompt's full blocks it left
+  // for a decode instance (export id = the stream's id), and where they live (set_kv_source).
+  std::vector<int32_t> kv_export_blocks;
+  bool kv_exported = false;
+  int64_t kv_export_id = 0;
+  int block_size = 0;
+  std::string kv_source;
   bool done() const { return status >= StreamStatus::FINISHED; }
 };
 
@@ -73,6 +81,9 @@ struct EngineStats {
   int64_t generated_tokens;  // tokens appended to streams, since start
   GrammarStats grammar;
   SpecStats spec;
+  int kv_exports;
+  int64_t kv_exports_expired;
+  KvTransferStats kv_transfer;
 };
 
 class EngineCore {
@@ -92,7 +103,11 @@ class EngineCore {
   // max_waiting > 0: refuses it (CONCURRENCY_LIMIT_ERROR) when that many streams already wait,
   // so a caller can bound the queue; checked under the lock, so concurrent callers cannot
   // overshoot it.
-  ErrorInfo enqueue(std::vector<int32_t> prompt, GenerateConfig config, int64_t* id, int max_waiting = 0);
+  // handover (a DECODE instance's request, may be null): the tokens a PREFILL instance generated,
+  // which the stream continues after (GenerateStream::resume; refused, "generated_token_ids", when
+  // they finish it), and its export: the stream waits until next_kv_import's reader is done.
+  ErrorInfo enqueue(std::vector<int32_t> prompt, GenerateConfig config, int64_t* id, int max_waiting = 0,
+                    KvHandover* handover = nullptr);
   // The next step. Empty (num_streams == 0) when there is nothing to run. While a batch is
   // uncommitted, returns it again. A batch is valid until the second schedule() after it.
   const StepBatch& schedule();
@@ -135,6 +150,17 @@ class EngineCore {
   // Called (on the dispatcher thread) whenever the stream gets tokens or ends.
   void set_listener(int64_t id, Listener listener);
   EngineStats stats();
+
+  // Prefill/decode disaggregation (kv_handoff.h). PREFILL: the transfer engine's description of
+  // this instance's KV pool, sent with every export; release_export: a decode instance read
+  // export `id` (unknown ids are ignored). DECODE: next_kv_import waits up to timeout_ms for a
+  // stream whose prompt's blocks are to be read, reserves the blocks to read them into and
+  // returns the read (false: none came); kv_import_done(ok) publishes them and lets the stream
+  // run (not ok: it recomputes what was not read). Any number of readers may wait at once.
+  void set_kv_source(std::string source);
+  void release_export(int64_t id);
+  bool next_kv_import(int timeout_ms, KvImportJob* job);
+  void kv_import_done(int64_t stream_id, bool ok, int64_t bytes = 0, int64_t us = 0);
   // Wakes wait_for_work() for good; later calls return false immediately.
   void stop();
   // The clock of StreamTiming (steady, microseconds).
@@ -153,6 +179,10 @@ class EngineCore {
   std::mutex mu_;
   std::condition_variable work_cv_;
   KVCacheManager kv_;
+  KvHandoff handoff_;  // before scheduler_, which uses it
+  std::string kv_source_;
+  std::deque<int64_t> kv_import_queue_;  // streams whose prompt's blocks are to be read
+  std::condition_variable kv_import_cv_;
   std::unique_ptr<Drafter> drafter_;  // speculative decoding's (null: off); before scheduler_, which uses it
   Scheduler scheduler_;
   // Batches of the steps in flight (at most two: see schedule_ahead), oldest first.

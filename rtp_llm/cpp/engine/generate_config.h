@@ -45,6 +45,9 @@ struct GenerateConfig {
   std::vector<int32_t> end_think_token_ids;
   // Upstream's per-request opt-out of speculative decoding: the stream never drafts.
   bool force_disable_sp_run = false;
+  // Upstream's can_use_pd_separation (a PREFILL instance's request): the stream ends after its
+  // first token and its blocks are kept for a decode instance (GenerateStream::exports_kv).
+  bool can_use_pd_separation = false;
 
   // Sampling (applied by the model runner; the core only carries them): names, defaults and
   // ranges in RTP_LLM_ALL_SAMPLING (step_batch_fields.h). temperature 0: greedy; top_k 0:

@@ -86,10 +86,21 @@ bool GenerateStream::append(const SampledToken& sampled, const std::vector<int32
              ((!config_.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end()) ||
               hit_stop_words())) {
     finish_reason_ = "stop";
+  } else if (config_.can_use_pd_separation) {
+    handed_off_ = true;  // a decode instance continues it: finish_reason stays ""
   } else {
     return false;
   }
   finish(StreamStatus::FINISHED, {}, now_us);
+  return true;
+}
+
+bool GenerateStream::resume(const std::vector<int32_t>& generated, const std::vector<int32_t>& eos_ids,
+                            int64_t now_us) {
+  for (const int32_t token : generated) {
+    if (append(SampledToken{token, 0.0f}, eos_ids, now_us)) return false;
+  }
+  num_resumed_ = static_cast<int>(generated.size());
   return true;
 }
 

@@ -15,6 +15,7 @@
 #include "rtp_llm/cpp/engine/drafter.h"
 #include "rtp_llm/cpp/engine/error_code.h"
 #include "rtp_llm/cpp/engine/generate_config.h"
+#include "rtp_llm/cpp/engine/kv_handoff.h"
 
 namespace rtp_llm {
 
@@ -66,6 +67,8 @@ class GenerateStream {
   int num_tokens() const { return static_cast<int>(tokens_.size()); }
   int prompt_len() const { return prompt_len_; }
   int num_generated() const { return num_tokens() - prompt_len_; }
+  // Generated tokens it arrived with (resume(): a PREFILL instance's first token), never sent again.
+  int num_resumed() const { return num_resumed_; }
   const std::vector<float>& logprobs() const { return logprobs_; }
   // config().top_logprobs alternatives per generated token, row-major [num_generated, top_logprobs].
   const std::vector<int32_t>& top_ids() const { return top_ids_; }
@@ -92,7 +95,7 @@ class GenerateStream {
   bool done() const { return status_ >= StreamStatus::FINISHED; }
   const ErrorInfo& error() const { return error_; }
   // "" unless FINISHED: "stop" (EOS, stop words) or "length" (max_new_tokens, max_seq_len or
-  // the KV-cache capacity). The one source of AuxInfoPB.finish_reason.
+  // the KV-cache capacity); "" too when handed off (exports_kv). The one source of AuxInfoPB.finish_reason.
   const std::string& finish_reason() const { return finish_reason_; }
   const StreamTiming& timing() const { return timing_; }
   const StreamSpecStats& spec() const { return spec_; }
@@ -114,9 +117,17 @@ class GenerateStream {
   int pending_drafts = 0;
   DraftPace draft_pace;           // how many it drafts next (drafter.h)
   bool cancel_requested = false;  // abort() arrived while in flight: finish at commit
+  // Set when it finished with exports_kv(): its table's full prompt blocks, in order (the export).
+  std::vector<int32_t> kv_export_blocks;
   // A stream with a grammar is not admitted until the engine process has compiled it
   // (EngineCore::grammar_done): its first sample needs the grammar's token mask.
   bool grammar_pending = false;
+  // A DECODE instance's stream is not admitted until its prompt's KV blocks were read
+  // (EngineCore::kv_import_done); kv_handover says from where (blocks, source).
+  bool kv_import_pending = false;
+  KvHandover kv_handover;
+  // Admission passes over it: it waits for the engine process (a grammar, a KV read).
+  bool held() const { return grammar_pending || kv_import_pending; }
 
   // Tokens once every step in flight has committed: the next step starts at the first, and
   // the last of them is sampled by a step in flight when pending_sampled > 0.
@@ -129,6 +140,14 @@ class GenerateStream {
   bool append(int32_t token, float logprob, const std::vector<int32_t>& eos_ids, int64_t now_us) {
     return append(SampledToken{token, logprob}, eos_ids, now_us);
   }
+  // Before it is scheduled: continues after `generated`, tokens sampled elsewhere for this request
+  // (prefill/decode disaggregation), as if it had appended them (log-prob 0). Returns false when
+  // they finish it (nothing is left to generate): the caller refuses the request and drops it.
+  bool resume(const std::vector<int32_t>& generated, const std::vector<int32_t>& eos_ids, int64_t now_us);
+  // A can_use_pd_separation stream ends after its first token, handed off to a decode instance
+  // (finish_reason "") unless that token ended the request (a stop or length: finish_reason says
+  // which). Its blocks go to the decode instance once no step holds them.
+  bool exports_kv() const { return handed_off_ && status_ == StreamStatus::FINISHED; }
   // Thinking budget (GenerateConfig::max_thinking_tokens): -1, or the token the next sample
   // must be (the next of end_think_token_ids: the budget is spent and thinking not closed).
   int32_t forced_token() const;
@@ -152,6 +171,8 @@ class GenerateStream {
   std::vector<int32_t> top_ids_;
   std::vector<float> top_logprobs_;
   int prompt_len_;
+  int num_resumed_ = 0;
+  bool handed_off_ = false;
   int prompt_lp_next_ = 1;  // token 0 has no log-prob (nothing precedes it)
   std::vector<float> prompt_logprobs_;
   std::vector<int32_t> prompt_top_ids_;

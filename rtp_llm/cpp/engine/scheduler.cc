@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cassert>
 #include <string>
+#include <utility>
 
 namespace rtp_llm {
 
-Scheduler::Scheduler(SchedulerConfig config, KVCacheManager& kv, int max_seq_len, const Drafter* drafter)
-    : config_(config), kv_(kv), max_seq_len_(max_seq_len), drafter_(drafter) {
+Scheduler::Scheduler(SchedulerConfig config, KVCacheManager& kv, int max_seq_len, const Drafter* drafter,
+                     KvHandoff* handoff)
+    : config_(config), kv_(kv), max_seq_len_(max_seq_len), drafter_(drafter), handoff_(handoff) {
   if (drafter_ == nullptr) config_.max_drafts = 0;
   draft_buf_.resize(std::max(config_.max_drafts, 0));
   running_.reserve(config.max_batch_size);
@@ -23,6 +25,15 @@ void Scheduler::remove(GenerateStream* stream) {
     running_.erase(std::remove(running_.begin(), running_.end(), stream), running_.end());
   }
   kv_.free(stream->block_table);
+}
+
+void Scheduler::free_finished(GenerateStream* stream, int64_t now_us) {
+  if (handoff_ != nullptr && stream->exports_kv()) {
+    handoff_->adopt(stream->id(), std::exchange(stream->block_table, BlockTable{}),
+                    static_cast<int>(stream->kv_export_blocks.size()), now_us);
+  } else {
+    kv_.free(stream->block_table);
+  }
 }
 
 void Scheduler::preempt(GenerateStream* stream) {
@@ -63,6 +74,7 @@ bool Scheduler::can_run_ahead(const GenerateStream* s, int64_t now_us) const {
   if (config_.max_drafts > 0 && may_draft(s)) return false;
   if (s->may_force_after_next()) return false;
   const GenerateConfig& c = s->config();
+  if (c.can_use_pd_separation) return false;  // it ends with the token in flight (handed off)
   return s->num_generated() + 1 < c.max_new_tokens && s->num_tokens() + 1 < s->max_seq_len();  // not sure to finish
 }
 
@@ -286,7 +298,7 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
     // A stream that still needs prompt log-probs runs its whole prompt (no cache hit), within
     // what is left of the prompt rows' budget.
     const bool lookup = !s->needs_prompt_rows();
-    if (s->grammar_pending || (!lookup && prompt_rows == 0)) {
+    if (s->held() || (!lookup && prompt_rows == 0)) {
       ++it;
       continue;
     }
@@ -323,7 +335,7 @@ void Scheduler::schedule(StepBatch& b, int64_t now_us) {
 
 bool Scheduler::has_runnable() const {
   return !running_.empty() ||
-         std::any_of(waiting_.begin(), waiting_.end(), [](const GenerateStream* s) { return !s->grammar_pending; });
+         std::any_of(waiting_.begin(), waiting_.end(), [](const GenerateStream* s) { return !s->held(); });
 }
 
 int Scheduler::append_samples(const StepBatch& b, int i, const StepSamples& samples, int k, GenerateStream* s,
@@ -390,8 +402,12 @@ int Scheduler::commit(const StepBatch& b, const StepSamples& samples, const std:
     if (!was_done) kv_.publish_computed(s->block_table, s->tokens().data(), s->num_computed);
     if (s->cancel_requested && !s->done()) s->finish(StreamStatus::CANCELLED, {ErrorCode::CANCELLED, "cancelled"}, now_us);
     if (s->done()) {
+      if (!was_done && s->exports_kv()) {
+        const int full = s->prompt_len() / kv_.block_size();
+        s->kv_export_blocks.assign(s->block_table.blocks.begin(), s->block_table.blocks.begin() + full);
+      }
       // Its blocks stay until no step in flight writes them.
-      if (s->in_flight == 0) kv_.free(s->block_table);
+      if (s->in_flight == 0) free_finished(s, now_us);
       if (!was_done) {
         ended.push_back(s);
         any_ended = true;

@@ -46,7 +46,8 @@
 //
 // Grammars: a waiting stream whose grammar is still compiling (grammar_pending) is passed
 // over by admission (streams behind it are admitted meanwhile); once admitted, its sampled
-// rows are marked (`grammar`, `num_grammar`) for the sampler's token mask.
+// rows are marked (`grammar`, `num_grammar`) for the sampler's token mask. A stream whose KV
+// blocks are being read from a PREFILL instance (kv_import_pending) is passed over the same way.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +57,7 @@
 #include "rtp_llm/cpp/cache/kv_cache_manager.h"
 #include "rtp_llm/cpp/engine/drafter.h"
 #include "rtp_llm/cpp/engine/generate_stream.h"
+#include "rtp_llm/cpp/engine/kv_handoff.h"
 #include "rtp_llm/cpp/engine/step_batch.h"
 
 namespace rtp_llm {
@@ -97,8 +99,10 @@ struct SpecStats {
 
 class Scheduler {
  public:
-  // drafter: proposes the drafts when config.max_drafts > 0 (may be null: none); not owned.
-  Scheduler(SchedulerConfig config, KVCacheManager& kv, int max_seq_len, const Drafter* drafter = nullptr);
+  // drafter: proposes the drafts when config.max_drafts > 0 (may be null: none); handoff: takes the
+  // blocks of streams that export them (GenerateStream::exports_kv; may be null). Neither owned.
+  Scheduler(SchedulerConfig config, KVCacheManager& kv, int max_seq_len, const Drafter* drafter = nullptr,
+            KvHandoff* handoff = nullptr);
 
   void add(GenerateStream* stream) { waiting_.push_back(stream); }
   // Removes a stream that is not in flight (finished, cancelled or timed out), freeing its
@@ -143,6 +147,8 @@ class Scheduler {
 
  private:
   void preempt(GenerateStream* stream);
+  // A finished stream no step holds any more: its blocks are freed, or exported (handoff_).
+  void free_finished(GenerateStream* stream, int64_t now_us);
   bool can_run_ahead(const GenerateStream* stream, int64_t now_us) const;
   // How many tokens to draft after `stream`'s n scheduled ones (into draft_buf_), within `budget`.
   int draft(GenerateStream* stream, int n, int budget);
@@ -174,6 +180,7 @@ class Scheduler {
   int oldest_ = 0, num_steps_ = 0;
   int64_t num_preemptions_ = 0;
   const Drafter* drafter_;
+  KvHandoff* handoff_;
   std::vector<int32_t> draft_buf_;  // [max_drafts]: the drafts of the stream being added
   SpecStats spec_;
 };

@@ -119,7 +119,11 @@
   X(i32, sp_max_token_match, 3, 1) \
   /* 1: a draft model proposes the drafts (the model runner fills the positions the core \
      reserves: DeferredDrafter); 0: prompt lookup. */ \
-  X(i32, draft_model, 0, 0)
+  X(i32, draft_model, 0, 0) \
+  /* Prefill/decode disaggregation: how long a PREFILL instance keeps a request's KV blocks for \
+     a decode instance that has not read them (RemoteFinish) before freeing them (0: 30 s, so a \
+     zero-initialized config stays valid). */ \
+  X(i32, kv_export_timeout_ms, 30000, 0)
 
 /* RtpEngineStats: X(type, name, source in rtp_llm::EngineStats). */
 #define RTP_LLM_ENGINE_STATS(X)                 \
@@ -144,6 +148,14 @@
   X(i64, grammar_failures, grammar.failures)   /* grammars that failed to compile or timed out */ \
   X(i64, spec_draft_rounds, spec.draft_rounds) /* stream-steps that verified drafts */ \
   X(i64, spec_draft_tokens, spec.draft_tokens) /* tokens drafted (and verified) */ \
-  X(i64, spec_accepted_tokens, spec.accepted_tokens) /* of those, accepted */
+  X(i64, spec_accepted_tokens, spec.accepted_tokens) /* of those, accepted */ \
+  X(i32, kv_exports, kv_exports)               /* PREFILL: requests' KV blocks kept for a decode instance */ \
+  X(i64, kv_exports_expired, kv_exports_expired) /* of all kept, freed unread at their timeout */ \
+  X(i64, kv_exported_blocks, kv_transfer.exported_blocks) /* PREFILL: blocks kept for decode instances */ \
+  X(i64, kv_imported_blocks, kv_transfer.imported_blocks) /* DECODE: blocks read from PREFILL instances */ \
+  X(i64, kv_import_bytes, kv_transfer.import_bytes)   /* their bytes */ \
+  X(i64, kv_import_us, kv_transfer.import_us)         /* the reads' time, summed */ \
+  X(i64, kv_imports, kv_transfer.imports)             /* reads (one per request) */ \
+  X(i64, kv_import_failures, kv_transfer.failures)    /* reads that failed (their prompts recomputed) */
 
 #endif /* RTP_LLM_STEP_BATCH_FIELDS_H_ */

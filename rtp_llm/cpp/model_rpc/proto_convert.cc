@@ -50,6 +50,7 @@ GenerateConfig from_proto(const GenerateConfigPB& pb, int max_seq_len) {
   c.max_thinking_tokens = pb.max_thinking_tokens();
   c.end_think_token_ids.assign(pb.end_think_token_ids().begin(), pb.end_think_token_ids().end());
   c.force_disable_sp_run = pb.force_disable_sp_run();
+  c.can_use_pd_separation = pb.can_use_pd_separation();
   return c;
 }
 
@@ -108,6 +109,14 @@ void to_proto(int64_t request_id, const StreamUpdate& u, int64_t now_us, Generat
     set_int32(aux->mutable_prompt_top_token_ids(), u.prompt_top_ids, {np, u.prompt_top_logprobs});
     set_fp32(aux->mutable_prompt_top_logprobs(), u.prompt_top_lps, {np, u.prompt_top_logprobs});
   }
+  if (u.kv_exported) {
+    aux->set_pd_sep(true);
+    KvExportPB* ex = aux->mutable_kv_export();
+    ex->set_export_id(u.kv_export_id);
+    for (int32_t b : u.kv_export_blocks) ex->add_block_ids(b);
+    ex->set_block_size(u.block_size);
+    ex->set_source(u.kv_source);
+  }
 }
 
 int max_waiting(const grpc::CallbackServerContext& context) {
@@ -129,7 +138,15 @@ Send what_to_send(const StreamUpdate& update, bool streaming) {
 ErrorInfo enqueue_input(EngineCore& engine, const GenerateInputPB& input, int max_waiting, int64_t* id) {
   std::vector<int32_t> prompt(input.token_ids().begin(), input.token_ids().end());
   GenerateConfig config = from_proto(input.generate_config(), engine.config().max_seq_len);
-  return engine.enqueue(std::move(prompt), std::move(config), id, max_waiting);
+  if (input.generated_token_ids().empty() && !input.has_kv_export()) {
+    return engine.enqueue(std::move(prompt), std::move(config), id, max_waiting);
+  }
+  KvHandover handover;
+  handover.generated.assign(input.generated_token_ids().begin(), input.generated_token_ids().end());
+  handover.blocks.assign(input.kv_export().block_ids().begin(), input.kv_export().block_ids().end());
+  handover.block_size = input.kv_export().block_size();
+  handover.source = input.kv_export().source();
+  return engine.enqueue(std::move(prompt), std::move(config), id, max_waiting, &handover);
 }
 
 grpc::StatusCode status_code(const ErrorInfo& error) {
@@ -181,6 +198,13 @@ void fill_worker_status(const EngineStats& s, const EngineCoreConfig& config, Wo
   out->set_spec_draft_rounds(s.spec.draft_rounds);
   out->set_spec_draft_tokens(s.spec.draft_tokens);
   out->set_spec_accepted_tokens(s.spec.accepted_tokens);
+  out->set_kv_exports(s.kv_exports);
+  out->set_kv_exported_blocks(s.kv_transfer.exported_blocks);
+  out->set_kv_imported_blocks(s.kv_transfer.imported_blocks);
+  out->set_kv_import_bytes(s.kv_transfer.import_bytes);
+  out->set_kv_import_us(s.kv_transfer.import_us);
+  out->set_kv_imports(s.kv_transfer.imports);
+  out->set_kv_import_failures(s.kv_transfer.failures);
 }
 
 void fill_cache_status(const EngineStats& s, CacheStatusPB* out) {

@@ -133,6 +133,12 @@ grpc::ServerUnaryReactor* ModelRpcService::CheckHealth(grpc::CallbackServerConte
   return Reply(context);
 }
 
+grpc::ServerUnaryReactor* ModelRpcService::RemoteFinish(grpc::CallbackServerContext* context,
+                                                        const RemoteFinishRequestPB* request, EmptyPB*) {
+  engine_.release_export(request->request_id());
+  return Reply(context);
+}
+
 grpc::ServerUnaryReactor* ModelRpcService::GetWorkerStatus(grpc::CallbackServerContext* context,
                                                            const StatusVersionPB*, WorkerStatusPB* response) {
   fill_worker_status(engine_.stats(), engine_.config(), response);

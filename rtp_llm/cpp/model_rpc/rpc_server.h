@@ -31,6 +31,9 @@ class ModelRpcService final : public RpcService::CallbackService {
                                             WorkerStatusPB* response) override;
   grpc::ServerUnaryReactor* GetCacheStatus(grpc::CallbackServerContext* context, const CacheVersionPB* request,
                                            CacheStatusPB* response) override;
+  // PREFILL: a decode instance read the KV blocks of export request_id (EngineCore::release_export).
+  grpc::ServerUnaryReactor* RemoteFinish(grpc::CallbackServerContext* context, const RemoteFinishRequestPB* request,
+                                         EmptyPB* response) override;
 
  private:
   EngineCore& engine_;

@@ -65,6 +65,13 @@ class FakeModel {
     return sampled;
   }
 
+  // The KV transfer of prefill/decode disaggregation: block `from` of `src` into this one's block `to`.
+  void copy_block(const FakeModel& src, int from, int to) {
+    for (int o = 0; o < block_size_; ++o) {
+      kv_[static_cast<size_t>(to) * block_size_ + o] = src.kv_[static_cast<size_t>(from) * block_size_ + o];
+    }
+  }
+
   // A prompt row's "log-prob" of its target after the context `seq` [n] (deterministic, <= 0).
   static float prompt_logprob(const int32_t* seq, int n, int32_t target, int vocab) {
     return -static_cast<float>((next_token(seq, n, vocab) + target) % 997) / 100.0f;

@@ -1,0 +1,1 @@
+"""Prefill/decode disaggregation: moving KV cache blocks between engine processes."""
