@@ -127,15 +127,21 @@ def _descriptors(region_addrs, starts, lengths, block_bytes: int, device_id: int
 
 
 def _import_nixl():
-    """NIXL's Python API: nixl-cu12's own module first, so that only it need be installed (the
-    `nixl` meta package pulls in cu12 and cu13)."""
-    try:
-        import nixl_cu12._api as api
-    except ImportError:
+    """NIXL's Python API: the build for torch's CUDA major first (its UCX reaches that CUDA's
+    device memory), then any; only one need be installed (the `nixl` meta package pulls in the
+    cu12 and the cu13 builds)."""
+    import importlib
+
+    major = torch.version.cuda.split(".")[0] if torch.version.cuda else None
+    names = ([f"nixl_cu{major}"] if major else []) + ["nixl_cu12", "nixl_cu13", "nixl"]
+    for name in names:
         try:
-            import nixl._api as api
-        except ImportError as e:
-            raise KvTransferError("the NIXL KV transfer needs NIXL: pip install nixl-cu12") from e
+            api = importlib.import_module(f"{name}._api")
+            break
+        except ImportError:
+            continue
+    else:
+        raise KvTransferError("the NIXL KV transfer needs NIXL: pip install nixl-cu12 (nixl-cu13 with CUDA 13)")
     # NIXL logs every agent's creation at INFO on stdout; ours says what matters once (quiet by default).
     logging.getLogger("nixl").setLevel(logging.WARNING)
     return api
