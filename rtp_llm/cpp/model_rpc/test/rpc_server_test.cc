@@ -301,6 +301,63 @@ TEST(ProtoConvert, LogitBiasThinkingAndNgramFieldsArrive) {
   EXPECT_EQ(from_proto(GenerateConfigPB(), 64).no_repeat_ngram_size, 0);
 }
 
+// Reads a GenerateStreamCall to its end: the last message, and every token.
+GenerateOutputsPB ReadAll(RpcService::Stub* stub, const GenerateInputPB& input, std::vector<int32_t>* tokens) {
+  grpc::ClientContext ctx;
+  auto reader = stub->GenerateStreamCall(&ctx, input);
+  GenerateOutputsPB msg, last;
+  while (reader->Read(&msg)) {
+    for (int32_t t : Ids(msg)) tokens->push_back(t);
+    last = msg;
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  return last;
+}
+
+TEST_F(RpcServerTest, APrefillHandOffThenADecodeRequestOverTheWire) {
+  const std::vector<int32_t> prompt(40, 3);  // 2 full blocks of 16, and 8 tokens
+  const auto expected = FakeModel(kBlocks, kBlockSize).reference(prompt, 8);
+  GenerateInputPB p;
+  for (int32_t t : prompt) p.add_token_ids(t);
+  p.mutable_generate_config()->set_max_new_tokens(8);
+  p.mutable_generate_config()->set_can_use_pd_separation(true);
+  std::vector<int32_t> first;
+  const GenerateOutputsPB handed = ReadAll(stub_.get(), p, &first);
+  ASSERT_EQ(first, std::vector<int32_t>{expected[0]});
+  const AuxInfoPB& aux = handed.flatten_output().aux_info(0);
+  ASSERT_TRUE(aux.pd_sep());
+  EXPECT_EQ(aux.finish_reason(), "");  // handed off, not finished here
+  EXPECT_EQ(aux.kv_export().block_ids_size(), 2);
+  EXPECT_EQ(aux.kv_export().block_size(), kBlockSize);
+  grpc::ClientContext rc;
+  RemoteFinishRequestPB finish;
+  finish.set_request_id(aux.kv_export().export_id());
+  EmptyPB empty;
+  ASSERT_TRUE(stub_->RemoteFinish(&rc, finish, &empty).ok());
+  ExpectDrained();  // RemoteFinish freed the kept blocks (the prompt's stay cached)
+
+  // The same engine as the decode side: its prefix cache has both blocks, so the read is empty.
+  std::thread reader([this] {
+    int32_t remote[64], local[64], n = 0, len = 0;
+    char source[256];
+    int64_t waited = 0;
+    const int64_t id = rtp_llm_engine_next_kv_import(engine_, 5000, remote, local, 64, &n, source, sizeof(source),
+                                                     &len, &waited);
+    EXPECT_GT(id, 0);
+    EXPECT_EQ(n, 0);
+    rtp_llm_engine_kv_import_done(engine_, id, 1, 0, 0);
+  });
+  GenerateInputPB d = p;
+  d.mutable_generate_config()->set_can_use_pd_separation(false);
+  d.add_generated_token_ids(expected[0]);
+  *d.mutable_kv_export() = aux.kv_export();
+  std::vector<int32_t> rest;
+  ReadAll(stub_.get(), d, &rest);
+  reader.join();
+  EXPECT_EQ(rest, std::vector<int32_t>(expected.begin() + 1, expected.end()));  // the first is not sent again
+  ExpectDrained();
+}
+
 TEST(ProtoConvert, AlternativesAreAnIdsAndALogprobsMatrix) {
   StreamUpdate u;
   u.new_tokens = {5, 6};
