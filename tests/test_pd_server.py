@@ -111,6 +111,19 @@ def test_a_first_token_that_ends_the_request_never_leaves_the_prefill_instance(f
     assert d["kv_imports"] == before
 
 
+def test_a_request_with_a_grammar_runs_whole_on_the_prefill_instance(fusion, pd):
+    body = {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "structured_outputs": {"choice": ["yes", "no"]}}
+    before = _get(pd["dbase"] + "/worker_status")["kv_imports"]
+    answers = []
+    for base in (fusion, pd["pbase"]):
+        status, raw = post_json(base + "/v1/completions", body)
+        assert status == 200, raw
+        answers.append(json.loads(raw)["choices"][0]["text"])
+    assert answers[0] == answers[1] and answers[0] in ("yes", "no")
+    d, _ = _wait_idle(pd["dbase"], pd["pbase"])
+    assert d["kv_imports"] == before  # the matcher's state stays where it samples
+
+
 def test_a_client_gone_mid_stream_frees_both_sides(pd):
     body = json.dumps({"prompt": PROMPTS[0] + " Continue at length.", "max_tokens": 400, "temperature": 0,
                        "stream": True, "ignore_eos": True}).encode()
