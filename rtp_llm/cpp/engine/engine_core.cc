@@ -123,19 +123,19 @@ ErrorInfo EngineCore::enqueue(std::vector<int32_t> prompt, GenerateConfig config
     return {ErrorCode::CONCURRENCY_LIMIT_ERROR,
             "the waiting queue is full (" + std::to_string(max_waiting) + " requests): try again later"};
   }
+  const bool imports = handover != nullptr && !handover->blocks.empty();
+  if (imports && handover->block_size != kv_.block_size()) {
+    return invalid("kv_export", "the PREFILL instance's blocks hold " + std::to_string(handover->block_size) +
+                                    " tokens, this instance's " + std::to_string(kv_.block_size()) +
+                                    ": both need the same --seq_size_per_block");
+  }
   const int64_t sid = next_id_++;
   auto stream = std::make_unique<GenerateStream>(sid, std::move(prompt), std::move(config), max_seq_len, now_us());
   if (!generated.empty() && !stream->resume(generated, config_.eos_token_ids, now_us())) {
     --next_id_;
     return invalid("generated_token_ids", "the request is already finished after its generated_token_ids");
   }
-  if (handover != nullptr && !handover->blocks.empty() && handover->block_size != kv_.block_size()) {
-    --next_id_;
-    return invalid("kv_export", "the PREFILL instance's blocks hold " + std::to_string(handover->block_size) +
-                                    " tokens, this instance's " + std::to_string(kv_.block_size()) +
-                                    ": both need the same --seq_size_per_block");
-  }
-  if (handover != nullptr && !handover->blocks.empty()) {
+  if (imports) {
     stream->kv_import_pending = true;
     stream->kv_handover = std::move(*handover);
     kv_import_queue_.push_back(sid);
@@ -314,11 +314,16 @@ bool EngineCore::poll(int64_t id, int from, StreamUpdate* out) {
   const GenerateStream& s = *it->second;
   const int generated = s.num_generated();
   from = std::clamp(from, s.num_resumed(), generated);  // resumed tokens were sent by the instance that sampled them
-  out->kv_exported = s.exports_kv();
+  out->kv_exported = s.exports_kv();  // (the rest is copied only then: poll is on every stream's path)
   out->kv_export_id = s.id();
   out->block_size = kv_.block_size();
-  out->kv_export_blocks = s.kv_export_blocks;
-  out->kv_source = out->kv_exported ? kv_source_ : std::string();
+  if (out->kv_exported) {
+    out->kv_export_blocks = s.kv_export_blocks;
+    out->kv_source = kv_source_;
+  } else {
+    out->kv_export_blocks.clear();
+    out->kv_source.clear();
+  }
   out->new_tokens.assign(s.tokens().begin() + s.prompt_len() + from, s.tokens().end());
   if (s.config().return_logprobs) {
     out->new_logprobs.assign(s.logprobs().begin() + from, s.logprobs().end());
