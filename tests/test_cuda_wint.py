@@ -2,6 +2,8 @@
 stored) against the exactly dequantized weights, and a GPTQ / AWQ checkpoint through the CUDA step
 path against HF on those weights. Without a GPU the kernels run in Triton's interpreter."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from interpreted_triton import DEV, INTERPRETED, hf_step_logits, step_logits
@@ -144,7 +146,7 @@ def test_quantization_int8_at_load_runs_on_the_int_kernels(tmp_path):
     ref_dir.mkdir()
     save_file({k: (v.dequantize() if hasattr(v, "dequantize") else v).float().contiguous() for k, v in weights.items()},
               str(ref_dir / "model.safetensors"))
-    (ref_dir / "config.json").write_text((tmp_path / "src" / "config.json").read_text())
+    (ref_dir / "config.json").write_text((Path(src) / "config.json").read_text())  # make_tiny: its directory
     llm = LLM(src, device="cuda", act_type="bf16", progress=False, max_seq_len=256, cuda_graph=False,
               quantization="int8")
     prompts = random_prompts(7, [1, 3, 40])

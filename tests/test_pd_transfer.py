@@ -204,6 +204,20 @@ def test_the_source_describes_the_pool():
     assert all(b - a == 24 * block_bytes for a, b in zip(src.region_addrs, src.region_addrs[1:]))
 
 
+def check_ucx_settings(transfer, source, pool, blocks_dim, dtype):
+    import os
+    return os.environ.get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY")
+
+
+def test_cuda_ipc_reads_are_on_unless_the_user_says_otherwise(monkeypatch):
+    """UCX turns cuda_ipc reads off without NVLink, and device memory then crawls through TCP (0.5
+    GB/s on one H200, docs/benchmarks.md): the transfer turns them on, and keeps a user's choice."""
+    monkeypatch.delenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", raising=False)
+    assert _run(check_ucx_settings, None, KV_READER, 2, served=False) == "y"
+    monkeypatch.setenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "n")
+    assert _run(check_ucx_settings, None, KV_READER, 2, served=False) == "n"
+
+
 def test_an_unknown_engine_names_the_supported_ones():
     with pytest.raises(KvTransferError, match="'mooncake'.*supported: nixl"):
         open_transfer("mooncake", torch.zeros(2, 2, 3, 4), 2, "127.0.0.1", 1, "x")

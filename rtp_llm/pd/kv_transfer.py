@@ -17,6 +17,7 @@ Invariants:
 """
 
 import logging
+import os
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -150,6 +151,13 @@ def _import_nixl():
 PROGRESS_DELAY_US = 100  # NIXL's progress thread pauses this long between polls
 
 
+# UCX's settings for reading device memory, unless the user set them. UCX turns cuda_ipc's reads
+# (get zcopy) off on a GPU without NVLink, assuming slow PCIe peers; a read between two processes on
+# one GPU, or between PCIe peers, then falls back to staging through host memory over TCP loopback
+# (docs/benchmarks.md: ~0.5 GB/s against a device copy's hundreds).
+UCX_DEFAULTS = {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}
+
+
 def _paced_agent(api, name: str, config):
     """nixl_agent(name, config) whose progress thread pauses PROGRESS_DELAY_US between polls.
     NIXL's Python wrapper sets no pause, so every agent keeps a core busy even when idle (1.9 s of
@@ -182,6 +190,8 @@ class NixlTransfer(KvTransfer):
         self._cache = cache  # registered by address: freeing it would let peers read reused memory
         self._name, self._address = name, f"{host}:{port}"
         api = _import_nixl()
+        for key, value in UCX_DEFAULTS.items():  # read by UCX when the agent makes its context
+            os.environ.setdefault(key, value)
         try:
             # The listen thread also sends our metadata requests: a reader needs one too. The
             # progress thread must run on the side being read, else UCX's connection setup stalls

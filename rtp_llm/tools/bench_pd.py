@@ -139,7 +139,7 @@ def run(args, emit) -> None:
     procs = [decode]
     try:
         procs.append(start(args, port + 20, args.kv_cache_mem_mb, "--role_type=PREFILL",
-                           f"--remote_rpc_server_ip=127.0.0.1:{port + 11}"))
+                           f"--remote_rpc_server_ip=127.0.0.1:{port + 11}", *args.prefill_args.split()))
         url = f"http://127.0.0.1:{port + 20}/v1/completions"
         before = _status(port + 10)
         asyncio.run(ttft(url, args, "pd", emit))
@@ -171,6 +171,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--decode_len", type=int, default=256)
     p.add_argument("--long_prompt", type=int, default=8192)
     p.add_argument("--long_concurrency", type=int, default=2)
+    p.add_argument("--prefill_args", default="", help="more flags for the PREFILL instance, e.g. "
+                   "'--max_num_batched_tokens=2048' (smaller prefill steps leave the shared GPU to decode sooner)")
     p.add_argument("--port", type=int, default=31000)
     p.add_argument("--start_timeout", type=int, default=600)
     args = p.parse_args(argv)

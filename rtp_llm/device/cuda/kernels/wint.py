@@ -105,7 +105,7 @@ def _rows_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, KW, G, BITS: tl.co
                     ks = tl.load(p_ptr + ks, mask=wmask, other=0)
                 x = tl.load(x_ptr + ks, mask=wmask, other=0.0).to(tl.float32)
                 if LAYOUT >= 4:
-                    sh: tl.constexpr = (i % HALF) * BITS
+                    sh = (i % HALF) * BITS  # constexpr (i is); Triton 3.6 refuses a re-annotated one
                     src = words if i < HALF else hi
                     qf = ((src & (((1 << BITS) - 1) << sh)) | _MAGIC).to(tl.float32, bitcast=True)
                     part += (qf - (zr * (1 << sh) + _MAGIC_F)) * (x * (1.0 / (1 << sh)))[None, :]
@@ -228,11 +228,14 @@ def gemv_config(n: int, w: IntLinear):
 
 
 def gemm_config(m: int) -> dict:
+    """Tiles per row count. BLOCK_K_MAX caps _gemm_block_k's K tile: each pipeline stage holds the
+    a tile and the W words as loaded, one int32 per input (PER times the packed bytes), and a
+    128x128 tile with 128-input K tiles in 3 stages wants 256 KiB of shared memory (Hopper has 227)."""
     if m <= 32:
         return dict(BLOCK_M=16 if m <= 16 else 32, BLOCK_N=64, GROUP_M=1, num_warps=4, num_stages=4)
     if m <= 256:
         return dict(BLOCK_M=64, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=4)
-    return dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=3)
+    return dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=3, BLOCK_K_MAX=64)
 
 
 def gemv(x: torch.Tensor, w: IntLinear, out: Optional[torch.Tensor] = None, gated: bool = False,
@@ -262,12 +265,13 @@ def gemm(x: torch.Tensor, w: IntLinear, out: Optional[torch.Tensor] = None, conf
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    cfg = config or gemm_config(m)
+    cfg = dict(config or gemm_config(m))
+    block_k = min(_gemm_block_k(w.group, k), cfg.pop("BLOCK_K_MAX", 128))
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     perm = w.perm if w.perm is not None else w.qweight
     _wint_gemm_kernel[grid](x, w.qweight, w.scale, w.zero, perm, out, m, n, k, w.qweight.shape[1], w.scale.shape[1],
                             x.stride(0), out.stride(0), BITS=w.bits, GROUP=min(w.group, k),
-                            BLOCK_K=_gemm_block_k(w.group, k), PERM=w.perm is not None, **cfg, **launch_options())
+                            BLOCK_K=block_k, PERM=w.perm is not None, **cfg, **launch_options())
     return out
 
 
