@@ -87,6 +87,8 @@ def test_the_pair_answers_as_one_instance_and_reads_only_what_it_lacks(fusion, p
     assert (d["kv_imports"], d["kv_imported_blocks"]) == (2, moved)
     metrics = urllib.request.urlopen(dbase + "/metrics", timeout=10).read().decode()
     assert f'rtp_llm_kv_transfer_blocks_total{{direction="recv"}} {moved}' in metrics
+    assert "rtp_llm_kv_transfer_seconds_count 2" in metrics  # both reads, the empty one too
+    assert f"rtp_llm_kv_transfer_bytes_sum {d['kv_import_bytes']}" in metrics
 
 
 def test_streamed_completions_equal_the_single_instance(fusion, pd):

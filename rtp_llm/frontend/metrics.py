@@ -19,14 +19,22 @@ class Histogram:
         self.sum += value
 
     def render(self) -> List[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        total = 0
-        for bound, n in zip(self.buckets + [float("inf")], self.counts):
-            total += n
-            le = "+Inf" if bound == float("inf") else repr(bound)
-            lines.append(f'{self.name}_bucket{{le="{le}"}} {total}')
-        lines += [f"{self.name}_sum {self.sum}", f"{self.name}_count {total}"]
-        return lines
+        return histogram_lines(self.name, self.help, self.buckets, self.counts, self.sum)
+
+
+def histogram_lines(name: str, help_text: str, bounds: Sequence[float], counts: Sequence[int],
+                    total: float) -> List[str]:
+    """A histogram in Prometheus' text format: counts per bucket (not cumulative), one more than
+    bounds (the last is +Inf's), and the values' sum."""
+    if len(counts) != len(bounds) + 1:
+        raise ValueError(f"{name}: {len(counts)} bucket counts for {len(bounds)} bounds (want bounds + 1)")
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+    seen = 0
+    for bound, n in zip(list(bounds) + [float("inf")], counts):
+        seen += n
+        le = "+Inf" if bound == float("inf") else repr(float(bound))
+        lines.append(f'{name}_bucket{{le="{le}"}} {seen}')
+    return lines + [f"{name}_sum {total}", f"{name}_count {seen}"]
 
 
 class Metrics:

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from rtp_llm.frontend.backend_client import BackendError
 from rtp_llm.frontend.errors import ErrorCode, error_response
+from rtp_llm.frontend.metrics import histogram_lines
 from rtp_llm.frontend.openapi import openapi_spec
 from rtp_llm.frontend.request import read_json
 
@@ -47,19 +48,17 @@ KV_TRANSFER_STATS = {
 
 
 def kv_transfer_metrics(w) -> List[str]:
-    """The issue's names: blocks by direction, bytes and read time (sum and count: the mean)."""
+    """The issue's names: blocks by direction; the reads' seconds and bytes as histograms (the
+    engine's buckets, bounds and counts both from WorkerStatusPB); failures."""
     return ["# HELP rtp_llm_kv_transfer_blocks_total KV blocks handed over: send (kept for a decode instance to "
             "read) or recv (read from a prefill instance)",
             "# TYPE rtp_llm_kv_transfer_blocks_total counter",
             f'rtp_llm_kv_transfer_blocks_total{{direction="send"}} {w.kv_exported_blocks}',
             f'rtp_llm_kv_transfer_blocks_total{{direction="recv"}} {w.kv_imported_blocks}',
-            "# HELP rtp_llm_kv_transfer_bytes_total KV bytes read from prefill instances",
-            "# TYPE rtp_llm_kv_transfer_bytes_total counter",
-            f'rtp_llm_kv_transfer_bytes_total{{direction="recv"}} {w.kv_import_bytes}',
-            "# HELP rtp_llm_kv_transfer_seconds time of the reads from prefill instances",
-            "# TYPE rtp_llm_kv_transfer_seconds summary",
-            f"rtp_llm_kv_transfer_seconds_sum {w.kv_import_us / 1e6}",
-            f"rtp_llm_kv_transfer_seconds_count {w.kv_imports}",
+            *histogram_lines("rtp_llm_kv_transfer_seconds", "time of each read from a prefill instance",
+                             w.kv_read_seconds_bounds, w.kv_read_seconds_counts, w.kv_import_us / 1e6),
+            *histogram_lines("rtp_llm_kv_transfer_bytes", "bytes of each read from a prefill instance",
+                             w.kv_read_bytes_bounds, w.kv_read_bytes_counts, w.kv_import_bytes),
             "# HELP rtp_llm_kv_transfer_failures_total reads from prefill instances that failed (prompt recomputed)",
             "# TYPE rtp_llm_kv_transfer_failures_total counter",
             f"rtp_llm_kv_transfer_failures_total {w.kv_import_failures}"]

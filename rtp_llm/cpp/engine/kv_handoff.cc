@@ -70,6 +70,8 @@ void KvHandoff::end_import(int64_t id, bool ok, int64_t bytes, int64_t us) {
     stats_.imported_blocks += held.num_fresh;
     stats_.import_bytes += bytes;
     stats_.import_us += us;
+    stats_.read_seconds.observe(kKvReadSecondsBounds, static_cast<double>(us) / 1e6);
+    stats_.read_bytes.observe(kKvReadBytesBounds, static_cast<double>(bytes));
   } else {
     ++stats_.failures;
   }

@@ -15,6 +15,8 @@
 // EngineCore's mutex guards it.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -47,10 +49,31 @@ struct KvImportJob {
   std::vector<int32_t> remote, local;
 };
 
+// Upper bounds of the histograms of successful reads, declared here only (WorkerStatusPB carries
+// them beside the counts): seconds, and bytes (1 MiB to 4 GiB).
+inline constexpr double kMiB = 1 << 20;
+inline constexpr std::array<double, 10> kKvReadSecondsBounds = {0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                                0.025,  0.05,  0.1,    0.25,  1.0};
+inline constexpr std::array<double, 7> kKvReadBytesBounds = {kMiB,        8 * kMiB,    64 * kMiB,  256 * kMiB,
+                                                             1024 * kMiB, 2048 * kMiB, 4096 * kMiB};
+
+// Counts per bucket, not cumulative (Prometheus' le: a value v counts in the first bucket whose
+// bound b has v <= b; the last, +Inf, takes the rest). N + 1 integers: copied with the stats.
+template <size_t N>
+struct BucketCounts {
+  std::array<int64_t, N + 1> counts{};
+  void observe(const std::array<double, N>& bounds, double v) {
+    counts[std::lower_bound(bounds.begin(), bounds.end(), v) - bounds.begin()]++;
+  }
+};
+
 // Since start: what left (exports) and what came (the engine process's reads, as it reports them).
+// import_us and import_bytes are the histograms' sums; their counts sum to imports - failures.
 struct KvTransferStats {
   int64_t exported_blocks = 0;
   int64_t imported_blocks = 0, import_bytes = 0, import_us = 0, imports = 0, failures = 0;
+  BucketCounts<kKvReadSecondsBounds.size()> read_seconds;
+  BucketCounts<kKvReadBytesBounds.size()> read_bytes;
 };
 
 class KvHandoff {

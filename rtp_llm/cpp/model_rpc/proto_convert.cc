@@ -205,6 +205,11 @@ void fill_worker_status(const EngineStats& s, const EngineCoreConfig& config, Wo
   out->set_kv_import_us(s.kv_transfer.import_us);
   out->set_kv_imports(s.kv_transfer.imports);
   out->set_kv_import_failures(s.kv_transfer.failures);
+  const auto& t = s.kv_transfer;
+  out->mutable_kv_read_seconds_bounds()->Assign(kKvReadSecondsBounds.begin(), kKvReadSecondsBounds.end());
+  out->mutable_kv_read_seconds_counts()->Assign(t.read_seconds.counts.begin(), t.read_seconds.counts.end());
+  out->mutable_kv_read_bytes_bounds()->Assign(kKvReadBytesBounds.begin(), kKvReadBytesBounds.end());
+  out->mutable_kv_read_bytes_counts()->Assign(t.read_bytes.counts.begin(), t.read_bytes.counts.end());
 }
 
 void fill_cache_status(const EngineStats& s, CacheStatusPB* out) {

@@ -4,8 +4,11 @@
 // continues after the first token. The fake model reads its context through the block tables,
 // so the decode side's tokens equal the reference only when the imported blocks hold the right
 // KV and every id lines up.
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
+#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -99,6 +102,8 @@ TEST(KvHandoff, DecodeContinuesExactlyAfterThePrefillsFirstToken) {
   EXPECT_EQ(out.new_tokens, std::vector<int32_t>(ref.begin() + 1, ref.end()));  // the first is not sent again
   EXPECT_EQ(d.engine.stats().kv.hit_tokens, 8);  // both imported blocks were used, not recomputed
   EXPECT_EQ(d.engine.stats().kv_transfer.imported_blocks, 2);
+  EXPECT_EQ(d.engine.stats().kv_transfer.read_seconds.counts[0], 1);  // (this reader reports 0 s, 0 bytes)
+  EXPECT_EQ(d.engine.stats().kv_transfer.read_bytes.counts[0], 1);
   d.engine.release(did);
   ExpectAllBlocksBack(d.engine);
 }
@@ -193,6 +198,9 @@ TEST(KvHandoff, AFailedReadIsRecomputedAndCachedBlocksAreNotReadAgain) {
   EXPECT_EQ(d.engine.stats().kv.hit_tokens, 12);
   EXPECT_EQ(d.engine.stats().kv_transfer.imported_blocks, 0);  // (the failed read counts none either)
   EXPECT_EQ(d.engine.stats().kv_transfer.failures, 1);
+  const auto& seconds = d.engine.stats().kv_transfer.read_seconds.counts;  // the failed read is in no bucket
+  EXPECT_EQ(std::accumulate(seconds.begin(), seconds.end(), int64_t{0}),
+            d.engine.stats().kv_transfer.imports - d.engine.stats().kv_transfer.failures);
   d.engine.release(again);
   ExpectAllBlocksBack(d.engine);
 }
@@ -223,6 +231,20 @@ TEST(KvHandoff, ResumedTokensThatFinishTheRequestAreRefusedByName) {
   KvHandover bad{{-4}, {}, 4, ""};
   EXPECT_EQ(d.engine.enqueue({1, 2, 3}, MaxNew(2), &id, 0, &bad).field, "generated_token_ids");
   ExpectAllBlocksBack(d.engine);
+}
+
+TEST(KvHandoff, ReadHistogramsCountAsPrometheusLe) {
+  // A value on a bound counts in that bound's bucket; past the last, in +Inf.
+  BucketCounts<kKvReadSecondsBounds.size()> h;
+  h.observe(kKvReadSecondsBounds, 0.0);
+  h.observe(kKvReadSecondsBounds, 0.001);   // == the second bound
+  h.observe(kKvReadSecondsBounds, 0.0011);  // just above it
+  h.observe(kKvReadSecondsBounds, 30.0);
+  std::array<int64_t, kKvReadSecondsBounds.size() + 1> want{};
+  want[0] = 1, want[1] = 1, want[2] = 1, want[kKvReadSecondsBounds.size()] = 1;
+  EXPECT_EQ(h.counts, want);
+  EXPECT_TRUE(std::is_sorted(kKvReadSecondsBounds.begin(), kKvReadSecondsBounds.end()));
+  EXPECT_TRUE(std::is_sorted(kKvReadBytesBounds.begin(), kKvReadBytesBounds.end()));
 }
 
 }  // namespace
