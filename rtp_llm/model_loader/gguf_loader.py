@@ -7,7 +7,8 @@ projection weights (q/k/v/o, gate/up/down, an untied LM head) and embedding tabl
 other than fp32: those stay in the file's blocks (quantized.KEPT_FORMATS) for the backend to
 compute on (the CPU's 32-block and k-quant kernels; the lookup widens only the rows it reads, a
 tied LM head packs the table) or widen. fp32 runs widen everything: they are the exact reference.
-Other quantized types (Q2_K, Q3_K, IQ*, ...) are widened."""
+Other quantized types (Q2_K, Q3_K, IQ*, ...) are widened, and so are a mixture-of-experts
+file's router, experts and shared expert (gguf_moe.py: qwen3moe and qwen2moe)."""
 
 import hashlib
 import logging
@@ -22,9 +23,10 @@ from tqdm import tqdm
 
 from rtp_llm.config.model_config import ModelConfig, RopeScaling
 from rtp_llm.model_loader.gguf_file import GGUFFile
+from rtp_llm.model_loader.gguf_moe import EXPERT_STACKS, MOE_LAYER_NAMES, gguf_moe, moe_layer_tensor, split_experts
 from rtp_llm.model_loader.quantized import QuantizedTensor, kept_format
 from rtp_llm.model_loader.registry import MODEL_TYPES, resolve_model_type
-from rtp_llm.model_loader.weights import CheckpointError, check_weights
+from rtp_llm.model_loader.weights import CheckpointError, check_weights, pack_experts
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +65,10 @@ def read_gguf_config(path: str, model_type: Optional[str] = None, reader: Option
     reader = reader or _reader(path)
     arch = _field(reader, "general.architecture")
     name = resolve_model_type(model_type, arch, path)
-    if MODEL_TYPES[name]["moe"]:  # the reader maps no expert tensors (ffn_*_exps) yet
-        raise CheckpointError(f"{path}: GGUF checkpoints of {name} (mixture of experts) are not supported yet; "
-                              f"use its HF safetensors checkpoint")
+    traits = MODEL_TYPES[name]
+    if traits["mla"]:  # the reader maps no latent-attention tensors (attn_kv_a_mqa, ...) yet
+        raise CheckpointError(f"{path}: GGUF checkpoints of {name} (multi-head latent attention) are not supported "
+                              f"yet; use its HF safetensors checkpoint")
     a = arch
     heads = int(_field(reader, f"{a}.attention.head_count"))
     hidden = int(_field(reader, f"{a}.embedding_length"))
@@ -78,11 +81,16 @@ def read_gguf_config(path: str, model_type: Optional[str] = None, reader: Option
     scaling = RopeScaling()
     if scale_type == "linear":
         scaling = RopeScaling(kind="linear", factor=float(_field(reader, f"{a}.rope.scaling.factor")))
+    num_layers = int(_field(reader, f"{a}.block_count"))
+    moe = None
+    if traits["moe"]:
+        shapes = {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}
+        moe = gguf_moe(lambda key: _field(reader, key), a, name, shapes, num_layers, traits["shared_expert"], path)
     config = ModelConfig(
         model_type=name,
         vocab_size=len(_field(reader, "tokenizer.ggml.tokens", ())),
         hidden_size=hidden,
-        num_layers=int(_field(reader, f"{a}.block_count")),
+        num_layers=num_layers,
         num_heads=heads,
         num_kv_heads=int(_field(reader, f"{a}.attention.head_count_kv", heads)),
         head_dim=int(_field(reader, f"{a}.attention.key_length", hidden // heads)),
@@ -92,8 +100,9 @@ def read_gguf_config(path: str, model_type: Optional[str] = None, reader: Option
         rope_scaling=scaling,
         max_position_embeddings=int(_field(reader, f"{a}.context_length", 4096)),
         tie_word_embeddings="output.weight" not in names,
-        qkv_bias=MODEL_TYPES[name]["qkv_bias"],
-        qk_norm=MODEL_TYPES[name]["qk_norm"],
+        qkv_bias=traits["qkv_bias"],
+        qk_norm=traits["qk_norm"],
+        moe=moe,
         eos_token_ids=sorted(set(eos)),
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
     )
@@ -129,10 +138,27 @@ def _unpermute_bias(b: torch.Tensor, n_heads: int) -> torch.Tensor:
     return b.reshape(n_heads, b.shape[0] // n_heads // 2, 2).transpose(1, 2).reshape(-1)
 
 
-def load_gguf(path: str, model_type: Optional[str], dtype: torch.dtype, progress: bool = True):
-    """(ModelConfig, weights) from a .gguf file."""
+def _widened(path: str, t) -> torch.Tensor:
+    """A GGUF tensor dequantized to fp32, in HF's dimension order (a writable copy)."""
     import gguf
 
+    try:
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
+    except Exception as e:
+        raise CheckpointError(f"{path}: cannot dequantize tensor {t.name} ({t.tensor_type.name}): {e}") from e
+    return torch.from_numpy(np.array(data, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)]))
+
+
+def _moe_tensors(path: str, t, layer: str, rest: str, dtype: torch.dtype):
+    """(HF name, tensor) pairs of a MoE layer tensor, widened to dtype (gguf_moe.py)."""
+    tensor = _widened(path, t).to(dtype)
+    if rest in EXPERT_STACKS:
+        return split_experts(layer, rest, tensor)
+    return [moe_layer_tensor(layer, rest, tensor)]
+
+
+def load_gguf(path: str, model_type: Optional[str], dtype: torch.dtype, progress: bool = True):
+    """(ModelConfig, weights) from a .gguf file."""
     reader = _reader(path)
     config = read_gguf_config(path, model_type, reader)
     permuted = _field(reader, "general.architecture") == "llama"
@@ -140,6 +166,9 @@ def load_gguf(path: str, model_type: Optional[str], dtype: torch.dtype, progress
     for t in tqdm(reader.tensors, desc="loading weights", unit="tensor", disable=not progress):
         if t.name.startswith("blk."):
             _, layer, rest = t.name.split(".", 2)
+            if rest in EXPERT_STACKS or rest in MOE_LAYER_NAMES:
+                weights.update(_moe_tensors(path, t, layer, rest, dtype))
+                continue
             if rest not in _LAYER_NAMES:
                 continue
             name = f"model.layers.{layer}.{_LAYER_NAMES[rest]}"
@@ -158,17 +187,15 @@ def load_gguf(path: str, model_type: Optional[str], dtype: torch.dtype, progress
                 q = _unpermute_rows(q, config.num_heads if "q_proj" in name else config.num_kv_heads)
             weights[name] = q
             continue
-        try:
-            data = gguf.quants.dequantize(t.data, t.tensor_type)
-        except Exception as e:
-            raise CheckpointError(f"{path}: cannot dequantize tensor {t.name} ({t.tensor_type.name}): {e}") from e
-        tensor = torch.from_numpy(np.array(data, dtype=np.float32).reshape(shape))  # a writable copy
+        tensor = _widened(path, t)
         if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
             tensor = _unpermute(tensor, config.num_heads if "q_proj" in name else config.num_kv_heads)
         if permuted and name.endswith(("q_proj.bias", "k_proj.bias")):
             tensor = _unpermute_bias(tensor, config.num_heads if "q_proj" in name else config.num_kv_heads)
         weights[name] = tensor.to(dtype)
     check_weights(config, weights, path)
+    if config.moe is not None:
+        pack_experts(config, weights)
     reader.release_pages()  # every other tensor was copied or widened: their pages need not stay mapped
     return config, weights
 

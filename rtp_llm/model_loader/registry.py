@@ -29,7 +29,7 @@ _ALIASES = {
     "qwen3": "qwen_3",
     "qwen2": "qwen_2",
     "llama": "llama",
-    "qwen3moe": "qwen_3_moe",  # GGUF names: refused by the GGUF reader (gguf_loader.py), by name
+    "qwen3moe": "qwen_3_moe",  # GGUF names (gguf_moe.py)
     "qwen2moe": "qwen_2_moe",
     "qwen_3": "qwen_3",
     "qwen_2": "qwen_2",
@@ -40,7 +40,7 @@ _ALIASES = {
     "qwen_2_moe": "qwen_2_moe",
     "DeepseekV2ForCausalLM": "deepseek2",
     "DeepseekV3ForCausalLM": "deepseek3",  # also Kimi-K2's architecture
-    "deepseek2": "deepseek2",  # (also GGUF's name: refused by the GGUF reader, as MoE files are)
+    "deepseek2": "deepseek2",  # (also GGUF's name: refused by the GGUF reader, by name)
     "deepseek3": "deepseek3",
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek3",

@@ -194,12 +194,18 @@ def write_gguf(hf_dir: str, path: str, qtype: str = "Q8_0", qtypes: Optional[Dic
     from safetensors.torch import load_file
 
     from rtp_llm.model_loader.gguf_loader import _GLOBAL_NAMES, _LAYER_NAMES
+    from rtp_llm.model_loader.gguf_moe import MOE_LAYER_NAMES
 
     with open(os.path.join(hf_dir, "config.json")) as f:
         c = json.load(f)
-    arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[c["architectures"][0]]
+    arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+            "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe"}[c["architectures"][0]]
     heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
     w = gguf.GGUFWriter(path, arch)
+    tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
+    if arch.endswith("moe"):
+        _add_moe_metadata(w, c)
+        tensors = _stack_experts(tensors)
     w.add_block_count(c["num_hidden_layers"])
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
@@ -212,19 +218,21 @@ def write_gguf(hf_dir: str, path: str, qtype: str = "Q8_0", qtypes: Optional[Dic
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(c["vocab_size"])])
     to_gguf = {v: k for k, v in _GLOBAL_NAMES.items()}
-    layer_names = {v: k for k, v in _LAYER_NAMES.items()}
-    for name, t in load_file(os.path.join(hf_dir, "model.safetensors")).items():
+    layer_names = {v: k for k, v in {**_LAYER_NAMES, **MOE_LAYER_NAMES}.items()}
+    for name, t in tensors.items():
         rest = ""
         if name.startswith("model.layers."):
             _, _, layer, rest = name.split(".", 3)
-            gname = f"blk.{layer}.{layer_names[rest]}"
+            gname = f"blk.{layer}.{layer_names.get(rest, rest)}"  # (expert stacks: their GGUF names)
         else:
             gname = to_gguf[name]
         a = t.float().numpy()
         if arch == "llama" and rest.startswith(("self_attn.q_proj.", "self_attn.k_proj.")):
             n = heads if "q_proj" in rest else kv_heads
             a = a.reshape(n, 2, a.shape[0] // n // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
-        if a.ndim == 2:
+        if rest == "mlp.shared_expert_gate.weight":
+            a = a.reshape(-1)  # llama.cpp's ffn_gate_inp_shexp is a vector
+        if a.ndim >= 2:
             kind = next((v for k, v in (qtypes or {}).items() if name.endswith(k)), qtype)
             w.add_tensor(gname, _quantize_matrix(np.ascontiguousarray(a), kind), raw_dtype=gguf.GGMLQuantizationType[kind])
         else:
@@ -234,6 +242,36 @@ def write_gguf(hf_dir: str, path: str, qtype: str = "Q8_0", qtypes: Optional[Dic
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _add_moe_metadata(w, c: dict) -> None:
+    """The expert keys llama.cpp's converter writes for Qwen3-MoE / Qwen2-MoE."""
+    w.add_expert_count(c.get("num_experts") or c["num_local_experts"])
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    w.add_expert_weights_norm(bool(c.get("norm_topk_prob", False)))
+    if c.get("shared_expert_intermediate_size"):
+        w.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
+
+
+def _stack_experts(tensors: dict) -> dict:
+    """HF's per-expert tensors of each layer as llama.cpp's stacks [E, rows, cols], under names
+    ("model.layers.N.<ffn_*_exps>") that write_gguf passes through as blk.N.ffn_*_exps."""
+    import re
+
+    from rtp_llm.model_loader.gguf_moe import EXPERT_STACKS
+
+    stacks, out = {}, {}
+    for name, t in tensors.items():
+        m = re.match(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(\w+)\.weight$", name)
+        if m is None:
+            out[name] = t
+        else:
+            stacks.setdefault((m[1], m[3]), {})[int(m[2])] = t
+    gguf_name = {proj: rest for rest, proj in EXPERT_STACKS.items()}
+    for (layer, proj), experts in stacks.items():
+        out[f"model.layers.{layer}.{gguf_name[proj]}"] = torch.stack([experts[e] for e in sorted(experts)])
+    return out
 
 
 def requantize_gguf(src: str, dst: str, qtype: str = "Q8_0") -> str:
