@@ -57,6 +57,21 @@ def test_gemv_reads_fp8_weights_with_their_scales(n, k, block, m):
     _close(gated, torch.nn.functional.silu(g) * u, 2e-2)
 
 
+@pytest.mark.parametrize("n,k", [(2176, 2048), (96, 2048), (40, 8192)])
+def test_gemv_tiles_of_wide_fp8_rows(n, k):
+    """gemv_config's FP8 tiles (K >= 2048, measured on Qwen3-8B's shapes): more outputs than
+    inputs (qkv, gate_up: 8 rows x 512 inputs a program, gated too), and fewer (o, down: 8 or 2
+    rows x up to 2048), partial programs."""
+    t, w = _weight(n, k, None, n + k)
+    assert K.gemv_config(n, k, fp8_rows=True) != K.gemv_config(n, k)
+    x = _x(1, k, 0)
+    want = x.float().cpu() @ _exact(t).t()
+    _close(K.fp8_linear(x, w), want, 1e-2)
+    if n > k:
+        g, u = want[:, :n // 2], want[:, n // 2:]
+        _close(K.fp8_gate_up_silu(x, w, K.silu_and_mul), torch.nn.functional.silu(g) * u, 2e-2)
+
+
 def test_gemv_reads_no_scale_past_the_grid():
     """K = 320 in 128-input blocks: the GEMV's 512-input tile covers scale columns 0..3 of a grid
     of 3; whatever lies past the grid (here NaN) must not reach the outputs."""

@@ -9,6 +9,7 @@ import torch
 from interpreted_triton import DEV, INTERPRETED, hf_step_logits, step_logits
 
 from rtp_llm.device.cuda import kernels as K
+from rtp_llm.device.cuda.kernels.wint import DEQUANT_MIN_ROWS
 from rtp_llm.model_loader.dequant import dequant_codes, gptq_codes
 from rtp_llm.model_loader.int_weight import from_codes
 from rtp_llm.model_loader.quant_config import parse_quant_config
@@ -43,7 +44,7 @@ def _close(got, want, tol):
 
 
 @pytest.mark.parametrize("n,k,bits,group,shuffled", WEIGHTS)
-@pytest.mark.parametrize("m", [1, 3, 4, 5, 37])
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 37, DEQUANT_MIN_ROWS])
 def test_projection_equals_the_dequantized_product(n, k, bits, group, shuffled, m):
     assert K.wint_supports(k, group, bits)
     w, packed = _weight(n, k, bits, group, shuffled, seed=m)
@@ -56,6 +57,24 @@ def test_projection_equals_the_dequantized_product(n, k, bits, group, shuffled, 
     gated = K.wint_gate_up_silu(x.to(DEV), packed, K.silu_and_mul)
     g, u = want[:, :n // 2], want[:, n // 2:]
     _close(gated, torch.nn.functional.silu(g) * u, 2 * tol if m > K.GEMV_MAX_ROWS else 2e-2)
+
+
+@pytest.mark.parametrize("n,k,bits,group,shuffled", WEIGHTS)
+@pytest.mark.parametrize("m", [1, 3])
+def test_gemv_tiles_walk_the_whole_row(n, k, bits, group, shuffled, m):
+    """Configs other than the default: runs of fewer words than a group, one or several runs an
+    iteration, partial last iterations and programs."""
+    from rtp_llm.device.cuda.kernels import wint
+
+    w, packed = _weight(n, k, bits, group, shuffled, seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(ACT)
+    want = x.float() @ w.t()
+    tol = 1e-5 if ACT == torch.float32 else 1e-2
+    for config in [(16, 2, 3, 4), (64, 1, 1, 4)]:  # (BLOCK_N, BLOCK_W, RUNS, num_warps)
+        _close(wint.gemv(x.to(DEV), packed, config=config), want, tol)
+    if group < k:  # a run of words lies within one group
+        with pytest.raises(ValueError, match="spans groups"):
+            wint.gemv(x.to(DEV), packed, config=(1, 64, 1, 4))
 
 
 def test_unsupported_groups_are_refused():

@@ -5,7 +5,7 @@ as in a decode graph, and for gate-up also with SiLU-and-mul (cuBLAS then silu_a
 the gated gemv). Prints microseconds per call; --sweep also tries gemv block configs at one
 row (how kernels.gemv_config was chosen), gated ones for gate-up.
 
-    python -m rtp_llm.tools.bench_gemv [--arch qwen3-0.6b] [--tp 1] [--rows 1,2,4,8,16] [--sweep]"""
+    python -m rtp_llm.tools.bench_gemv [--arch qwen3-0.6b] [--tp 1] [--rows 1,2,4,8,16] [--sweep] [--fp8]"""
 
 import argparse
 import json
@@ -57,6 +57,8 @@ def main():
     p.add_argument("--rows", default="1,2,4,8,16")
     p.add_argument("--sweep", action="store_true", help="gemv block configs at one row")
     p.add_argument("--weights_gb", type=float, default=2.0, help="distinct weights per graph, in GB")
+    p.add_argument("--fp8", action="store_true", help="e4m3 weights with a scale per row (kernels/fp8.py's GEMV "
+                   "path); cuBLAS columns are bf16's")
     a = p.parse_args()
     from rtp_llm.device.cuda import kernels as K
 
@@ -66,33 +68,39 @@ def main():
         copies = max(4, min(28, int(a.weights_gb * 1e9 // (k * n * 2))))
         w_nk = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
         w_kn = [w.t().contiguous() for w in w_nk]
+        kw = {}
+        if a.fp8:  # the gemv's operands become FP8 weights, one scale a row; cuBLAS keeps bf16's
+            kw = dict(scale=torch.ones(n, 1, device=dev), block=(1, k))
+            w_g = [w.to(torch.float8_e4m3fn) for w in w_nk]
+        else:
+            w_g = w_nk
         for m in (int(r) for r in a.rows.split(",")):
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-            row = {"arch": a.arch, "tp": a.tp, "proj": name, "K": k, "N": n, "rows": m,
+            row = {"arch": a.arch, "tp": a.tp, "proj": name, "fp8": a.fp8, "K": k, "N": n, "rows": m,
                    "cublas_kn_us": graph_us(lambda: [x @ w for w in w_kn], copies),
                    "cublas_nk_us": graph_us(lambda: [torch.nn.functional.linear(x, w) for w in w_nk], copies)}
             if m <= K.GEMV_MAX_ROWS:
-                row["gemv_us"] = graph_us(lambda: [K.gemv(x, w) for w in w_nk], copies)
+                row["gemv_us"] = graph_us(lambda: [K.gemv(x, w, **kw) for w in w_g], copies)
             linear = (lambda w: K.gemv(x, w) if K.use_gemv(x, w) else torch.nn.functional.linear(x, w))
             row["backend_us"] = graph_us(lambda: [linear(w) for w in w_nk], copies)
             if name == "gate_up" and m <= K.GEMV_MAX_ROWS:
                 # With SiLU-and-mul: its own kernel after cuBLAS, or in the gated gemv's epilogue.
                 row["cublas_kn_silu_us"] = graph_us(lambda: [K.silu_and_mul(x @ w) for w in w_kn], copies)
-                row["gated_gemv_us"] = graph_us(lambda: [K.gemv(x, w, gated=True) for w in w_nk], copies)
+                row["gated_gemv_us"] = graph_us(lambda: [K.gemv(x, w, gated=True, **kw) for w in w_g], copies)
                 row["gated_gemv_config"] = str(K.gemv_config(n, k, gated=True))
             print(json.dumps(row), flush=True)
         if a.sweep:
             x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
             sweep = {}
-            for cfg in [(bn, bk, nw) for bn in (1, 2, 4, 8) for bk in (128, 256, 512, 1024) for nw in (4, 8)]:
-                sweep[str(cfg)] = graph_us(lambda: [K.gemv(x, w, cfg) for w in w_nk], copies)
+            for cfg in [(bn, bk, nw) for bn in (1, 2, 4, 8) for bk in (128, 256, 512, 1024, 2048) for nw in (4, 8)]:
+                sweep[str(cfg)] = graph_us(lambda: [K.gemv(x, w, cfg, **kw) for w in w_g], copies)
             best = sorted(sweep.items(), key=lambda kv: kv[1])[:4]
-            print(json.dumps({"arch": a.arch, "tp": a.tp, "proj": name, "K": k, "N": n, "rows": 1,
+            print(json.dumps({"arch": a.arch, "tp": a.tp, "proj": name, "K": k, "N": n, "rows": 1, "fp8": a.fp8,
                               "gemv_config": str(K.gemv_config(n, k)), "best_configs_us": best}), flush=True)
             if name == "gate_up":  # the gated gemv: BLOCK_N gate rows and BLOCK_N up rows per program
                 gated = {}
-                for cfg in [(bn, bk, nw) for bn in (2, 4, 8) for bk in (256, 512, 1024) for nw in (4, 8)]:
-                    gated[str(cfg)] = graph_us(lambda: [K.gemv(x, w, cfg, gated=True) for w in w_nk], copies)
+                for cfg in [(bn, bk, nw) for bn in (2, 4, 8) for bk in (256, 512, 1024, 2048) for nw in (4, 8)]:
+                    gated[str(cfg)] = graph_us(lambda: [K.gemv(x, w, cfg, gated=True, **kw) for w in w_g], copies)
                 print(json.dumps({"arch": a.arch, "tp": a.tp, "proj": "gate_up_gated", "K": k, "N": n, "rows": 1,
                                   "best_configs_us": sorted(gated.items(), key=lambda kv: kv[1])[:4]}), flush=True)
 

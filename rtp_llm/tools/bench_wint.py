@@ -33,12 +33,11 @@ def _sweep_gemv(x, ws, copies, gated):
     from rtp_llm.device.cuda.kernels import wint
 
     res = {}
-    # Tiles gathering a scale per word (layouts 0, 1) or within a group (2, 3: BLOCK_W divides its words).
-    configs = [(bn, bw, 4, lay) for lay in (0, 1) for bn in (4, 16) for bw in (32, 64)]
-    configs += [(bn, bw, nw, lay) for lay in (3, 7) for bn in (8, 16, 32) for bw in (8, 16) for nw in (4, 8)]
+    _, block_w, _, _ = wint.gemv_config(ws[0].qweight.shape[0], ws[0])
+    # (BLOCK_N, BLOCK_W, RUNS, num_warps): programs of 4-16 rows, 1-8 runs of words an iteration
+    configs = [(bn, block_w, runs, 4) for bn in (4, 8, 16) for runs in (1, 2, 4, 8)]
+    configs += [(bn, block_w, 4, 2) for bn in (8, 16)]
     for cfg in configs:
-        if cfg[3] % 4 >= 2 and not wint.within_group(cfg[1], ws[0]):
-            continue
         try:
             res[str(cfg)] = graph_us(lambda: [wint.gemv(x, w, gated=gated, config=cfg) for w in ws], copies)
         except Exception as e:  # (a tile too large for the registers or shared memory)
@@ -92,6 +91,7 @@ def main():
             if m <= K.GEMV_MAX_ROWS:
                 row["gemv_config"] = str(wint.gemv_config(n, ws[0]))
             if m > K.GEMV_MAX_ROWS:
+                row["gemm_us"] = graph_us(lambda: [wint.gemm(x, w) for w in ws], copies)
                 row["dequant_cublas_us"] = graph_us(
                     lambda: [torch.nn.functional.linear(x, wint.dequantize(w, torch.bfloat16)) for w in ws[:4]], 4)
                 if "gemm" in a.sweep:

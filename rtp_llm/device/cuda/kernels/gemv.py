@@ -102,12 +102,18 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, N, K, stride_x, stride_out, strid
         tl.store(out_ptr + m * stride_out + offs_n, res.to(dt), mask=nmask)
 
 
-def gemv_config(n: int, k: int, gated: bool = False):
+def gemv_config(n: int, k: int, gated: bool = False, fp8_rows: bool = False):
     """(BLOCK_N, BLOCK_K, num_warps) for a [N, K] weight (gated: [2 I, K], BLOCK_N counting
     gate and up rows). From an H200 sweep with PDL over the Qwen3-0.6B and 8B (TP 1 and 2)
     projections (`bench_gemv --sweep`): long K tiles win everywhere (the first tile is loaded
     before the PDL wait), and a program should stream ~8K weights (readings in
-    docs/benchmarks.md)."""
+    docs/benchmarks.md). fp8_rows: FP8 weights with a scale per row, from `bench_gemv --sweep
+    --fp8` over Qwen3-8B's projections (K >= 2048; smaller K keeps bf16's tiles, unmeasured):
+    a byte a weight, so more rows a program than bf16's."""
+    if fp8_rows and k >= 2048:
+        if n > k:  # qkv, gate_up (gated too)
+            return 8, 512, 4
+        return (8 if k <= 4096 else 2), min(2048, k // 4), 4
     block_k = min(1024, triton.next_power_of_2(k))
     if gated:
         return _pow2_floor(max(2, min(8, 8192 // k))), min(512, block_k), 4
@@ -134,7 +140,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config=None, out: torch.Tensor =
     if scale is not None:
         bn_s, bk_s = block
         mode = 1 if bn_s == 1 and bk_s >= k else 2
-    block_n, block_k, num_warps = config or gemv_config(n, k, gated)
+    block_n, block_k, num_warps = config or gemv_config(n, k, gated, fp8_rows=mode == 1)
     if gated:
         assert n % 2 == 0, "gated: weight rows are gate then up, 2 I of them"
         n //= 2

@@ -3,17 +3,19 @@ packed codes are read as stored (model_loader/int_weight.py's row layout: output
 codes along K, 32 / BITS a word, low bits first), so a decode step streams a quarter (int4) of a
 bf16 weight's bytes. W[n, perm[j]] = (q[n, j] - zero[n, j // GROUP]) * scale[n, j // GROUP].
 
-- M <= GEMV_MAX_ROWS rows: a GEMV. Each program streams BLOCK_N rows' words in tiles of BLOCK_W
-  words, sums (q - zero) x over each tile's codes and scales that by the tile's group scale
-  (a tile within one group: one scale and zero a row and tile, not one a weight).
-- More rows: a GEMM whose K tiles lie within one group: the tile's codes are unpacked and
-  scaled into the activations' dtype, then tl.dot (tensor cores).
+- M <= GEMV_MAX_ROWS rows: a GEMV. Each program streams BLOCK_N rows' words in runs of BLOCK_W
+  words within one group (RUNS runs an iteration), sums (q - zero) x over each run's codes and
+  scales that by the group's scale (one scale and zero a row and run, not one a weight).
+- More rows, up to DEQUANT_MIN_ROWS: a GEMM whose K tiles lie within one group: the tile's
+  words are read once each, along K, unpacked in registers and scaled into the activations'
+  dtype, then tl.dot (tensor cores).
+- More rows still: the weight widened (dequantize) and cuBLAS.
 
 At one row the GEMV is bound by arithmetic as much as by the weights' bytes (8 codes a 4-byte
 word), so a code costs as few instructions as it can: no integer-to-float conversion (16 a
 clock per SM on Hopper): q | 0x4B000000 read as an fp32 is 2^23 + q exactly, and the zero point
 is taken as 2^23 + zero, so one float subtraction gives (q - zero) exactly; and no shift per code
-(_rows_dot's LAYOUT 7). A desc_act weight's columns are in group order: the kernels read the
+(_run_dot). A desc_act weight's columns are in group order: the kernels read the
 activations through perm."""
 
 from dataclasses import dataclass
@@ -61,67 +63,62 @@ def _gemm_block_k(group: int, k: int) -> int:
 
 
 @triton.jit
-def _rows_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, KW, G, BITS: tl.constexpr, GROUP: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, PERM: tl.constexpr, LAYOUT: tl.constexpr):
-    """sum_j W[rows, j] x[perm[j]] in fp32 [BLOCK_N] for one activation row at x_ptr. LAYOUT bit
-    0: the tile's codes as PER [BLOCK_N, BLOCK_W] slices, one per code position in the words (else
-    one [BLOCK_N, BLOCK_W, PER] tensor); bit 1: the tile lies within one group (BLOCK_W divides a
-    group's words), so each row's scale and zero are loaded once (else gathered per word); bit 2
-    (with bit 0): codes taken in place, without a shift each: (word & (mask << sh)) | 2^23's bits
-    is 2^23 + q 2^sh exactly (sh < 24 - BITS: the low half word's codes, then the high half's
-    after one shift), paired with 2^23 + zero 2^sh and x 2^-sh, the same products."""
+def _run_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, w0, offs_w, KW, G, BITS: tl.constexpr,
+             GROUP: tl.constexpr, PERM: tl.constexpr):
+    """[BLOCK_N, BLOCK_W]: the scaled sums (q - zero) x over the codes of the BLOCK_W words from
+    w0 of rows `rows` (within one group: one scale and zero a row). Codes are taken in place,
+    without a shift each: (word & (mask << sh)) | 2^23's bits is 2^23 + q 2^sh exactly for
+    sh < 24 - BITS (the low half word's codes, then the high half's after one shift), so
+    (that - (2^23 + zero 2^sh)) x 2^-sh is (q - zero) x exactly: one subtraction and one FMA a
+    code. Every operand has the words' [BLOCK_N, BLOCK_W] shape or a slice of it (a row's scale,
+    a word's inputs), so no tile changes layout (a wider, multi-group tile made Triton convert
+    the inputs' layout for every code: bound by shared memory, slower)."""
     PER: tl.constexpr = 32 // BITS
     HALF: tl.constexpr = PER // 2
-    j = tl.arange(0, PER)
+    ws = w0 + offs_w
+    wmask = ws < KW
+    words = tl.load(w_ptr + rows[:, None] * KW + ws[None, :], mask=nmask[:, None] & wmask[None, :], other=0)
+    sz = rows[:, None] * G + w0 * PER // GROUP  # (GROUP = K where one group spans the row: 0)
+    gmask = nmask[:, None] & (w0 < KW)
+    zr = tl.load(z_ptr + sz, mask=gmask, other=0).to(tl.float32)
+    s = tl.load(s_ptr + sz, mask=gmask, other=0.0).to(tl.float32)
+    part = tl.zeros(words.shape, dtype=tl.float32)
+    hi = words >> 16
+    for i in tl.static_range(PER):
+        sh = (i % HALF) * BITS  # constexpr (i is); Triton 3.6 refuses a re-annotated one
+        src = words if i < HALF else hi
+        ks = ws * PER + i
+        if PERM:
+            ks = tl.load(p_ptr + ks, mask=wmask, other=0)
+        x = tl.load(x_ptr + ks, mask=wmask, other=0.0).to(tl.float32) * (1.0 / (1 << sh))
+        qf = ((src & (((1 << BITS) - 1) << sh)) | _MAGIC).to(tl.float32, bitcast=True)
+        part += (qf - (zr * (1 << sh) + _MAGIC_F)) * x[None, :]
+    return part * s
+
+
+@triton.jit
+def _rows_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, KW, G, BITS: tl.constexpr, GROUP: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, RUNS: tl.constexpr, PERM: tl.constexpr):
+    """sum_j W[rows, j] x[perm[j]] in fp32 [BLOCK_N] for one activation row at x_ptr: RUNS runs of
+    BLOCK_W words an iteration, independent loads in flight together (a GEMV is bound by the
+    loads a program keeps in flight)."""
     offs_w = tl.arange(0, BLOCK_W)
     acc = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-    for w0 in range(0, KW, BLOCK_W):
-        ws = w0 + offs_w
-        wmask = ws < KW
-        mask = nmask[:, None] & wmask[None, :]
-        words = tl.load(w_ptr + rows[:, None] * KW + ws[None, :], mask=mask, other=0)
-        if LAYOUT % 4 >= 2:
-            sz = rows[:, None] * G + w0 * PER // GROUP
-            zr = tl.load(z_ptr + sz, mask=nmask[:, None], other=0).to(tl.float32)
-            s = tl.load(s_ptr + sz, mask=nmask[:, None], other=0.0).to(tl.float32)
-        else:
-            sz = rows[:, None] * G + (ws * PER // GROUP)[None, :]
-            zr = tl.load(z_ptr + sz, mask=mask, other=0).to(tl.float32)
-            s = tl.load(s_ptr + sz, mask=mask, other=0.0).to(tl.float32)
-        if LAYOUT % 2 == 0:
-            q = (words[:, :, None] >> (j * BITS)[None, None, :]) & ((1 << BITS) - 1)
-            qf = (q | _MAGIC).to(tl.float32, bitcast=True)
-            ks = ws[:, None] * PER + j[None, :]
-            if PERM:
-                ks = tl.load(p_ptr + ks, mask=wmask[:, None], other=0)
-            x = tl.load(x_ptr + ks, mask=wmask[:, None], other=0.0).to(tl.float32)
-            part = tl.sum((qf - (zr + _MAGIC_F)[:, :, None]) * x[None, :, :], axis=2)
-        else:
-            part = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-            hi = words >> 16
-            for i in tl.static_range(PER):
-                ks = ws * PER + i
-                if PERM:
-                    ks = tl.load(p_ptr + ks, mask=wmask, other=0)
-                x = tl.load(x_ptr + ks, mask=wmask, other=0.0).to(tl.float32)
-                if LAYOUT >= 4:
-                    sh = (i % HALF) * BITS  # constexpr (i is); Triton 3.6 refuses a re-annotated one
-                    src = words if i < HALF else hi
-                    qf = ((src & (((1 << BITS) - 1) << sh)) | _MAGIC).to(tl.float32, bitcast=True)
-                    part += (qf - (zr * (1 << sh) + _MAGIC_F)) * (x * (1.0 / (1 << sh)))[None, :]
-                else:
-                    qf = (((words >> (i * BITS)) & ((1 << BITS) - 1)) | _MAGIC).to(tl.float32, bitcast=True)
-                    part += (qf - (zr + _MAGIC_F)) * x[None, :]
-        acc += part * s
+    for w0 in range(0, KW, BLOCK_W * RUNS):
+        for r in tl.static_range(RUNS):
+            acc += _run_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, w0 + r * BLOCK_W, offs_w, KW, G, BITS,
+                            GROUP, PERM)
     return tl.sum(acc, axis=1)
 
 
 @triton.jit
 def _wint_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, out_ptr, N, KW, G, stride_x, stride_out, M: tl.constexpr,
                       BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
-                      PERM: tl.constexpr, GATED: tl.constexpr, LAYOUT: tl.constexpr, PDL: tl.constexpr):
+                      RUNS: tl.constexpr, PERM: tl.constexpr, GATED: tl.constexpr,
+                      PDL: tl.constexpr):
     """out[m, n] = sum_j W[n, j] x[m, perm[j]] for M (<= 4) rows; GATED: W is [2 N, K] (gate rows
-    then up rows) and out = silu(gate) * up, rounded as HF rounds gate_proj, act_fn and the product."""
+    then up rows) and out = silu(gate) * up, rounded as HF rounds gate_proj, act_fn and the
+    product. Rows after the first re-read the program's words, from L2."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
     rows = offs_n.to(tl.int64)
@@ -129,10 +126,10 @@ def _wint_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, out_ptr, N, KW, G, stri
     dt = out_ptr.dtype.element_ty
     for m in tl.static_range(M):
         res = _rows_dot(x_ptr + m * stride_x, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, KW, G, BITS, GROUP, BLOCK_N,
-                        BLOCK_W, PERM, LAYOUT)
+                        BLOCK_W, RUNS, PERM)
         if GATED:
             up = _rows_dot(x_ptr + m * stride_x, w_ptr, s_ptr, z_ptr, p_ptr, rows + N, nmask, KW, G, BITS, GROUP,
-                           BLOCK_N, BLOCK_W, PERM, LAYOUT)
+                           BLOCK_N, BLOCK_W, RUNS, PERM)
             g = res.to(dt).to(tl.float32)
             a = (g * tl.sigmoid(g)).to(dt).to(tl.float32)
             res = a * up.to(dt).to(tl.float32)
@@ -150,6 +147,8 @@ def _wint_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, p_ptr, c_ptr, M, N, K, KW, G, 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
+    offs_kw = tl.arange(0, BLOCK_K // PER)
+    j = tl.arange(0, PER)
     mmask, nmask = offs_m < M, offs_n < N
     rows_a = offs_m.to(tl.int64)[:, None] * stride_a
     rows_w = offs_n.to(tl.int64)
@@ -162,14 +161,16 @@ def _wint_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, p_ptr, c_ptr, M, N, K, KW, G, 
         if PERM:
             ka = tl.load(p_ptr + ks, mask=kmask, other=0)
         a = tl.load(a_ptr + rows_a + ka[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
-        words = tl.load(w_ptr + rows_w[None, :] * KW + (ks // PER)[:, None], mask=kmask[:, None] & nmask[None, :],
-                        other=0)
-        q = (words >> ((ks % PER) * BITS)[:, None]) & ((1 << BITS) - 1)
+        # [BLOCK_N, BLOCK_K / PER] words as stored (each read once, along K), unpacked to the
+        # [BLOCK_N, BLOCK_K] codes in K order (word w's code i is input w PER + i)
+        kw = k0 // PER + offs_kw
+        words = tl.load(w_ptr + rows_w[:, None] * KW + kw[None, :], mask=nmask[:, None] & (kw < KW)[None, :], other=0)
+        q = tl.reshape((words[:, :, None] >> (j * BITS)[None, None, :]) & ((1 << BITS) - 1), (BLOCK_N, BLOCK_K))
         qf = (q | _MAGIC).to(tl.float32, bitcast=True)
         g = k0 // GROUP
         z = tl.load(z_ptr + rows_w * G + g, mask=nmask, other=0).to(tl.float32) + _MAGIC_F
         s = tl.load(s_ptr + rows_w * G + g, mask=nmask, other=0.0).to(tl.float32)
-        b = ((qf - z[None, :]) * s[None, :]).to(a.dtype)
+        b = tl.trans(((qf - z[:, None]) * s[:, None]).to(a.dtype))
         acc = tl.dot(a, b, acc)
     c = c_ptr + offs_m.to(tl.int64)[:, None] * stride_c + offs_n[None, :]
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
@@ -183,8 +184,10 @@ def _dequantize_kernel(w_ptr, s_ptr, z_ptr, p_ptr, out_ptr, N, K, KW, G, BITS: t
     rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rows < N)[:, None] & (ks < K)[None, :]
-    words = tl.load(w_ptr + rows[:, None] * KW + (ks // PER)[None, :], mask=mask, other=0)
-    q = (words >> ((ks % PER) * BITS)[None, :]) & ((1 << BITS) - 1)
+    kw = tl.program_id(1) * (BLOCK_K // PER) + tl.arange(0, BLOCK_K // PER)  # each word read once
+    words = tl.load(w_ptr + rows[:, None] * KW + kw[None, :], mask=(rows < N)[:, None] & (kw < KW)[None, :], other=0)
+    q = tl.reshape((words[:, :, None] >> (tl.arange(0, PER) * BITS)[None, None, :]) & ((1 << BITS) - 1),
+                   (BLOCK_N, BLOCK_K))
     sz = rows[:, None] * G + (ks // GROUP)[None, :]
     z = tl.load(z_ptr + sz, mask=mask, other=0)
     s = tl.load(s_ptr + sz, mask=mask, other=0.0).to(tl.float32)
@@ -206,36 +209,26 @@ def dequantize(w: IntLinear, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-def within_group(block_w: int, w: IntLinear) -> bool:
-    """Whether tiles of block_w words lie within one group each (LAYOUT bit 1)."""
-    per = 32 // w.bits
-    return w.group >= w.k or (w.group % per == 0 and (w.group // per) % block_w == 0)
-
-
 def gemv_config(n: int, w: IntLinear):
-    """(BLOCK_N, BLOCK_W, num_warps, LAYOUT) for the GEMV over w's [n, K] rows: tiles of 16
-    words within one group (a row's scale and zero loaded once a tile), codes taken in place
-    (LAYOUT 7), 256 words a tile; where a group holds fewer than 4 words (or a number with no
-    power-of-two divisor of 4 or more), tiles gathering a scale per word (LAYOUT 0)."""
+    """(BLOCK_N, BLOCK_W, RUNS, num_warps) for the GEMV over w's [n, K] rows: runs of BLOCK_W words
+    within one group (the largest power of two up to 16 dividing a group's words), 256 words a
+    run of rows, one run an iteration: the tile the H200 measured best (21.6 us for Qwen3-8B's
+    qkv, docs/benchmarks.md). More rows or runs a program are `bench_wint --sweep gemv`'s to try:
+    not yet measured."""
     per = 32 // w.bits
     block_w = 16
     if w.group < w.k:
-        words = w.group // per
-        block_w = next((b for b in (16, 8, 4) if words % b == 0), 0)
-    if block_w:
-        return min(64, 256 // block_w), block_w, 4, 7
-    return 8, 64, 4, 0
+        words = w.group // per  # supports(): a group is whole words, 2 or more (group % 16 == 0)
+        block_w = min(block_w, words & -words)
+    return min(64, 256 // block_w), block_w, 1, 4
 
 
 def gemm_config(m: int) -> dict:
-    """Tiles per row count. BLOCK_K_MAX caps _gemm_block_k's K tile: each pipeline stage holds the
-    a tile and the W words as loaded, one int32 per input (PER times the packed bytes), and a
-    128x128 tile with 128-input K tiles in 3 stages wants 256 KiB of shared memory (Hopper has 227)."""
+    """Tiles per row count, from `bench_wint --sweep gemm` over Qwen3-8B's projections on the H200
+    (16 and 256 rows; docs/benchmarks.md): 8 warps over 64-column tiles."""
     if m <= 32:
-        return dict(BLOCK_M=16 if m <= 16 else 32, BLOCK_N=64, GROUP_M=1, num_warps=4, num_stages=4)
-    if m <= 256:
-        return dict(BLOCK_M=64, BLOCK_N=64, GROUP_M=8, num_warps=4, num_stages=4)
-    return dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=3, BLOCK_K_MAX=64)
+        return dict(BLOCK_M=16, BLOCK_N=64, GROUP_M=8, num_warps=8, num_stages=3)
+    return dict(BLOCK_M=64 if m <= 64 else 128, BLOCK_N=64, GROUP_M=8, num_warps=8, num_stages=3)
 
 
 def gemv(x: torch.Tensor, w: IntLinear, out: Optional[torch.Tensor] = None, gated: bool = False,
@@ -246,14 +239,14 @@ def gemv(x: torch.Tensor, w: IntLinear, out: Optional[torch.Tensor] = None, gate
     n = w.qweight.shape[0] // (2 if gated else 1)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_n, block_w, warps, layout = config or gemv_config(n, w)
-    if layout % 4 >= 2 and not within_group(block_w, w):
-        raise ValueError(f"a GEMV tile of {block_w} words spans groups of {w.group} inputs ({w.bits} bits)")
+    block_n, block_w, runs, warps = config or gemv_config(n, w)
+    if w.group < w.k and (w.group * w.bits // 32) % block_w:
+        raise ValueError(f"a GEMV run of {block_w} words spans groups of {w.group} inputs ({w.bits} bits)")
     perm = w.perm if w.perm is not None else w.qweight
     _wint_gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w.qweight, w.scale, w.zero, perm, out, n, w.qweight.shape[1], w.scale.shape[1], x.stride(0), out.stride(0),
-        M=m, BITS=w.bits, GROUP=min(w.group, w.k), BLOCK_N=block_n, BLOCK_W=block_w, PERM=w.perm is not None,
-        GATED=gated, LAYOUT=layout, num_warps=warps, **launch_options())
+        M=m, BITS=w.bits, GROUP=min(w.group, w.k), BLOCK_N=block_n, BLOCK_W=block_w, RUNS=runs,
+        PERM=w.perm is not None, GATED=gated, num_warps=warps, **launch_options())
     return out
 
 
@@ -266,7 +259,7 @@ def gemm(x: torch.Tensor, w: IntLinear, out: Optional[torch.Tensor] = None, conf
     if m == 0:
         return out
     cfg = dict(config or gemm_config(m))
-    block_k = min(_gemm_block_k(w.group, k), cfg.pop("BLOCK_K_MAX", 128))
+    block_k = _gemm_block_k(w.group, k)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     perm = w.perm if w.perm is not None else w.qweight
     _wint_gemm_kernel[grid](x, w.qweight, w.scale, w.zero, perm, out, m, n, k, w.qweight.shape[1], w.scale.shape[1],
@@ -275,13 +268,30 @@ def gemm(x: torch.Tensor, w: IntLinear, out: Optional[torch.Tensor] = None, conf
     return out
 
 
+# Rows from which a projection widens its weight to the activations' dtype (dequantize: the codes
+# read and a transient [N, K] written once a call) and multiplies on cuBLAS. On the H200, over
+# Qwen3-8B's projections: the fused GEMM (gemm_config's tiles) wins at 16 rows, the two tie at
+# 256, and widening wins 2.5x at 1024 (docs/benchmarks.md). The same values either way: W
+# rounded once to x's dtype, fp32 sums.
+DEQUANT_MIN_ROWS = 256
+
+
+def _matmul(x: torch.Tensor, w: IntLinear, out: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [M > GEMV_MAX_ROWS, K] -> x W^T [M, N]: the fused GEMM, or cuBLAS on the widened weight."""
+    if x.shape[0] < DEQUANT_MIN_ROWS:
+        return gemm(x, w, out)
+    if out is None:
+        out = torch.empty((x.shape[0], w.qweight.shape[0]), dtype=x.dtype, device=x.device)
+    return torch.mm(x, dequantize(w, x.dtype).t(), out=out)
+
+
 def wint_linear(x: torch.Tensor, w: IntLinear, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [M, K] (bf16 / fp16) -> x W^T [M, N] in x's dtype, into `out` when given (contiguous)."""
     if x.stride(1) != 1:
         x = x.contiguous()
     if 0 < x.shape[0] <= GEMV_MAX_ROWS:
         return gemv(x, w, out)
-    return gemm(x, w, out)
+    return _matmul(x, w, out)
 
 
 def wint_gate_up_silu(x: torch.Tensor, w: IntLinear, silu_and_mul) -> torch.Tensor:
@@ -291,4 +301,4 @@ def wint_gate_up_silu(x: torch.Tensor, w: IntLinear, silu_and_mul) -> torch.Tens
         x = x.contiguous()
     if 0 < x.shape[0] <= GEMV_MAX_ROWS:
         return gemv(x, w, gated=True)
-    return silu_and_mul(gemm(x, w))
+    return silu_and_mul(_matmul(x, w, None))
