@@ -66,6 +66,7 @@ class InterpretedCudaBackend:
                 self._pinned = torch.empty(1 << 12, dtype=torch.int32)
                 self._copied = None
                 self._ws, self._ws_shape = None, (0, 0, 0, 0)
+                self._mla, self._mla_ws = False, None
                 self._gate = None  # no stream to hold: a grammar step's sampling waits on the host
 
             def make_graph_runner(self, *args):

@@ -16,7 +16,7 @@ from rtp_llm.device.base import (DeviceBackend, SmallAllReduce, StepInputs, acce
 from rtp_llm.device.cuda import kernels as K
 from rtp_llm.device.cuda.graph_runner import CudaGraphRunner
 from rtp_llm.device.cuda.host_gate import CudaHostGate
-from rtp_llm.device.cuda.metadata import CudaAttentionMetadata, DecodeRows
+from rtp_llm.device.cuda.metadata import CudaAttentionMetadata, DecodeRows, LatentContext
 from rtp_llm.model_loader.fp8_weight import Fp8Tensor
 from rtp_llm.model_loader.int_weight import GroupIntTensor
 
@@ -65,6 +65,8 @@ class CudaBackend(DeviceBackend):
         # split counters must stay zeroed memory of its own).
         self._retired_ws = []
         self._gate = CudaHostGate.create(self.device) if os.environ.get("RTP_LLM_HOST_GATE", "1") != "0" else None
+        self._mla = False  # the cache is MLA's latent one (allocate_latent_cache)
+        self._mla_ws: Optional[K.DecodeWorkspace] = None
 
     def host_copy_event(self):
         return torch.cuda.Event()
@@ -106,6 +108,7 @@ class CudaBackend(DeviceBackend):
         one = batch.query_lens == 1
         decode = bool(one.all())
         split = not decode and bool(one.any())  # a mixed step: see DecodeRows
+        expand = self._mla and K.mla_expands(batch.query_lens)  # (eager steps only: see kernels/mla.py)
         rows = sampled_token_rows(batch)
         sample_all = len(rows) == t
         empty = rows[:0]
@@ -114,6 +117,8 @@ class CudaBackend(DeviceBackend):
                  batch.block_tables.reshape(-1), rows if not sample_all else empty, tiles.reshape(-1),
                  batch.query_starts[:-1][one] if split else empty, batch.context_lens[one] if split else empty,
                  batch.block_tables[one].reshape(-1) if split else empty]
+        if expand:
+            parts += K.context_slots(~one, batch.context_lens, batch.block_tables, block_size)
         # Every part starts 16-byte aligned: Triton specializes kernels on pointer alignment,
         # and a part's alignment would otherwise change with the step's shape.
         offsets = np.cumsum([0] + [-(-len(p) // 4) * 4 for p in parts])
@@ -134,20 +139,38 @@ class CudaBackend(DeviceBackend):
         max_ctx = int(batch.context_lens.max()) if s else 0
         meta = CudaAttentionMetadata(
             slot_mapping=views[2], block_tables=views[5].view(s, -1), query_starts=views[3], context_lens=views[4],
-            decode_splits=K.decode_splits(s, self._kv_heads, max_ctx, self.num_sms) if decode else 0,
+            decode_splits=self.decode_splits(s, max_ctx) if decode else 0,
             tiles=None if decode else views[7].view(2, -1))
         if split:
             d = len(views[9])
-            meta.decode_rows = DecodeRows(views[8], views[9], views[10].view(d, -1), K.decode_splits(
-                d, self._kv_heads, int(batch.context_lens[one].max()), self.num_sms))
+            meta.decode_rows = DecodeRows(views[8], views[9], views[10].view(d, -1),
+                                          self.decode_splits(d, int(batch.context_lens[one].max())))
+        if expand:
+            meta.latent_context = LatentContext(views[11], views[12])
         return StepInputs(views[0], views[1], meta, None if sample_all else views[6])
 
     # ------------------------------------------------------------------ ops
 
     def bind_model(self, num_heads: int, num_kv_heads: int, head_dim: int, max_batch_size: int, max_seq_len: int):
-        self._kv_heads = num_kv_heads
-        splits = K.decode_splits(1, num_kv_heads, max_seq_len, self.num_sms)
-        self.reserve_decode_workspace(max_batch_size, num_heads, head_dim, splits)
+        self._heads, self._kv_heads = num_heads, num_kv_heads
+        if not self._mla:  # (MLA's latent-wide partials: reserved by its first decode step)
+            self.reserve_decode_workspace(max_batch_size, num_heads, head_dim, self.decode_splits(1, max_seq_len))
+
+    def _mla_workspace(self, partials: int, kvr: int) -> K.DecodeWorkspace:
+        """MLA's split partials, sized by their count (rows x heads x splits: decode_splits keeps
+        it near twice the SMs' worth whatever the batch), grown as needed."""
+        if self._mla_ws is None or self._mla_ws.lse.numel() < partials:
+            if self._mla_ws is not None:
+                self._retired_ws.append(self._mla_ws)
+            self._mla_ws = K.DecodeWorkspace(1, partials, kvr, 1, self.device)
+        return self._mla_ws
+
+    def decode_splits(self, num_streams: int, max_context: int) -> int:
+        """Context splits of a decode step (CudaAttentionMetadata.decode_splits): the paged
+        kernel's by KV head, or MLA's by head block."""
+        if self._mla:
+            return K.mla_decode_splits(num_streams, self._heads, max_context, self.num_sms)
+        return K.decode_splits(num_streams, self._kv_heads, max_context, self.num_sms)
 
     def write_kv(self, k, v, kv, meta):
         K.store_kv(k, v, kv, meta.slot_mapping)
@@ -247,12 +270,31 @@ class CudaBackend(DeviceBackend):
     supports_mla = True
     mla_capturable = True
 
+    def allocate_latent_cache(self, num_layers, num_blocks, block_size, latent_dim, dtype):
+        self._mla = True  # decode splits by head block; eager prompt steps expand (kernels/mla.py)
+        return super().allocate_latent_cache(num_layers, num_blocks, block_size, latent_dim, dtype)
+
     def write_latent(self, entry, cache, meta):
         K.store_latent(entry, cache, meta.slot_mapping)
 
     def mla_attention(self, q_nope, q_pe, entry, cache, meta, w_uk, w_uv, kv_b, scale):
-        return K.mla_attention(q_nope, q_pe, cache, meta.block_tables, meta.query_starts, meta.context_lens, w_uk,
-                               w_uv, scale)  # absorbed form for every row (kernels/mla.py)
+        if meta.decode_splits > 1:  # a decode step: each row's context in splits
+            ws = self._mla_workspace(q_nope.shape[0] * q_nope.shape[1] * meta.decode_splits, w_uk.shape[2])
+            return K.mla_attention(q_nope, q_pe, cache, meta.block_tables, meta.query_starts, meta.context_lens,
+                                   w_uk, w_uv, scale, splits=meta.decode_splits, ws=ws)
+        lc = meta.latent_context
+        if lc is None:  # the absorbed form for every row (kernels/mla.py)
+            return K.mla_attention(q_nope, q_pe, cache, meta.block_tables, meta.query_starts, meta.context_lens,
+                                   w_uk, w_uv, scale)
+        out = q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], w_uv.shape[2])
+        K.mla_prefill(q_nope, q_pe, cache, lc.slots, lc.starts, meta.query_starts, meta.context_lens, meta.tiles,
+                      kv_b, scale, out)  # the prompt rows, expanded
+        d = meta.decode_rows
+        if d is not None:  # a mixed step's one-token rows, absorbed
+            out.index_copy_(0, d.rows.long(), K.mla_attention(q_nope, q_pe, cache, meta.block_tables,
+                                                              meta.query_starts, meta.context_lens, w_uk, w_uv,
+                                                              scale, rows=d.rows))
+        return out
 
     def moe_route(self, router_logits, top_k, norm_topk_prob):
         return K.moe_route(router_logits, top_k, norm_topk_prob)  # softmax, top-k, renormalization: one launch
@@ -279,7 +321,7 @@ class CudaBackend(DeviceBackend):
                                max_num_batched_tokens)
 
     def release_memory(self):
-        self._ws = None
+        self._ws = self._mla_ws = None
         self._ws_shape = (0, 0, 0, 0)
         self._retired_ws = []
         gc.collect()  # captured graphs hold their pool until collected

@@ -100,7 +100,6 @@ class _Inputs:
 class CudaGraphRunner:
     def __init__(self, model, backend, kv_cache: torch.Tensor, block_size: int, max_batch_size: int,
                  max_seq_len: int, max_num_batched_tokens: int):
-        c = model.config
         dev = backend.device
         self.max_blocks = -(-max_seq_len // block_size)
         self.decode_sizes = decode_batch_sizes(max_batch_size)
@@ -122,13 +121,11 @@ class CudaGraphRunner:
         # the graph lives, so per-graph outputs would hold sum(sizes) x vocab floats (gigabytes
         # for a ladder up to 1024). Replays and their sampling are ordered on one stream.
         self.logits = torch.empty(max(n, s_max), model.config.vocab_size, dtype=torch.float32, device=dev)
-        backend.reserve_decode_workspace(n, model.num_heads, c.head_dim,
-                                         K.decode_splits(1, model.num_kv_heads, max_seq_len, backend.num_sms))
         # (kind, size) -> (replay, logits): replay() reruns the step on the current inputs and
         # leaves its logits in `logits`.
         self.graphs: Dict[Tuple[str, int], Tuple[Callable[[], None], torch.Tensor]] = {}
         t0 = time.perf_counter()
-        self._capture(model, self._capture_plan(model.num_kv_heads, backend, kv_cache, max_seq_len), dev)
+        self._capture(model, self._capture_plan(backend, kv_cache, max_seq_len), dev)
         log.info("captured %d decode graphs (batch %d..%d) and %d step graphs (tokens %d..%d) in %.1f s",
                  len(self.decode_sizes), self.decode_sizes[0], self.decode_sizes[-1], len(self.extend_sizes),
                  self.extend_sizes[0], self.extend_sizes[-1], time.perf_counter() - t0)
@@ -150,7 +147,7 @@ class CudaGraphRunner:
         torch.cuda.current_stream(dev).wait_stream(stream)
         torch.cuda.synchronize(dev)
 
-    def _capture_plan(self, num_kv_heads, backend, kv_cache, max_seq_len):
+    def _capture_plan(self, backend, kv_cache, max_seq_len):
         """Largest first: the smaller graphs reuse its memory pool."""
         for t in reversed(self.extend_sizes):
             s = self._extend_streams(t)
@@ -167,7 +164,7 @@ class CudaGraphRunner:
                 slot_mapping=self.dec.dev("slots")[:s],
                 block_tables=self.dec.dev("block_tables").view(-1, self.max_blocks)[:s],
                 query_starts=self.dec.dev("query_starts")[:s + 1], context_lens=self.dec.dev("context_lens")[:s],
-                decode_splits=K.decode_splits(s, num_kv_heads, max_seq_len, backend.num_sms))
+                decode_splits=backend.decode_splits(s, max_seq_len))
             yield "decode", s, (self.dec.dev("token_ids")[:s], self.dec.dev("positions")[:s], meta, kv_cache, None)
 
     def _extend_streams(self, tokens: int) -> int:

@@ -21,6 +21,14 @@ class DecodeRows:
 
 
 @dataclass
+class LatentContext:
+    """An eager MLA step's prompt streams' whole contexts, for the expanded form
+    (kernels.mla_prefill; kernels.context_slots built it on the host)."""
+    slots: torch.Tensor  # [N] cache slots, stream after stream
+    starts: torch.Tensor  # [S] where each prompt stream's begin in slots
+
+
+@dataclass
 class CudaAttentionMetadata(AttentionMetadata):
     # All int32 on the GPU. S streams, T tokens.
     slot_mapping: torch.Tensor   # [T]; < 0: padding row, not written
@@ -32,3 +40,4 @@ class CudaAttentionMetadata(AttentionMetadata):
     decode_splits: int
     tiles: Optional[torch.Tensor] = None  # [2, num_tiles]: kernels.extend_tiles
     decode_rows: Optional[DecodeRows] = None  # with tiles: one-token streams left out of them
+    latent_context: Optional[LatentContext] = None  # an MLA step whose prompt rows expand (eager)

@@ -18,7 +18,15 @@ from rtp_llm.device.cuda.kernels.fp8 import Fp8Linear, fp8_gate_up_silu, fp8_lin
 from rtp_llm.device.cuda.kernels.fp8 import supports as fp8_supports  # noqa: F401
 from rtp_llm.device.cuda.kernels.gemv import GEMV_MAX_ROWS, gemv, gemv_config, use_gemv  # noqa: F401
 from rtp_llm.device.cuda.kernels.launch import launch_options, pdl, pdl_enter  # noqa: F401
-from rtp_llm.device.cuda.kernels.mla import mla_attention, store_latent  # noqa: F401
+from rtp_llm.device.cuda.kernels.mla import (  # noqa: F401
+    EXPAND_MIN_ROWS,
+    context_slots,
+    decode_splits as mla_decode_splits,
+    expands as mla_expands,
+    mla_attention,
+    mla_prefill,
+    store_latent,
+)
 from rtp_llm.device.cuda.kernels.moe import moe  # noqa: F401
 from rtp_llm.device.cuda.kernels.moe import route as moe_route  # noqa: F401
 from rtp_llm.device.cuda.kernels.wint import IntLinear, wint_gate_up_silu, wint_linear  # noqa: F401
