@@ -19,7 +19,6 @@ from rtp_llm.device.cuda.kernels.fp8 import supports as fp8_supports  # noqa: F4
 from rtp_llm.device.cuda.kernels.gemv import GEMV_MAX_ROWS, gemv, gemv_config, use_gemv  # noqa: F401
 from rtp_llm.device.cuda.kernels.launch import launch_options, pdl, pdl_enter  # noqa: F401
 from rtp_llm.device.cuda.kernels.mla import (  # noqa: F401
-    EXPAND_MIN_ROWS,
     context_slots,
     decode_splits as mla_decode_splits,
     expands as mla_expands,
