@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 _BOUND = 0.035
 
 
-def _value(name: str, shape, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+def dummy_value(name: str, shape, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """One weight's random value by its checkpoint name (the distribution above); also how a
+    benchmark gives a peer engine the same distribution (bench_gpu.vllm_offline)."""
     dev = gen.device
     if name.endswith("norm.weight"):
         return torch.ones(shape, dtype=dtype, device=dev)
@@ -41,6 +43,6 @@ def dummy_weights(config: ModelConfig, dtype: torch.dtype, progress: bool = True
     shapes = expected_weights(config)
     weights = {}
     for name, shape in tqdm(shapes.items(), desc="making dummy weights", unit="tensor", disable=not progress):
-        weights[name] = _value(name, shape, torch.float32 if fp32_weights(config, name) else dtype, gen)
+        weights[name] = dummy_value(name, shape, torch.float32 if fp32_weights(config, name) else dtype, gen)
     pack_experts(config, weights)
     return weights

@@ -73,14 +73,15 @@ def random_prompts(vocab: int, batch: int, length: int, seed: int):
 
 
 def offline(ckpt: str, emit_, overlap: bool = True, throughput: bool = True, max_batch_size: int = 256,
-            load_format: str = "auto", concurrency=None, quantization: Optional[str] = None):
+            load_format: str = "auto", concurrency=None, quantization: Optional[str] = None,
+            kv_cache_dtype: str = "auto"):
     """Our engine through the LLM API (load_format "dummy": random weights from config.json;
-    quantization: --quantization's value)."""
+    quantization, kv_cache_dtype: the flags' values)."""
     from rtp_llm.llm import LLM
 
     llm = LLM(ckpt, act_type="bf16", progress=False, device="cuda", max_seq_len=2176, max_batch_size=max_batch_size,
               max_num_batched_tokens=8192, overlap_schedule=None if overlap else False, load_format=load_format,
-              quantization=quantization)
+              quantization=quantization, kv_cache_dtype=kv_cache_dtype)
 
     def gen(prompts, n):
         t = time.perf_counter()
@@ -92,17 +93,41 @@ def offline(ckpt: str, emit_, overlap: bool = True, throughput: bool = True, max
     llm.close()
 
 
-def vllm_offline(ckpt: str, emit_, max_batch_size: int = 256, concurrency=None, load_format: str = "dummy"):
+def _refill_like_ours(worker) -> int:
+    """Runs in each vLLM worker (LLM.collective_rpc): its model's weights refilled in place with
+    our --load_format=dummy distribution (model_loader.dummy.dummy_value; vLLM's dummy values are
+    +-1e-3 with one seed for every tensor). Weights derived at load (e.g. MLA's absorbed
+    up-projections) keep vLLM's values: their speed does not depend on them. -> tensors refilled."""
+    from rtp_llm.model_loader.dummy import dummy_value
+
+    model = worker.get_model()
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(0)
+    n = 0
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.is_floating_point() and param.dtype.itemsize >= 2:  # (not FP8 weights)
+                param.copy_(dummy_value(name, param.shape, param.dtype, gen))
+                n += 1
+    return n
+
+
+def vllm_offline(ckpt: str, emit_, max_batch_size: int = 256, concurrency=None, load_format: str = "dummy",
+                 kv_cache_dtype: str = "auto", ours_dummy_values: bool = False):
     """vLLM's LLM API with our offline rows' limits and prompts, random weights (its
     load_format="dummy"; "auto": the checkpoint's, e.g. a quantized one), token ids in and out
-    (no tokenizer needed)."""
+    (no tokenizer needed). ours_dummy_values: dummy weights refilled with our distribution
+    (_refill_like_ours): a MoE router over vLLM's near-zero values ties, so every token picks the
+    same experts and a decode step reads a fraction of the weights ours reads."""
+    if ours_dummy_values:  # the refill is a callable sent to vLLM's engine process
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(model=ckpt, dtype="bfloat16", max_model_len=2176, max_num_seqs=max_batch_size,
               max_num_batched_tokens=8192, gpu_memory_utilization=0.85, seed=0, load_format=load_format,
-              skip_tokenizer_init=True)
-    emit_({"mode": "startup", "seconds": time.perf_counter() - t0})
+              skip_tokenizer_init=True, kv_cache_dtype=kv_cache_dtype)
+    refilled = llm.collective_rpc(_refill_like_ours) if ours_dummy_values else None
+    emit_({"mode": "startup", "seconds": time.perf_counter() - t0, "refilled_tensors": refilled})
 
     def gen(prompts, n):
         sp = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, detokenize=False)

@@ -10,7 +10,8 @@ overhead) against moe_reference (torch, eager) and, where vLLM is importable, vL
 the same tensors; --sweep times every tile configuration and prints the best per token count.
 `offline` prints batch-1 TTFT / TPOT (with the bandwidth floor of the weights a token reads: the
 dense ones and K of E experts) and throughput at 1024/128 and 128/1024; run it once per engine in
-the same session for the ratio. One JSON line per measurement."""
+the same session for the ratio (vLLM's dummy weights are refilled with ours: bench_gpu.vllm_offline).
+One JSON line per measurement."""
 
 import argparse
 import dataclasses
@@ -168,7 +169,8 @@ def offline(args):
     if args.engine == "ours":
         ours_offline(ckpt, out, max_batch_size=args.max_batch_size, load_format="dummy", concurrency=conc)
     else:
-        vllm_offline(ckpt, out, max_batch_size=args.max_batch_size, concurrency=conc)
+        vllm_offline(ckpt, out, max_batch_size=args.max_batch_size, concurrency=conc,
+                     ours_dummy_values=not args.vllm_own_dummy)
 
 
 def main():
@@ -182,6 +184,8 @@ def main():
     p.add_argument("--engine", default="ours", choices=["ours", "vllm"], help="offline: whose engine")
     p.add_argument("--tokenizer", help="offline: tokenizer files to put beside config.json (the rows send token "
                    "ids: none is needed)")
+    p.add_argument("--vllm_own_dummy", action="store_true", help="offline --engine vllm: keep vLLM's own dummy "
+                   "values (+-1e-3, one seed for all; its routers tie) instead of refilling ours")
     p.add_argument("--max_batch_size", type=int, default=256)
     p.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)), help="offline: the throughput rows' "
                    "concurrencies")

@@ -4,7 +4,7 @@ bf16 weights of a named architecture (random_checkpoint), quantized by our own t
 offline rows), with the weight-read floor of each checkpoint.
 
     python -m rtp_llm.tools.bench_quant --arch qwen3-8b --quant bf16,fp8 --engine ours|vllm \\
-        [--concurrency 256] [--out results.jsonl]
+        [--kv_cache_dtype fp8] [--concurrency 256] [--out results.jsonl]
 
 --quant fp8 is block FP8 (Qwen3-FP8's format): our engine widens it to bf16 unless
 RTP_LLM_CUDA_FP8_BLOCK=1 (each row says which); fp8_channel runs on the FP8 kernels; gptq is
@@ -73,6 +73,8 @@ def main():
     p.add_argument("--engine", default="ours", choices=["ours", "vllm"])
     p.add_argument("--shapes", default=",".join(f"{i}x{o}" for i, o in SHAPES), help="throughput in x out lengths")
     p.add_argument("--concurrency", default="256", help="the throughput rows' concurrencies")
+    p.add_argument("--kv_cache_dtype", default="auto", choices=["auto", "fp8"],
+                   help="both engines' --kv_cache_dtype (fp8: e4m3 K/V, scale 1)")
     p.add_argument("--max_batch_size", type=int, default=256)
     p.add_argument("--out")
     a = p.parse_args()
@@ -89,15 +91,18 @@ def main():
         # Our block-FP8 weights run on the FP8 kernels only with RTP_LLM_CUDA_FP8_BLOCK=1 (else widened).
         block_kernels = os.environ.get("RTP_LLM_CUDA_FP8_BLOCK") == "1"
         out = lambda r: emit(a.out, dict(r, arch=a.arch, quant=quant, engine=a.engine,  # noqa: E731
-                                         gpu=torch.cuda.get_device_name(), fp8_block_kernels=block_kernels))
+                                         gpu=torch.cuda.get_device_name(), fp8_block_kernels=block_kernels,
+                                         kv_cache_dtype=a.kv_cache_dtype))
         floor = read_floor_bytes(ckpt, AT_LOAD.get(quant) == "int8")
         out({"mode": "floor", "read_bytes": floor, "copy_bandwidth_GBps": bw / 1e9, "tpot_floor_ms": floor / bw * 1e3})
         if a.engine == "ours":
-            offline(ckpt, out, max_batch_size=a.max_batch_size, concurrency=conc, quantization=AT_LOAD.get(quant))
+            offline(ckpt, out, max_batch_size=a.max_batch_size, concurrency=conc, quantization=AT_LOAD.get(quant),
+                    kv_cache_dtype=a.kv_cache_dtype)
         elif quant in AT_LOAD:
             raise SystemExit(f"--quant {quant} is our --quantization at load: vLLM has no such scheme")
         else:
-            vllm_offline(ckpt, out, max_batch_size=a.max_batch_size, concurrency=conc, load_format="auto")
+            vllm_offline(ckpt, out, max_batch_size=a.max_batch_size, concurrency=conc, load_format="auto",
+                         kv_cache_dtype=a.kv_cache_dtype)
 
 
 if __name__ == "__main__":
