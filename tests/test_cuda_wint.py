@@ -63,18 +63,51 @@ def test_projection_equals_the_dequantized_product(n, k, bits, group, shuffled, 
 @pytest.mark.parametrize("m", [1, 3])
 def test_gemv_tiles_walk_the_whole_row(n, k, bits, group, shuffled, m):
     """Configs other than the default: runs of fewer words than a group, one or several runs an
-    iteration, partial last iterations and programs."""
+    iteration, partial last iterations and programs; rows split into word ranges (more ranges
+    than a row has runs too: empty ones), gated and not, twice in a row (the counters are back
+    to zero after each launch)."""
     from rtp_llm.device.cuda.kernels import wint
 
     w, packed = _weight(n, k, bits, group, shuffled, seed=m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(ACT)
     want = x.float() @ w.t()
+    g, u = want[:, :n // 2], want[:, n // 2:]
     tol = 1e-5 if ACT == torch.float32 else 1e-2
-    for config in [(16, 2, 3, 4), (64, 1, 1, 4)]:  # (BLOCK_N, BLOCK_W, RUNS, num_warps)
+    # (BLOCK_N, BLOCK_W, RUNS, num_warps[, SPLIT])
+    for config in [(16, 2, 3, 4), (64, 1, 1, 4)]:
         _close(wint.gemv(x.to(DEV), packed, config=config), want, tol)
+    for config in [(16, 2, 3, 4, 2), (8, 1, 1, 4, 4), (4, 2, 1, 4, 16)]:
+        for _ in range(2):
+            _close(wint.gemv(x.to(DEV), packed, config=config), want, tol)
+    gated = wint.gemv(x.to(DEV), packed, gated=True, config=(8, 1, 1, 4, 4))
+    _close(gated, torch.nn.functional.silu(g) * u, 2e-2 if ACT != torch.float32 else 2 * tol)
+    with pytest.raises(ValueError, match="power of two"):
+        wint.gemv(x.to(DEV), packed, config=(16, 1, 1, 4, 3))
     if group < k:  # a run of words lies within one group
         with pytest.raises(ValueError, match="spans groups"):
             wint.gemv(x.to(DEV), packed, config=(1, 64, 1, 4))
+
+
+def test_gemv_config_fills_the_sms_with_ranges_of_whole_runs(monkeypatch):
+    """The default GEMV splits a row's words until the SMs have GEMV_PROGRAMS_PER_SM programs each,
+    never into ranges shorter than GEMV_MIN_RUNS runs or more than GEMV_MAX_SPLIT of them: on an
+    H100's 132 SMs, Qwen3-8B's projections get the sweep's best splits (docs/benchmarks.md)."""
+    from rtp_llm.device.cuda.kernels import wint
+
+    monkeypatch.setattr(wint, "num_sms", lambda device: 132)
+
+    def config(n, k, rows=None, group=128):
+        words = torch.empty((rows or n, k // 8), dtype=torch.int32, device="meta")
+        return wint.gemv_config(n, K.IntLinear(words, words, words, None, group, 4, k))
+
+    # (N, K, stored rows): qkv, o, gate_up gated (N counts outputs: twice the rows), down
+    assert [config(*s)[4] for s in [(6144, 4096), (4096, 4096), (12288, 4096, 24576), (4096, 12288)]] == \
+        [16, 16, 8, 16]
+    for n, k in [(4096, 1024), (1024, 1024), (151936, 1024), (64, 256)]:
+        block_n, block_w, runs, _, split = config(n, k)
+        chunk = k // 8 // split
+        assert chunk >= wint.GEMV_MIN_RUNS * block_w * runs and split <= wint.GEMV_MAX_SPLIT
+        assert split == 1 or -(-n // block_n) * split // 2 < wint.GEMV_PROGRAMS_PER_SM * 132
 
 
 def test_unsupported_groups_are_refused():

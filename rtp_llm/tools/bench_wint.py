@@ -33,10 +33,14 @@ def _sweep_gemv(x, ws, copies, gated):
     from rtp_llm.device.cuda.kernels import wint
 
     res = {}
-    _, block_w, _, _ = wint.gemv_config(ws[0].qweight.shape[0], ws[0])
-    # (BLOCK_N, BLOCK_W, RUNS, num_warps): programs of 4-16 rows, 1-8 runs of words an iteration
-    configs = [(bn, block_w, runs, 4) for bn in (4, 8, 16) for runs in (1, 2, 4, 8)]
-    configs += [(bn, block_w, 4, 2) for bn in (8, 16)]
+    block_w = wint.gemv_config(ws[0].qweight.shape[0], ws[0])[1]
+    # (BLOCK_N, BLOCK_W, RUNS, num_warps, SPLIT): programs of 16-128 rows over 1-4 warps (a thread's
+    # inputs serve BLOCK_N / (32 num_warps / BLOCK_W) rows), 1-2 runs of words an iteration, each
+    # row's words in 1-16 ranges (one program each)
+    configs = [(16, block_w, 1, 4, 1)]
+    configs += [(bn, block_w, 1, 2, split) for bn in (64, 128) for split in (4, 8, 16)]
+    configs += [(bn, block_w, 1, warps, split) for bn, warps in ((32, 1), (64, 1), (128, 4)) for split in (8, 16)]
+    configs += [(64, block_w, 2, 2, split) for split in (8, 16)]
     for cfg in configs:
         try:
             res[str(cfg)] = graph_us(lambda: [wint.gemv(x, w, gated=gated, config=cfg) for w in ws], copies)

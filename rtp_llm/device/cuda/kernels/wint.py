@@ -5,7 +5,11 @@ bf16 weight's bytes. W[n, perm[j]] = (q[n, j] - zero[n, j // GROUP]) * scale[n, 
 
 - M <= GEMV_MAX_ROWS rows: a GEMV. Each program streams BLOCK_N rows' words in runs of BLOCK_W
   words within one group (RUNS runs an iteration), sums (q - zero) x over each run's codes and
-  scales that by the group's scale (one scale and zero a row and run, not one a weight).
+  scales that by the group's scale (one scale and zero a row and run, not one a weight). With
+  SPLIT > 1 the words of a row are split into SPLIT ranges, one program each (a GEMV over a
+  quarter of bf16's bytes has too few programs, each with too long a chain of loads, to keep the
+  memory busy): each writes its fp32 partial sums, and the last of a row block's programs to
+  finish (a counter per row block) adds them in split order and writes the output.
 - More rows, up to DEQUANT_MIN_ROWS: a GEMM whose K tiles lie within one group: the tile's
   words are read once each, along K, unpacked in registers and scaled into the activations'
   dtype, then tl.dot (tensor cores).
@@ -26,10 +30,17 @@ import triton
 import triton.language as tl
 
 from rtp_llm.device.cuda.kernels.gemv import GEMV_MAX_ROWS
-from rtp_llm.device.cuda.kernels.launch import grouped_tile, launch_options, pdl_enter
+from rtp_llm.device.cuda.kernels.launch import grouped_tile, launch_options, num_sms, pdl_enter
 
 _MAGIC = tl.constexpr(0x4B000000)  # the bits of 2^23 as an fp32: a code OR-ed into its mantissa is added
 _MAGIC_F = tl.constexpr(8388608.0)
+
+# gemv_config's tile and split: enough programs to fill the SMs several times over, ranges of at
+# least two runs (the partial sums' writes and the final add stay small beside the weights' reads).
+GEMV_BLOCK_N = 64
+GEMV_PROGRAMS_PER_SM = 8
+GEMV_MIN_RUNS = 2
+GEMV_MAX_SPLIT = 16
 
 
 @dataclass
@@ -63,26 +74,29 @@ def _gemm_block_k(group: int, k: int) -> int:
 
 
 @triton.jit
-def _run_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, w0, offs_w, KW, G, BITS: tl.constexpr,
+def _run_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, w0, offs_w, KW, end, G, BITS: tl.constexpr,
              GROUP: tl.constexpr, PERM: tl.constexpr):
     """[BLOCK_N, BLOCK_W]: the scaled sums (q - zero) x over the codes of the BLOCK_W words from
-    w0 of rows `rows` (within one group: one scale and zero a row). Codes are taken in place,
-    without a shift each: (word & (mask << sh)) | 2^23's bits is 2^23 + q 2^sh exactly for
-    sh < 24 - BITS (the low half word's codes, then the high half's after one shift), so
-    (that - (2^23 + zero 2^sh)) x 2^-sh is (q - zero) x exactly: one subtraction and one FMA a
-    code. Every operand has the words' [BLOCK_N, BLOCK_W] shape or a slice of it (a row's scale,
-    a word's inputs), so no tile changes layout (a wider, multi-group tile made Triton convert
-    the inputs' layout for every code: bound by shared memory, slower)."""
+    w0 of rows `rows` (within one group: one scale and zero a row), words at `end` and after
+    masked (KW: a row's words). Codes are taken in place, without a shift each:
+    (word & (mask << sh)) | 2^23's bits is 2^23 + q 2^sh exactly for sh < 24 - BITS (the low
+    half word's codes, then the high half's after one shift), so (that - 2^23) (x 2^-sh) is q x
+    exactly; the zero comes off once a run, as zero * (the word's inputs' sum): one logic op, one
+    subtraction and one FMA a code. Every operand has the words' [BLOCK_N, BLOCK_W] shape or a
+    slice of it (a row's scale, a word's inputs), so no tile changes layout (a wider, multi-group
+    tile made Triton convert the inputs' layout for every code: bound by shared memory, slower);
+    a thread's inputs serve every row it holds."""
     PER: tl.constexpr = 32 // BITS
     HALF: tl.constexpr = PER // 2
     ws = w0 + offs_w
-    wmask = ws < KW
+    wmask = ws < end
     words = tl.load(w_ptr + rows[:, None] * KW + ws[None, :], mask=nmask[:, None] & wmask[None, :], other=0)
-    sz = rows[:, None] * G + w0 * PER // GROUP  # (GROUP = K where one group spans the row: 0)
-    gmask = nmask[:, None] & (w0 < KW)
+    sz = rows * G + w0 * PER // GROUP  # (GROUP = K where one group spans the row: 0)
+    gmask = nmask & (w0 < end)
     zr = tl.load(z_ptr + sz, mask=gmask, other=0).to(tl.float32)
     s = tl.load(s_ptr + sz, mask=gmask, other=0.0).to(tl.float32)
     part = tl.zeros(words.shape, dtype=tl.float32)
+    xsum = tl.zeros(offs_w.shape, dtype=tl.float32)
     hi = words >> 16
     for i in tl.static_range(PER):
         sh = (i % HALF) * BITS  # constexpr (i is); Triton 3.6 refuses a re-annotated one
@@ -90,50 +104,87 @@ def _run_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, w0, offs_w, KW, G, 
         ks = ws * PER + i
         if PERM:
             ks = tl.load(p_ptr + ks, mask=wmask, other=0)
-        x = tl.load(x_ptr + ks, mask=wmask, other=0.0).to(tl.float32) * (1.0 / (1 << sh))
+        x = tl.load(x_ptr + ks, mask=wmask, other=0.0).to(tl.float32)
+        xsum += x
         qf = ((src & (((1 << BITS) - 1) << sh)) | _MAGIC).to(tl.float32, bitcast=True)
-        part += (qf - (zr * (1 << sh) + _MAGIC_F)) * x[None, :]
-    return part * s
+        part += (qf - _MAGIC_F) * (x * (1.0 / (1 << sh)))[None, :]
+    return (part - zr[:, None] * xsum[None, :]) * s[:, None]
 
 
 @triton.jit
-def _rows_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, KW, G, BITS: tl.constexpr, GROUP: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, RUNS: tl.constexpr, PERM: tl.constexpr):
-    """sum_j W[rows, j] x[perm[j]] in fp32 [BLOCK_N] for one activation row at x_ptr: RUNS runs of
-    BLOCK_W words an iteration, independent loads in flight together (a GEMV is bound by the
-    loads a program keeps in flight)."""
+def _rows_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, KW, lo, hi, G, BITS: tl.constexpr,
+              GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, RUNS: tl.constexpr,
+              PERM: tl.constexpr):
+    """sum_j W[rows, j] x[perm[j]] in fp32 [BLOCK_N] over the words [lo, hi) of each row, for one
+    activation row at x_ptr: RUNS runs of BLOCK_W words an iteration, independent loads in flight
+    together (a GEMV is bound by the loads a program keeps in flight)."""
     offs_w = tl.arange(0, BLOCK_W)
     acc = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-    for w0 in range(0, KW, BLOCK_W * RUNS):
+    for w0 in range(lo, hi, BLOCK_W * RUNS):
         for r in tl.static_range(RUNS):
-            acc += _run_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, w0 + r * BLOCK_W, offs_w, KW, G, BITS,
-                            GROUP, PERM)
+            acc += _run_dot(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, w0 + r * BLOCK_W, offs_w, KW, hi, G,
+                            BITS, GROUP, PERM)
     return tl.sum(acc, axis=1)
 
 
 @triton.jit
-def _wint_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, out_ptr, N, KW, G, stride_x, stride_out, M: tl.constexpr,
-                      BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
-                      RUNS: tl.constexpr, PERM: tl.constexpr, GATED: tl.constexpr,
-                      PDL: tl.constexpr):
+def _gemv_store(out_ptr, offs_n, nmask, res, up, GATED: tl.constexpr):
+    """A GEMV row's output from its fp32 sums; GATED: silu(res) * up, rounded as HF rounds
+    gate_proj, act_fn and the product."""
+    dt = out_ptr.dtype.element_ty
+    if GATED:
+        g = res.to(dt).to(tl.float32)
+        a = (g * tl.sigmoid(g)).to(dt).to(tl.float32)
+        res = a * up.to(dt).to(tl.float32)
+    tl.store(out_ptr + offs_n, res.to(dt), mask=nmask)
+
+
+@triton.jit
+def _wint_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, out_ptr, part_ptr, cnt_ptr, N, KW, G, CHUNK, stride_x,
+                      stride_out, M: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_W: tl.constexpr, RUNS: tl.constexpr, SPLIT: tl.constexpr, PERM: tl.constexpr,
+                      GATED: tl.constexpr, PDL: tl.constexpr):
     """out[m, n] = sum_j W[n, j] x[m, perm[j]] for M (<= 4) rows; GATED: W is [2 N, K] (gate rows
-    then up rows) and out = silu(gate) * up, rounded as HF rounds gate_proj, act_fn and the
-    product. Rows after the first re-read the program's words, from L2."""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    then up rows) and out = silu(gate) * up. Rows after the first re-read the program's words,
+    from L2. Program (i, s) takes row block i's words [s CHUNK, (s + 1) CHUNK); SPLIT > 1: its
+    sums go to part fp32 [SPLIT, M, 2, N] (gate, up), and the row block's last program (by
+    cnt[i], int32, zero between launches: that program sets it back) adds them, s in order, so
+    the result does not depend on which program ends last."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < N
     rows = offs_n.to(tl.int64)
+    split = tl.program_id(1)
+    lo = split * CHUNK
+    hi = tl.minimum(lo + CHUNK, KW)
     pdl_enter(PDL)
-    dt = out_ptr.dtype.element_ty
     for m in tl.static_range(M):
-        res = _rows_dot(x_ptr + m * stride_x, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, KW, G, BITS, GROUP, BLOCK_N,
-                        BLOCK_W, RUNS, PERM)
+        res = _rows_dot(x_ptr + m * stride_x, w_ptr, s_ptr, z_ptr, p_ptr, rows, nmask, KW, lo, hi, G, BITS, GROUP,
+                        BLOCK_N, BLOCK_W, RUNS, PERM)
+        up = res
         if GATED:
-            up = _rows_dot(x_ptr + m * stride_x, w_ptr, s_ptr, z_ptr, p_ptr, rows + N, nmask, KW, G, BITS, GROUP,
-                           BLOCK_N, BLOCK_W, RUNS, PERM)
-            g = res.to(dt).to(tl.float32)
-            a = (g * tl.sigmoid(g)).to(dt).to(tl.float32)
-            res = a * up.to(dt).to(tl.float32)
-        tl.store(out_ptr + m * stride_out + offs_n, res.to(dt), mask=nmask)
+            up = _rows_dot(x_ptr + m * stride_x, w_ptr, s_ptr, z_ptr, p_ptr, rows + N, nmask, KW, lo, hi, G, BITS,
+                           GROUP, BLOCK_N, BLOCK_W, RUNS, PERM)
+        if SPLIT == 1:
+            _gemv_store(out_ptr + m * stride_out, offs_n, nmask, res, up, GATED)
+        else:
+            at = part_ptr + ((split * M + m) * 2) * N + offs_n
+            tl.store(at, res, mask=nmask)
+            if GATED:
+                tl.store(at + N, up, mask=nmask)
+    if SPLIT > 1:
+        tl.debug_barrier()  # every thread's partials stored before the counter says so
+        ended = tl.atomic_add(cnt_ptr + pid, 1)  # acq_rel at GPU scope
+        if ended == SPLIT - 1:
+            offs_s = tl.arange(0, SPLIT)
+            for m in tl.static_range(M):
+                parts = part_ptr + ((offs_s[:, None] * M + m) * 2) * N + offs_n[None, :]
+                res = tl.sum(tl.load(parts, mask=nmask[None, :], other=0.0, cache_modifier=".cg"), axis=0)
+                up = res
+                if GATED:
+                    up = tl.sum(tl.load(parts + N, mask=nmask[None, :], other=0.0, cache_modifier=".cg"), axis=0)
+                _gemv_store(out_ptr + m * stride_out, offs_n, nmask, res, up, GATED)
+            tl.atomic_xchg(cnt_ptr + pid, 0)
 
 
 @triton.jit
@@ -210,17 +261,43 @@ def dequantize(w: IntLinear, dtype: torch.dtype) -> torch.Tensor:
 
 
 def gemv_config(n: int, w: IntLinear):
-    """(BLOCK_N, BLOCK_W, RUNS, num_warps) for the GEMV over w's [n, K] rows: runs of BLOCK_W words
-    within one group (the largest power of two up to 16 dividing a group's words), 256 words a
-    run of rows, one run an iteration: the tile the H200 measured best (21.6 us for Qwen3-8B's
-    qkv, docs/benchmarks.md). More rows or runs a program are `bench_wint --sweep gemv`'s to try:
-    not yet measured."""
+    """(BLOCK_N, BLOCK_W, RUNS, num_warps, SPLIT) for the GEMV over w's [n, K] rows: runs of BLOCK_W
+    words within one group (the largest power of two up to 16 dividing a group's words), one run
+    an iteration, 64 rows a program over 2 warps (a thread's inputs serve 16 rows at BLOCK_W 16),
+    and each row's words split until the GEMV has GEMV_PROGRAMS_PER_SM programs an SM or a range
+    would be under GEMV_MIN_RUNS runs: a 4-bit GEMV's rows are too few and too long to keep the
+    memory busy one program each. From an H100 sweep over Qwen3-8B's projections at group 128
+    (`bench_wint --sweep gemv`, docs/benchmarks.md); other groups keep the tile, unmeasured."""
     per = 32 // w.bits
     block_w = 16
     if w.group < w.k:
         words = w.group // per  # supports(): a group is whole words, 2 or more (group % 16 == 0)
         block_w = min(block_w, words & -words)
-    return min(64, 256 // block_w), block_w, 1, 4
+    programs = triton.cdiv(n, GEMV_BLOCK_N)
+    kw = w.qweight.shape[1]
+    split = 1
+    while (split < GEMV_MAX_SPLIT and programs * split < GEMV_PROGRAMS_PER_SM * num_sms(w.qweight.device)
+           and kw >= 2 * split * GEMV_MIN_RUNS * block_w):
+        split *= 2
+    return GEMV_BLOCK_N, block_w, 1, 2, split
+
+
+# Split GEMVs' counters, one per row block, per device: zero between launches (the kernel that
+# counts to SPLIT sets its counter back), so made once, outside any graph capture. Launches that
+# share them run one at a time (one stream: a step's projections, eager or replayed).
+_COUNTERS = {}
+_MAX_ROW_BLOCKS = 1 << 16
+
+
+def _split_counters(device: torch.device, row_blocks: int) -> Optional[torch.Tensor]:
+    """The device's counters, None where they cannot be made now (first asked for during a graph
+    capture, where the zeroing would only be recorded): the GEMV then runs unsplit."""
+    key = (device.type, device.index)
+    if key not in _COUNTERS:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        _COUNTERS[key] = torch.zeros(_MAX_ROW_BLOCKS, dtype=torch.int32, device=device)
+    return _COUNTERS[key] if row_blocks <= _MAX_ROW_BLOCKS else None
 
 
 def gemm_config(m: int) -> dict:
@@ -234,19 +311,29 @@ def gemm_config(m: int) -> dict:
 def gemv(x: torch.Tensor, w: IntLinear, out: Optional[torch.Tensor] = None, gated: bool = False,
          config=None) -> torch.Tensor:
     """x [M <= GEMV_MAX_ROWS, K] (unit stride along K) -> [M, N] (gated: [M, N / 2]); config:
-    gemv_config's tuple, for benchmarks."""
+    gemv_config's tuple (SPLIT, a power of two, may be left out: 1), for benchmarks."""
     m = x.shape[0]
     n = w.qweight.shape[0] // (2 if gated else 1)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_n, block_w, runs, warps = config or gemv_config(n, w)
+    block_n, block_w, runs, warps, *rest = config or gemv_config(n, w)
+    split = rest[0] if rest else 1
     if w.group < w.k and (w.group * w.bits // 32) % block_w:
         raise ValueError(f"a GEMV run of {block_w} words spans groups of {w.group} inputs ({w.bits} bits)")
+    if split & (split - 1):
+        raise ValueError(f"a GEMV's SPLIT must be a power of two, got {split}")
+    kw = w.qweight.shape[1]
+    row_blocks = triton.cdiv(n, block_n)
+    counters = _split_counters(x.device, row_blocks) if split > 1 else None
+    split = split if counters is not None else 1
+    chunk = triton.cdiv(triton.cdiv(kw, split), block_w) * block_w  # runs start on group boundaries
+    part = torch.empty((split, m, 2, n), dtype=torch.float32, device=x.device) if split > 1 else out
     perm = w.perm if w.perm is not None else w.qweight
-    _wint_gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, w.qweight, w.scale, w.zero, perm, out, n, w.qweight.shape[1], w.scale.shape[1], x.stride(0), out.stride(0),
-        M=m, BITS=w.bits, GROUP=min(w.group, w.k), BLOCK_N=block_n, BLOCK_W=block_w, RUNS=runs,
-        PERM=w.perm is not None, GATED=gated, num_warps=warps, **launch_options())
+    _wint_gemv_kernel[(row_blocks, split)](
+        x, w.qweight, w.scale, w.zero, perm, out, part, counters if counters is not None else out, n, kw,
+        w.scale.shape[1], chunk, x.stride(0), out.stride(0), M=m, BITS=w.bits, GROUP=min(w.group, w.k),
+        BLOCK_N=block_n, BLOCK_W=block_w, RUNS=runs, SPLIT=split, PERM=w.perm is not None, GATED=gated,
+        num_warps=warps, **launch_options())
     return out
 
 
