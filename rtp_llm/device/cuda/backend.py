@@ -56,7 +56,7 @@ class CudaBackend(DeviceBackend):
             raise RuntimeError("--device=cuda: torch sees no CUDA GPU (torch.cuda.is_available() is False)")
         self.device = torch.device("cuda", torch.cuda.current_device() if device_index is None else device_index)
         torch.cuda.set_device(self.device)
-        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.num_sms = K.num_sms(self.device)
         self._pinned = torch.empty(1 << 16, dtype=torch.int32, pin_memory=True)
         self._copied: Optional[torch.cuda.Event] = torch.cuda.Event()
         self._ws: Optional[K.DecodeWorkspace] = None

@@ -17,7 +17,7 @@ from rtp_llm.device.cuda.kernels.attention import (  # noqa: F401
 from rtp_llm.device.cuda.kernels.fp8 import Fp8Linear, fp8_gate_up_silu, fp8_linear  # noqa: F401
 from rtp_llm.device.cuda.kernels.fp8 import supports as fp8_supports  # noqa: F401
 from rtp_llm.device.cuda.kernels.gemv import GEMV_MAX_ROWS, gemv, gemv_config, use_gemv  # noqa: F401
-from rtp_llm.device.cuda.kernels.launch import launch_options, pdl, pdl_enter  # noqa: F401
+from rtp_llm.device.cuda.kernels.launch import launch_options, num_sms, pdl, pdl_enter  # noqa: F401
 from rtp_llm.device.cuda.kernels.mla import (  # noqa: F401
     context_slots,
     decode_splits as mla_decode_splits,
