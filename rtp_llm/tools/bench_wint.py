@@ -1,11 +1,13 @@
-"""GPTQ / AWQ projections on the GPU (kernels/wint.py) against bf16's: per projection of one rank of
-ARCH, the int GEMV at decode rows and the int GEMM at more, beside the bf16 Triton gemv and
+"""GPTQ / AWQ projections on the GPU (kernels/wint.py, and at 4 bits kernels/wint_mma.py's tensor-core
+path: mma_us) against bf16's: per projection of one rank of ARCH, the int GEMV at decode rows and
+the int GEMM at more, beside the bf16 Triton gemv and
 cuBLAS on the same shapes, each timed inside a CUDA graph of calls over distinct weights (so the
 L2 does not hold them; bench_gemv's method). Prints microseconds per call and the weight bytes
 read per second; --sweep also tries GEMV configs at one row and GEMM tiles at each row count
-(how wint.gemv_config and gemm_config were chosen). Random codes: speed does not depend on them.
+(how wint.gemv_config and gemm_config were chosen), mma the tensor-core GEMV's chunks a warp.
+Random codes: speed does not depend on them.
 
-    python -m rtp_llm.tools.bench_wint [--arch qwen3-8b] [--bits 4] [--group 128] [--sweep gemv,gemm]"""
+    python -m rtp_llm.tools.bench_wint [--arch qwen3-8b] [--bits 4] [--group 128] [--sweep gemv,gemm,mma]"""
 
 import argparse
 import json
@@ -65,6 +67,14 @@ def _sweep_gemm(x, ws, copies):
     return sorted(res.items(), key=lambda kv: kv[1])[:4]
 
 
+def _sweep_mma(x, ps, copies, gated):
+    from rtp_llm.device.cuda.kernels import wint_mma
+
+    res = {cpw: graph_us(lambda: [wint_mma.gemv(x, p, gated=gated, cpw=cpw) for p in ps], copies)
+           for cpw in (2, 4, 8, 12, 16)}
+    return sorted(res.items(), key=lambda kv: kv[1])[:3]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", default="qwen3-8b")
@@ -76,7 +86,7 @@ def main():
     p.add_argument("--weights_gb", type=float, default=1.0, help="distinct int weights per graph, in GB")
     a = p.parse_args()
     from rtp_llm.device.cuda import kernels as K
-    from rtp_llm.device.cuda.kernels import wint
+    from rtp_llm.device.cuda.kernels import wint, wint_mma
 
     torch.manual_seed(0)
     dev = "cuda"
@@ -85,6 +95,7 @@ def main():
         ws = [random_int_linear(n, k, a.bits, a.group, dev) for _ in range(copies)]
         bf = [wint.dequantize(w, torch.bfloat16) for w in ws[:max(4, copies // 4)]]
         nbytes = _bytes(ws[0])
+        ps = [wint_mma.pack(w, torch.bfloat16) for w in ws] if wint_mma.supports(ws[0], torch.bfloat16) else []
         for m in (int(r) for r in a.rows.split(",")):
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             row = {"arch": a.arch, "proj": name, "K": k, "N": n, "rows": m, "bits": a.bits, "group": a.group,
@@ -92,6 +103,16 @@ def main():
                    "bf16_us": graph_us(lambda: [K.gemv(x, w) if K.use_gemv(x, w) else torch.nn.functional.linear(x, w)
                                                 for w in bf], len(bf))}
             row["int_GBps"] = nbytes / row["int_us"] / 1e3
+            if ps:
+                row["mma_us"] = graph_us(lambda: [K.int4_mma_linear(x, p) for p in ps], copies)
+                row["mma_GBps"] = nbytes / row["mma_us"] / 1e3
+                if name == "gate_up" and m <= wint_mma.MMA_MAX_ROWS:
+                    row["mma_gated_us"] = graph_us(lambda: [K.int4_mma_gate_up_silu(x, p, K.silu_and_mul) for p in ps],
+                                                   copies)
+                if "mma" in a.sweep and m == 1:
+                    row["best_mma"] = _sweep_mma(x, ps, copies, False)
+                    if name == "gate_up":
+                        row["best_gated_mma"] = _sweep_mma(x, ps, copies, True)
             if m <= K.GEMV_MAX_ROWS:
                 row["gemv_config"] = str(wint.gemv_config(n, ws[0]))
             if m > K.GEMV_MAX_ROWS:

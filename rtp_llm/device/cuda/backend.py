@@ -223,9 +223,10 @@ class CudaBackend(DeviceBackend):
             raise ValueError(f"--kv_cache_dtype={name} needs a GPU with FP8 (compute capability 8.9+)")
         return torch.float8_e4m3fn
 
-    # GPTQ / AWQ projections stay packed in bf16 and fp16 runs (kernels/wint.py: the codes read as
-    # stored, a quarter of bf16's bytes at 4 bits); an fp32 run widens them (the exact reference),
-    # as does RTP_LLM_CUDA_WINT=0 (to compare against).
+    # GPTQ / AWQ projections stay packed in bf16 and fp16 runs, a quarter of bf16's bytes at 4 bits:
+    # repacked for the tensor cores where kernels/wint_mma.py takes them, else read as stored
+    # (kernels/wint.py's Triton kernels); an fp32 run widens them (the exact reference), as does
+    # RTP_LLM_CUDA_WINT=0 (to compare against).
     def keeps_quantized(self, weight):
         if isinstance(weight, GroupIntTensor):
             return (weight.dtype in (torch.bfloat16, torch.float16) and os.environ.get("RTP_LLM_CUDA_WINT", "1") != "0"
@@ -239,8 +240,9 @@ class CudaBackend(DeviceBackend):
     def pack_linear(self, weight):
         if isinstance(weight, GroupIntTensor):
             t = weight.to(self.device)
-            return K.IntLinear(t.blocks.contiguous(), t.scale.contiguous(), t.zero.contiguous(), t.perm, t.group,
-                               t.bits, t.shape[1])
+            packed = K.IntLinear(t.blocks.contiguous(), t.scale.contiguous(), t.zero.contiguous(), t.perm, t.group,
+                                 t.bits, t.shape[1])
+            return K.int4_mma_pack(packed, t.dtype) if K.int4_mma_supports(packed, t.dtype) else packed
         if isinstance(weight, Fp8Tensor):
             return K.Fp8Linear(weight.blocks.to(self.device).contiguous(), weight.scale.to(self.device).contiguous(),
                                weight.block)
@@ -251,6 +253,8 @@ class CudaBackend(DeviceBackend):
             return K.fp8_linear(x, weight, out=out)
         if isinstance(weight, K.IntLinear):
             return K.wint_linear(x, weight, out=out)
+        if isinstance(weight, K.Int4Mma):
+            return K.int4_mma_linear(x, weight, out=out)
         if K.use_gemv(x, weight):
             return K.gemv(x, weight, out=out)
         if out is None:
@@ -262,6 +266,8 @@ class CudaBackend(DeviceBackend):
             return K.fp8_gate_up_silu(x, gate_up, self.silu_and_mul)
         if isinstance(gate_up, K.IntLinear):
             return K.wint_gate_up_silu(x, gate_up, self.silu_and_mul)
+        if isinstance(gate_up, K.Int4Mma):
+            return K.int4_mma_gate_up_silu(x, gate_up, self.silu_and_mul)
         if K.use_gemv(x, gate_up):
             return K.gemv(x, gate_up, gated=True)  # SiLU-and-mul in the GEMV's epilogue
         return super().gate_up_silu(x, gate_up)

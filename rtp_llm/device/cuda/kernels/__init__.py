@@ -1,6 +1,6 @@
 """Triton kernels of the CUDA backend, one module per family: attention over the paged KV cache
 (attention), small-batch projections (gemv), FP8 projections (fp8), GPTQ / AWQ integer weights
-(wint), MoE's routing and routed
+(wint; at 4 bits on the tensor cores, repacked: wint_mma), MoE's routing and routed
 experts (moe), DeepSeek's latent attention (mla), row-wise ops (row_ops: RMSNorm, rotary, the
 fused q/k norm + rotary + KV write, SiLU-and-mul, the KV write, overlap placeholders, grammar
 bitmasks), and the launch helpers they share (launch: programmatic dependent launch). This
@@ -30,6 +30,11 @@ from rtp_llm.device.cuda.kernels.moe import moe  # noqa: F401
 from rtp_llm.device.cuda.kernels.moe import route as moe_route  # noqa: F401
 from rtp_llm.device.cuda.kernels.wint import IntLinear, wint_gate_up_silu, wint_linear  # noqa: F401
 from rtp_llm.device.cuda.kernels.wint import supports as wint_supports  # noqa: F401
+from rtp_llm.device.cuda.kernels.wint_mma import Int4Mma  # noqa: F401
+from rtp_llm.device.cuda.kernels.wint_mma import gate_up_silu as int4_mma_gate_up_silu  # noqa: F401
+from rtp_llm.device.cuda.kernels.wint_mma import linear as int4_mma_linear  # noqa: F401
+from rtp_llm.device.cuda.kernels.wint_mma import pack as int4_mma_pack  # noqa: F401
+from rtp_llm.device.cuda.kernels.wint_mma import supports as int4_mma_supports  # noqa: F401
 from rtp_llm.device.cuda.kernels.row_ops import (  # noqa: F401
     apply_token_bitmask,
     qkv_to_cache,

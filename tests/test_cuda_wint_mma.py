@@ -1,0 +1,143 @@
+"""The int4 tensor-core kernels (kernels/wint_mma.py): on any machine, that pack() puts each code
+where mma.sync's operand fragment (PTX ISA, m16n8k16) and the kernel's placing of the activations
+read it, and the launch configs; on a GPU, the GEMV, the widening and the backend's choice against
+the exactly dequantized weights."""
+
+import pytest
+import torch
+from interpreted_triton import DEV, INTERPRETED
+
+from rtp_llm.device.cuda import kernels as K
+from rtp_llm.device.cuda.kernels import wint_mma
+from rtp_llm.model_loader.dequant import dequant_codes, gptq_codes
+from rtp_llm.model_loader.int_weight import from_codes
+from rtp_llm.model_loader.quant_config import parse_quant_config
+from rtp_llm.tools.quantize import quantize_gptq
+
+# (N, K, group, shuffled): groups of 128 and 64, one group a row, a K of 5 chunks (a warp's last
+# chunks past K), a K whose tile needs 24 warps, a partial last group, desc_act's shuffled groups.
+SHAPES = [(64, 256, 128, False), (96, 384, 64, False), (48, 192, 192, False), (32, 320, 64, False),
+          (16, 12288, 128, False), (32, 448, 128, False), (64, 512, 128, True)]
+
+
+def _weight(n, k, group, shuffled=False, seed=0, device=DEV, scale_dtype=torch.float16):
+    """(the exactly dequantized weight [N, K] fp32 in input order, the IntLinear as the backend
+    stores it, with its scales in `scale_dtype` (GPTQ's are fp16; bf16 rounds them: the reference
+    takes the rounded ones))."""
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(k, generator=g) if shuffled else None
+    stored = quantize_gptq(torch.randn(n, k, generator=g) * 0.05, 4, group, order)
+    qc = parse_quant_config({"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": shuffled}, "test")
+    c = gptq_codes(stored, qc, "w", n, k)
+    c = c._replace(scales=c.scales.to(scale_dtype))
+    t = from_codes(c.codes, c.zeros, c.scales, c.group_of_k, group, 4, torch.bfloat16)
+    assert (t.perm is not None) == shuffled
+    packed = K.IntLinear(t.blocks.to(device), t.scale.to(device), t.zero.to(device),
+                         None if t.perm is None else t.perm.to(device), t.group, 4, k)
+    return dequant_codes(c), packed
+
+
+def _stored_codes(w: K.IntLinear) -> torch.Tensor:
+    """The codes [N, K] in column order, from the Triton kernels' row layout (8 a word, low first)."""
+    q = w.qweight.cpu().unsqueeze(-1) >> torch.arange(0, 32, 4, dtype=torch.int32)
+    return (q & 15).reshape(w.shape)
+
+
+def _codes_by_fragment(p: wint_mma.Int4Mma) -> torch.Tensor:
+    """The codes [N, K] as wint4_gemv reads them, derived from the mma.sync m16n8k16 fragment
+    layout, not from pack(): lane 4g + t's A register R_s (its word j shifted by 4 s, one LOP3)
+    holds rows g (s even) or g + 8 (s odd) at logical columns 2t + 8 (s // 2) + (0, 1), low half
+    first; the kernel feeds logical columns 2t + (0, 1) of k-step j the activations 16t + 4j +
+    (0, 1), and 2t + 8 + (0, 1) those at 16t + 4j + (2, 3)."""
+    n, k = p.shape
+    words = p.words.view(n // 16, k // 64, 8, 4, 4).cpu()  # (tile, chunk, g, t, j)
+    out = torch.full((n // 16, 16, k // 64, 64), -1, dtype=torch.int32)
+    for g in range(8):
+        for t in range(4):
+            for j in range(4):
+                for s in range(4):
+                    reg = words[:, :, g, t, j] >> (4 * s)
+                    for half in range(2):
+                        col = 2 * t + 8 * (s // 2) + half
+                        kk = 16 * t + 4 * j + (2 if col >= 8 else 0) + col % 2
+                        out[:, g + 8 * (s % 2), :, kk] = (reg >> (16 * half)) & 15
+    return out.reshape(n, k)
+
+
+@pytest.mark.parametrize("n,k,group,shuffled", SHAPES)
+def test_pack_puts_each_code_where_the_mma_fragment_reads_it(n, k, group, shuffled):
+    _, w = _weight(n, k, group, shuffled, device="cpu")
+    assert wint_mma.layout_supports(w, torch.bfloat16)
+    p = wint_mma.pack(w, torch.bfloat16)
+    assert p.words.dtype == torch.int32 and p.words.numel() == w.qweight.numel()  # the same bytes
+    assert torch.equal(_codes_by_fragment(p), _stored_codes(w))
+    assert (p.perm is None) == (w.perm is None)
+    zero = (p.zb.view(torch.bfloat16).float() - 128).to(torch.int16)
+    assert torch.equal(zero, w.zero)  # BIAS + zero, exact
+
+
+def test_layouts_the_kernels_do_not_take_are_refused():
+    _, w = _weight(64, 256, 128, device="cpu")
+    assert not wint_mma.layout_supports(w, torch.float32)  # the parity runs' fp32: the exact reference
+    for bad in (dict(bits=8), dict(group=32), dict(k=224)):  # 8 bits, groups within a chunk, K of part chunks
+        assert not wint_mma.layout_supports(K.IntLinear(**{**w.__dict__, **bad}), torch.bfloat16), bad
+    assert not wint_mma.supports(w, torch.bfloat16)  # on the host: the Triton path (interpreted in CI)
+    w.zero[0, 0] = 200
+    with pytest.raises(ValueError, match="zero points"):
+        wint_mma.pack(w, torch.bfloat16)
+
+
+@pytest.mark.parametrize("k,group", [(4096, 128), (12288, 128), (4096, 4096), (320, 64), (8192, 1024)])
+@pytest.mark.parametrize("gated", [False, True])
+def test_gemv_config_covers_k_with_whole_groups_a_warp(k, group, gated):
+    p = wint_mma.Int4Mma(None, None, None, 32, k, group, torch.bfloat16)
+    cpw, warps, lb = wint_mma.gemv_config(p, gated)
+    kc = k // 64
+    assert warps * cpw >= kc > (warps - 1) * cpw and warps * 32 <= lb <= 1024
+    assert p.group_chunks == 0 or cpw % p.group_chunks == 0
+    assert cpw * (2 if gated else 1) <= 8 or lb == 512  # a warp's words in registers at 1024 threads
+
+
+gpu = pytest.mark.skipif(INTERPRETED or not wint_mma.available(), reason="CUDA C kernels: a GPU with NVRTC")
+
+
+def _close(got, want, tol):
+    err = (got.float().cpu() - want).norm() / want.norm()
+    assert err < tol, f"relative error {err:.3g}"
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("n,k,group,shuffled", SHAPES)
+@pytest.mark.parametrize("act,scale_dtype", [(torch.bfloat16, torch.float16), (torch.float16, torch.float16),
+                                             (torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)])
+def test_gemv_and_widening_equal_the_dequantized_product(n, k, group, shuffled, act, scale_dtype):
+    w, packed = _weight(n, k, group, shuffled, seed=n + k, scale_dtype=scale_dtype)
+    p = wint_mma.pack(packed, act)
+    columns = w if p.perm is None else w[:, p.perm.cpu()]
+    assert torch.equal(wint_mma.dequantize(p).cpu(), columns.to(act))
+    for m in (1, 2, 3, 4, 8, 9, 37):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(act)
+        want = x.float() @ w.t()
+        _close(wint_mma.linear(x.to(DEV), p), want, 1e-2)
+        out = torch.empty(m, n, dtype=act, device=DEV)
+        assert wint_mma.linear(x.to(DEV), p, out=out).data_ptr() == out.data_ptr()
+        g, u = want[:, :n // 2], want[:, n // 2:]
+        _close(wint_mma.gate_up_silu(x.to(DEV), p, K.silu_and_mul), torch.nn.functional.silu(g) * u, 2e-2)
+        if m <= wint_mma.MMA_MAX_ROWS:  # other splits of K among a tile's warps: the same sums
+            for cpw in (4, 12):
+                _close(wint_mma.gemv(x.to(DEV), p, cpw=cpw), want, 1e-2)
+
+
+@pytest.mark.gpu
+@gpu
+def test_the_backend_packs_4_bit_weights_for_the_tensor_cores(monkeypatch):
+    from rtp_llm.device.cuda.backend import CudaBackend
+
+    c = gptq_codes(quantize_gptq(torch.randn(64, 256) * 0.05), parse_quant_config(
+        {"quant_method": "gptq", "bits": 4, "group_size": 128}, "test"), "w", 64, 256)
+    t = from_codes(c.codes, c.zeros, c.scales, c.group_of_k, 128, 4, torch.bfloat16)
+    be = CudaBackend()
+    assert isinstance(be.pack_linear(t), wint_mma.Int4Mma)
+    monkeypatch.setenv("RTP_LLM_CUDA_WINT_MMA", "0")
+    assert isinstance(be.pack_linear(t), K.IntLinear)
