@@ -15,7 +15,8 @@ from rtp_llm.model_loader.quant_config import parse_quant_config
 from rtp_llm.tools.quantize import quantize_gptq
 
 # (N, K, group, shuffled): groups of 128 and 64, one group a row, a K of 5 chunks (a warp's last
-# chunks past K), a K whose tile needs 24 warps, a partial last group, desc_act's shuffled groups.
+# chunks past K), a K whose tile needs 24 warps, a partial last group, desc_act's shuffled groups
+# (48 and 16 rows: gate and up halves not on whole tiles, which the gated GEMV leaves to the widening).
 SHAPES = [(64, 256, 128, False), (96, 384, 64, False), (48, 192, 192, False), (32, 320, 64, False),
           (16, 12288, 128, False), (32, 448, 128, False), (64, 512, 128, True)]
 

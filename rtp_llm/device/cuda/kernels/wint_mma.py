@@ -61,13 +61,9 @@ class Int4Mma:
         return 0 if self.group >= self.k else self.group // 64
 
 
-# Off until measured on a GPU (RTP_LLM_CUDA_WINT_MMA=1 turns it on): the kernels have not run yet.
-MMA_DEFAULT = "0"
-
-
 def available() -> bool:
-    """NVRTC through torch, and turned on (RTP_LLM_CUDA_WINT_MMA; 0 keeps the Triton path)."""
-    return hasattr(torch.cuda, "_compile_kernel") and os.environ.get("RTP_LLM_CUDA_WINT_MMA", MMA_DEFAULT) != "0"
+    """NVRTC through torch, and not turned off (RTP_LLM_CUDA_WINT_MMA=0 keeps the Triton path)."""
+    return hasattr(torch.cuda, "_compile_kernel") and os.environ.get("RTP_LLM_CUDA_WINT_MMA", "1") != "0"
 
 
 def layout_supports(w: IntLinear, dtype: torch.dtype) -> bool:
@@ -192,7 +188,8 @@ def linear(x: torch.Tensor, w: Int4Mma, out: torch.Tensor = None) -> torch.Tenso
 
 
 def gate_up_silu(x: torch.Tensor, w: Int4Mma, silu_and_mul) -> torch.Tensor:
-    """silu(x gate^T) * (x up^T) for a fused [2 I, K] gate_up: the GEMV's epilogue at small batch."""
-    if x.shape[0] <= MMA_MAX_ROWS:
+    """silu(x gate^T) * (x up^T) for a fused [2 I, K] gate_up: the GEMV's epilogue at small batch
+    (where the up rows start on a tile: I a multiple of 16)."""
+    if x.shape[0] <= MMA_MAX_ROWS and w.n % 32 == 0:
         return gemv(x, w, gated=True)
     return silu_and_mul(torch.mm(_in_column_order(x, w), dequantize(w).t()))
