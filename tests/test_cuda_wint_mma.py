@@ -99,6 +99,15 @@ def test_gemv_config_covers_k_with_whole_groups_a_warp(k, group, gated):
     assert cpw * (2 if gated else 1) <= 8 or lb == 512  # a warp's words in registers at 1024 threads
 
 
+def test_gemv_config_of_qwen3_8b_is_the_sweeps_best():
+    """Chunks a warp for Qwen3-8B's projections (group 128): the H100 sweep's best (docs/benchmarks.md)."""
+    shapes = {"qkv": (6144, 4096, False), "o": (4096, 4096, False), "gate_up": (24576, 4096, True),
+              "down": (4096, 12288, False)}
+    cpw = {name: wint_mma.gemv_config(wint_mma.Int4Mma(None, None, None, n, k, 128, torch.bfloat16), gated)[0]
+           for name, (n, k, gated) in shapes.items()}
+    assert cpw == {"qkv": 8, "o": 4, "gate_up": 4, "down": 8}
+
+
 gpu = pytest.mark.skipif(INTERPRETED or not wint_mma.available(), reason="CUDA C kernels: a GPU with NVRTC")
 
 

@@ -128,13 +128,21 @@ def _defines(w: Int4Mma, *extra) -> tuple:
     return act + _SCALE_DEFINE[w.scale.dtype] + (f"GC={w.group_chunks}",) + extra
 
 
+# A GEMV's warps below which a warp takes 4 chunks rather than 8 (more warps, each with fewer
+# words in flight): from an H100 sweep over Qwen3-8B's projections (`bench_wint --sweep mma`;
+# docs/benchmarks.md): o (2,048 warps at 8) 7.0 -> 6.1 us at 4, qkv (3,072) best at 8.
+FEW_WARPS = 3072
+
+
 def gemv_config(w: Int4Mma, gated: bool, cpw: int = 0):
     """(CPW, warps, LB): chunks a warp (all its words loaded before the first mma: 32 registers at
-    8, twice that gated, so 4 there), warps a block (one tile's K split among them), the launch
-    bound the registers allow. A warp takes whole groups."""
+    8, twice that gated, so 4 there; 4 too where 8 leaves the GEMV under FEW_WARPS warps), warps a
+    block (one tile's K split among them), the launch bound the registers allow. A warp takes whole
+    groups."""
     kc = w.k // 64
     gc = w.group_chunks
-    cpw = cpw or (4 if gated else 8)
+    if not cpw:
+        cpw = 4 if gated or w.n // 16 * -(-kc // 8) < FEW_WARPS else 8
     if gc:
         cpw = -(-cpw // gc) * gc
     while -(-kc // cpw) > 32:
