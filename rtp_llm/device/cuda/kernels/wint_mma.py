@@ -75,15 +75,18 @@ def layout_supports(w: IntLinear, dtype: torch.dtype) -> bool:
 
 def supports(w: IntLinear, dtype: torch.dtype) -> bool:
     """Whether these kernels serve w: its layout, on a GPU where they compile."""
-    return available() and w.qweight.is_cuda and layout_supports(w, dtype) and _compiles()
+    return (available() and w.qweight.is_cuda and layout_supports(w, dtype)
+            and _compiles(w.qweight.device.index))
 
 
 @functools.lru_cache(maxsize=None)
-def _compiles() -> bool:
-    """Whether NVRTC builds the source here (asked once, at the first weight: a failure leaves every
-    weight on the Triton path, with the reason in the log, rather than failing a forward)."""
+def _compiles(device: int) -> bool:
+    """Whether NVRTC builds the source for `device` (asked once, at its first weight: a failure leaves
+    every weight on the Triton path, with the reason in the log, rather than failing a forward; the
+    packed subtraction needs sm_90, so earlier GPUs take that path)."""
     try:
-        _kernel("wint4_gemv", ("GC=2", "CPW=8", "LB=1024", "GATED=0"))
+        with torch.cuda.device(device):
+            _kernel("wint4_gemv", ("GC=2", "CPW=8", "LB=1024", "GATED=0"))
         return True
     except Exception as e:  # (no NVRTC library, an older toolkit, ...)
         log.warning("int4 tensor-core kernels unavailable (%s): GPTQ / AWQ weights take the Triton kernels", e)
@@ -116,10 +119,14 @@ def _in_column_order(x: torch.Tensor, w: Int4Mma) -> torch.Tensor:
     return x if w.perm is None else x.index_select(1, w.perm)
 
 
-@functools.lru_cache(maxsize=None)
 def _kernel(name: str, defines: tuple):
-    """The compiled kernel `name` of SOURCE with `defines`, for the current device (NVRTC: first use
-    only; a decode graph's eager warm-up compiles what its capture will launch)."""
+    """The compiled kernel `name` of SOURCE with `defines`, loaded for the current device (NVRTC:
+    first use only; a decode graph's eager warm-up compiles what its capture will launch)."""
+    return _device_kernel(name, defines, torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _device_kernel(name: str, defines: tuple, device: int):
     return torch.cuda._compile_kernel(SOURCE, name, nvcc_options=[f"-D{d}" for d in defines])
 
 
@@ -159,6 +166,7 @@ def gemv(x: torch.Tensor, w: Int4Mma, out: torch.Tensor = None, gated: bool = Fa
     m, k = x.shape
     n = w.n // 2 if gated else w.n
     assert m <= MMA_MAX_ROWS and k == w.k and x.dtype == w.dtype
+    assert not gated or n % 16 == 0, "gated: the up rows must start on a 16-row tile"
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     assert out.shape == (m, n) and out.is_contiguous()
@@ -166,7 +174,7 @@ def gemv(x: torch.Tensor, w: Int4Mma, out: torch.Tensor = None, gated: bool = Fa
         return out
     x = _in_column_order(x, w)
     if x.stride(1) != 1 or x.data_ptr() % 16 or x.stride(0) % 8:  # (16-byte loads of 8 activations)
-        x = x.contiguous()
+        x = x.clone(memory_format=torch.contiguous_format)  # (contiguous() keeps a misaligned view)
     cpw, warps, lb = gemv_config(w, gated, cpw)
     kernel = _kernel("wint4_gemv", _defines(w, f"CPW={cpw}", f"LB={lb}", f"GATED={int(gated)}"))
     kernel(grid=(n // 16, 1, 1), block=(warps * 32, 1, 1),
@@ -197,7 +205,8 @@ def linear(x: torch.Tensor, w: Int4Mma, out: torch.Tensor = None) -> torch.Tenso
 
 def gate_up_silu(x: torch.Tensor, w: Int4Mma, silu_and_mul) -> torch.Tensor:
     """silu(x gate^T) * (x up^T) for a fused [2 I, K] gate_up: the GEMV's epilogue at small batch
-    (where the up rows start on a tile: I a multiple of 16)."""
-    if x.shape[0] <= MMA_MAX_ROWS and w.n % 32 == 0:
-        return gemv(x, w, gated=True)
+    (where the up rows start on a tile: I a multiple of 16; else the plain GEMV, then
+    silu_and_mul), the widened weight above."""
+    if x.shape[0] <= MMA_MAX_ROWS:
+        return gemv(x, w, gated=True) if w.n % 32 == 0 else silu_and_mul(gemv(x, w))
     return silu_and_mul(torch.mm(_in_column_order(x, w), dequantize(w).t()))
