@@ -163,3 +163,29 @@ def dequantized_checkpoint(ckpt: str, src: str, out: str) -> str:
         if os.path.exists(os.path.join(src, f)):
             shutil.copy(os.path.join(src, f), out)
     return out
+
+
+def gptq_weight(n, k, bits, group, shuffled=False, seed=0, device=DEV, scale_dtype=None):
+    """A random [N, K] weight as the quantize tool writes it in GPTQ (act order shuffled or not),
+    read as the loader reads it: (its exactly dequantized values [N, K] fp32 in input order, the
+    packed IntLinear on `device`). scale_dtype: the scales converted (GPTQ stores fp16; bf16 rounds
+    them, and the dequantized values take the rounded ones)."""
+    from rtp_llm.device.cuda import kernels as K
+    from rtp_llm.model_loader.dequant import dequant_codes, gptq_codes
+    from rtp_llm.model_loader.int_weight import from_codes
+    from rtp_llm.model_loader.quant_config import parse_quant_config
+    from rtp_llm.tools.quantize import quantize_gptq
+
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(k, generator=g) if shuffled else None
+    stored = quantize_gptq(torch.randn(n, k, generator=g) * 0.05, bits, group, order)
+    qc = parse_quant_config({"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": shuffled},
+                            "test")
+    c = gptq_codes(stored, qc, "w", n, k)
+    if scale_dtype is not None:
+        c = c._replace(scales=c.scales.to(scale_dtype))
+    t = from_codes(c.codes, c.zeros, c.scales, c.group_of_k, group, bits, torch.float32)
+    assert (t.perm is not None) == shuffled
+    packed = K.IntLinear(t.blocks.to(device), t.scale.to(device), t.zero.to(device),
+                         None if t.perm is None else t.perm.to(device), t.group, t.bits, k)
+    return dequant_codes(c), packed

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from interpreted_triton import DEV, INTERPRETED, hf_step_logits, step_logits
+from interpreted_triton import DEV, INTERPRETED, gptq_weight, hf_step_logits, step_logits
 
 from rtp_llm.device.cuda import kernels as K
 from rtp_llm.device.cuda.kernels.wint import DEQUANT_MIN_ROWS
-from rtp_llm.model_loader.dequant import dequant_codes, gptq_codes
+from rtp_llm.model_loader.dequant import gptq_codes
 from rtp_llm.model_loader.int_weight import from_codes
 from rtp_llm.model_loader.quant_config import parse_quant_config
 from rtp_llm.tools.quantize import quantize_gptq
@@ -23,19 +23,7 @@ ACT = torch.float32 if INTERPRETED else torch.bfloat16  # (the interpreter's bf1
 
 
 def _weight(n, k, bits, group, shuffled, seed=0):
-    """A random [N, K] weight as the quantize tool writes it in GPTQ (act order shuffled or not),
-    read as the loader reads it: (its exactly dequantized values [N, K], the packed IntLinear)."""
-    g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(k, generator=g) if shuffled else None
-    stored = quantize_gptq(torch.randn(n, k, generator=g) * 0.05, bits, group, order)
-    qc = parse_quant_config({"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": shuffled},
-                            "test")
-    c = gptq_codes(stored, qc, "w", n, k)
-    t = from_codes(c.codes, c.zeros, c.scales, c.group_of_k, group, bits, torch.float32)
-    assert (t.perm is not None) == shuffled
-    packed = K.IntLinear(t.blocks.to(DEV), t.scale.to(DEV), t.zero.to(DEV),
-                         None if t.perm is None else t.perm.to(DEV), t.group, t.bits, k)
-    return dequant_codes(c), packed
+    return gptq_weight(n, k, bits, group, shuffled, seed)
 
 
 def _close(got, want, tol):

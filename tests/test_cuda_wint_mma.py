@@ -5,37 +5,24 @@ the exactly dequantized weights."""
 
 import pytest
 import torch
-from interpreted_triton import DEV, INTERPRETED
+from interpreted_triton import DEV, INTERPRETED, gptq_weight
 
 from rtp_llm.device.cuda import kernels as K
 from rtp_llm.device.cuda.kernels import wint_mma
-from rtp_llm.model_loader.dequant import dequant_codes, gptq_codes
+from rtp_llm.model_loader.dequant import gptq_codes
 from rtp_llm.model_loader.int_weight import from_codes
 from rtp_llm.model_loader.quant_config import parse_quant_config
 from rtp_llm.tools.quantize import quantize_gptq
 
 # (N, K, group, shuffled): groups of 128 and 64, one group a row, a K of 5 chunks (a warp's last
 # chunks past K), a K whose tile needs 24 warps, a partial last group, desc_act's shuffled groups
-# (48 and 16 rows: gate and up halves not on whole tiles, which the gated GEMV leaves to the widening).
+# (48 and 16 rows: gate and up halves not on whole tiles, which take the plain GEMV and silu_and_mul).
 SHAPES = [(64, 256, 128, False), (96, 384, 64, False), (48, 192, 192, False), (32, 320, 64, False),
           (16, 12288, 128, False), (32, 448, 128, False), (64, 512, 128, True)]
 
 
 def _weight(n, k, group, shuffled=False, seed=0, device=DEV, scale_dtype=torch.float16):
-    """(the exactly dequantized weight [N, K] fp32 in input order, the IntLinear as the backend
-    stores it, with its scales in `scale_dtype` (GPTQ's are fp16; bf16 rounds them: the reference
-    takes the rounded ones))."""
-    g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(k, generator=g) if shuffled else None
-    stored = quantize_gptq(torch.randn(n, k, generator=g) * 0.05, 4, group, order)
-    qc = parse_quant_config({"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": shuffled}, "test")
-    c = gptq_codes(stored, qc, "w", n, k)
-    c = c._replace(scales=c.scales.to(scale_dtype))
-    t = from_codes(c.codes, c.zeros, c.scales, c.group_of_k, group, 4, torch.bfloat16)
-    assert (t.perm is not None) == shuffled
-    packed = K.IntLinear(t.blocks.to(device), t.scale.to(device), t.zero.to(device),
-                         None if t.perm is None else t.perm.to(device), t.group, 4, k)
-    return dequant_codes(c), packed
+    return gptq_weight(n, k, 4, group, shuffled, seed, device, scale_dtype)
 
 
 def _stored_codes(w: K.IntLinear) -> torch.Tensor:

@@ -152,12 +152,13 @@ def gemv_config(w: Int4Mma, gated: bool, cpw: int = 0):
         cpw = 4 if gated or w.n // 16 * -(-kc // 8) < FEW_WARPS else 8
     if gc:
         cpw = -(-cpw // gc) * gc
-    while -(-kc // cpw) > 32:
+
+    def bound(cpw):
+        return 1024 if cpw * (2 if gated else 1) <= 8 else 512
+
+    while -(-kc // cpw) > bound(cpw) // 32:
         cpw += gc or 4
-    lb = 1024 if cpw * (2 if gated else 1) <= 8 else 512
-    while -(-kc // cpw) > lb // 32:
-        cpw += gc or 4
-    return cpw, -(-kc // cpw), lb
+    return cpw, -(-kc // cpw), bound(cpw)
 
 
 def gemv(x: torch.Tensor, w: Int4Mma, out: torch.Tensor = None, gated: bool = False, cpw: int = 0) -> torch.Tensor:
@@ -198,8 +199,10 @@ def linear(x: torch.Tensor, w: Int4Mma, out: torch.Tensor = None) -> torch.Tenso
     """x [M, K] -> x W^T [M, N]: the GEMV up to MMA_MAX_ROWS rows, the widened weight on cuBLAS above."""
     if x.shape[0] <= MMA_MAX_ROWS:
         return gemv(x, w, out)
-    if out is None:
-        return torch.mm(_in_column_order(x, w), dequantize(w).t())
+    return _widened(x, w, out)
+
+
+def _widened(x: torch.Tensor, w: Int4Mma, out: torch.Tensor = None) -> torch.Tensor:
     return torch.mm(_in_column_order(x, w), dequantize(w).t(), out=out)
 
 
@@ -209,4 +212,4 @@ def gate_up_silu(x: torch.Tensor, w: Int4Mma, silu_and_mul) -> torch.Tensor:
     silu_and_mul), the widened weight above."""
     if x.shape[0] <= MMA_MAX_ROWS:
         return gemv(x, w, gated=True) if w.n % 32 == 0 else silu_and_mul(gemv(x, w))
-    return silu_and_mul(torch.mm(_in_column_order(x, w), dequantize(w).t()))
+    return silu_and_mul(_widened(x, w))
