@@ -75,25 +75,28 @@ def test_layouts_the_kernels_do_not_take_are_refused():
         wint_mma.pack(w, torch.bfloat16)
 
 
-@pytest.mark.parametrize("k,group", [(4096, 128), (12288, 128), (4096, 4096), (320, 64), (8192, 1024)])
+@pytest.mark.parametrize("k,group", [(4096, 128), (12288, 128), (4096, 4096), (320, 64), (8192, 1024), (384, 192)])
 @pytest.mark.parametrize("gated", [False, True])
-def test_gemv_config_covers_k_with_whole_groups_a_warp(k, group, gated):
+def test_gemv_config_gives_every_warp_a_run(k, group, gated):
     p = wint_mma.Int4Mma(None, None, None, 32, k, group, torch.bfloat16)
     cpw, warps, lb = wint_mma.gemv_config(p, gated)
-    kc = k // 64
-    assert warps * cpw >= kc > (warps - 1) * cpw and warps * 32 <= lb <= 1024
-    assert p.group_chunks == 0 or cpw % p.group_chunks == 0
-    assert cpw * (2 if gated else 1) <= 8 or lb == 512  # a warp's words in registers at 1024 threads
+    runs = -(-(k // 64) // cpw)
+    assert warps == min(wint_mma.MAX_WARPS, runs) and lb == wint_mma.LB >= warps * 32
+    gc = p.group_chunks
+    assert gc == 0 or cpw % gc == 0 or gc % cpw == 0  # whole groups a run, or a run within one
+    with pytest.raises(ValueError, match="groups"):
+        wint_mma.gemv_config(wint_mma.Int4Mma(None, None, None, 32, 384, 192, torch.bfloat16), gated, cpw=4)
 
 
 def test_gemv_config_of_qwen3_8b_is_the_sweeps_best():
     """Chunks a warp for Qwen3-8B's projections (group 128): the H100 sweep's best (docs/benchmarks.md)."""
-    shapes = {"qkv": (6144, 4096, False), "o": (4096, 4096, False), "gate_up": (24576, 4096, True),
-              "down": (4096, 12288, False)}
     cpw = {name: wint_mma.gemv_config(wint_mma.Int4Mma(None, None, None, n, k, 128, torch.bfloat16), gated)[0]
-           for name, (n, k, gated) in shapes.items()}
-    assert cpw == {"qkv": 8, "o": 4, "gate_up": 4, "down": 8}
+           for name, (n, k, gated) in QWEN3_8B.items()}
+    assert cpw == {"qkv": 2, "o": 2, "gate_up": 2, "down": 2}
 
+
+QWEN3_8B = {"qkv": (6144, 4096, False), "o": (4096, 4096, False), "gate_up": (24576, 4096, True),
+            "down": (4096, 12288, False)}
 
 gpu = pytest.mark.skipif(INTERPRETED or not wint_mma.available(), reason="CUDA C kernels: a GPU with NVRTC")
 
@@ -121,9 +124,13 @@ def test_gemv_and_widening_equal_the_dequantized_product(n, k, group, shuffled, 
         assert wint_mma.linear(x.to(DEV), p, out=out).data_ptr() == out.data_ptr()
         g, u = want[:, :n // 2], want[:, n // 2:]
         _close(wint_mma.gate_up_silu(x.to(DEV), p, K.silu_and_mul), torch.nn.functional.silu(g) * u, 2e-2)
-        if m <= wint_mma.MMA_MAX_ROWS:  # other splits of K among a tile's warps: the same sums
-            for cpw in (4, 12):
-                _close(wint_mma.gemv(x.to(DEV), p, cpw=cpw), want, 1e-2)
+        if m <= wint_mma.MMA_MAX_ROWS:  # other runs of K (several a warp where K is long): the same sums
+            for cpw in (1, 3, 4, 12):
+                if wint_mma._fits_groups(cpw, p.group_chunks):
+                    _close(wint_mma.gemv(x.to(DEV), p, cpw=cpw), want, 1e-2)
+                    if n % 32 == 0:
+                        _close(wint_mma.gemv(x.to(DEV), p, gated=True, cpw=cpw), torch.nn.functional.silu(g) * u,
+                               2e-2)
 
 
 @pytest.mark.gpu
@@ -138,3 +145,18 @@ def test_the_backend_packs_4_bit_weights_for_the_tensor_cores(monkeypatch):
     assert isinstance(be.pack_linear(t), wint_mma.Int4Mma)
     monkeypatch.setenv("RTP_LLM_CUDA_WINT_MMA", "0")
     assert isinstance(be.pack_linear(t), K.IntLinear)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("name", sorted(QWEN3_8B))
+@pytest.mark.parametrize("group", [64, 128, 4096])
+def test_the_chosen_gemv_configs_fit_their_registers(name, group):
+    """The configs gemv_config picks spill nothing with this GPU's NVRTC (a spill is slow, not wrong)."""
+    from rtp_llm.device.cuda.kernels import nvrtc
+
+    n, k, gated = QWEN3_8B[name]
+    p = wint_mma.Int4Mma(None, torch.empty(0, dtype=torch.float16), None, n, k, group, torch.bfloat16)
+    cpw, _, lb = wint_mma.gemv_config(p, gated)
+    kernel = wint_mma._kernel("wint4_gemv", wint_mma._defines(p, f"CPW={cpw}", f"LB={lb}", f"GATED={int(gated)}"))
+    assert nvrtc.local_bytes(kernel) == 0, (cpw, gated)

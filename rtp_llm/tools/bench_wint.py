@@ -71,7 +71,7 @@ def _sweep_mma(x, ps, copies, gated):
     from rtp_llm.device.cuda.kernels import wint_mma
 
     res = {cpw: graph_us(lambda: [wint_mma.gemv(x, p, gated=gated, cpw=cpw) for p in ps], copies)
-           for cpw in (2, 4, 8, 12, 16)}
+           for cpw in (2, 4, 6, 8)}
     return sorted(res.items(), key=lambda kv: kv[1])[:3]
 
 

@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 
+from rtp_llm.device.cuda.kernels import nvrtc
 from rtp_llm.device.cuda.kernels.wint import IntLinear
 from rtp_llm.device.cuda.kernels.wint_mma_src import SOURCE
 
@@ -86,7 +87,7 @@ def _compiles(device: int) -> bool:
     packed subtraction needs sm_90, so earlier GPUs take that path)."""
     try:
         with torch.cuda.device(device):
-            _kernel("wint4_gemv", ("GC=2", "CPW=8", "LB=1024", "GATED=0"))
+            _kernel("wint4_gemv", ("GC=2", "CPW=4", f"LB={LB}", "GATED=0"))
         return True
     except Exception as e:  # (no NVRTC library, an older toolkit, ...)
         log.warning("int4 tensor-core kernels unavailable (%s): GPTQ / AWQ weights take the Triton kernels", e)
@@ -120,14 +121,7 @@ def _in_column_order(x: torch.Tensor, w: Int4Mma) -> torch.Tensor:
 
 
 def _kernel(name: str, defines: tuple):
-    """The compiled kernel `name` of SOURCE with `defines`, loaded for the current device (NVRTC:
-    first use only; a decode graph's eager warm-up compiles what its capture will launch)."""
-    return _device_kernel(name, defines, torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _device_kernel(name: str, defines: tuple, device: int):
-    return torch.cuda._compile_kernel(SOURCE, name, nvcc_options=[f"-D{d}" for d in defines])
+    return nvrtc.kernel(SOURCE, name, defines)
 
 
 def _defines(w: Int4Mma, *extra) -> tuple:
@@ -135,30 +129,31 @@ def _defines(w: Int4Mma, *extra) -> tuple:
     return act + _SCALE_DEFINE[w.scale.dtype] + (f"GC={w.group_chunks}",) + extra
 
 
-# A GEMV's warps below which a warp takes 4 chunks rather than 8 (more warps, each with fewer
-# words in flight): from an H100 sweep over Qwen3-8B's projections (`bench_wint --sweep mma`;
-# docs/benchmarks.md): o (2,048 warps at 8) 7.0 -> 6.1 us at 4, qkv (3,072) best at 8.
-FEW_WARPS = 3072
+# Chunks a warp's run by default: the best of 2, 4, 6 and 8 for o, gate_up (plain and gated) and
+# down in an H100 sweep with PDL (`bench_wint --sweep mma`; docs/benchmarks.md, session 32), where
+# small runs keep two 512-thread blocks on an SM; qkv alone ran faster at 8 (7.6 against 8.7 us).
+DEFAULT_CPW = 2
+MAX_WARPS = 16  # a block's; LB = 512 threads, so a thread may hold 128 registers
+LB = MAX_WARPS * 32
+
+
+def _fits_groups(cpw: int, gc: int) -> bool:
+    """A warp's run holds whole groups or lies within one (wint4_gemv's WHOLE_GROUPS / NG)."""
+    return gc == 0 or cpw % gc == 0 or gc % cpw == 0
 
 
 def gemv_config(w: Int4Mma, gated: bool, cpw: int = 0):
-    """(CPW, warps, LB): chunks a warp (all its words loaded before the first mma: 32 registers at
-    8, twice that gated, so 4 there; 4 too where 8 leaves the GEMV under FEW_WARPS warps), warps a
-    block (one tile's K split among them), the launch bound the registers allow. A warp takes whole
-    groups."""
+    """(CPW, warps, LB): chunks a warp's run (all its words and activations loaded before its first
+    mma), warps a block (one tile's K taken in runs of CPW chunks by at most MAX_WARPS warps, each
+    with at least one run), the launch bound. By default DEFAULT_CPW, or the largest run below it
+    that neither splits a group nor spans part of two."""
     kc = w.k // 64
     gc = w.group_chunks
     if not cpw:
-        cpw = 4 if gated or w.n // 16 * -(-kc // 8) < FEW_WARPS else 8
-    if gc:
-        cpw = -(-cpw // gc) * gc
-
-    def bound(cpw):
-        return 1024 if cpw * (2 if gated else 1) <= 8 else 512
-
-    while -(-kc // cpw) > bound(cpw) // 32:
-        cpw += gc or 4
-    return cpw, -(-kc // cpw), bound(cpw)
+        cpw = max(c for c in range(1, DEFAULT_CPW + 1) if _fits_groups(c, gc))
+    if not _fits_groups(cpw, gc):
+        raise ValueError(f"{cpw} chunks a warp neither hold whole groups of {gc} chunks nor lie in one")
+    return cpw, min(MAX_WARPS, -(-kc // cpw)), LB
 
 
 def gemv(x: torch.Tensor, w: Int4Mma, out: torch.Tensor = None, gated: bool = False, cpw: int = 0) -> torch.Tensor:
@@ -176,11 +171,11 @@ def gemv(x: torch.Tensor, w: Int4Mma, out: torch.Tensor = None, gated: bool = Fa
     x = _in_column_order(x, w)
     if x.stride(1) != 1 or x.data_ptr() % 16 or x.stride(0) % 8:  # (16-byte loads of 8 activations)
         x = x.clone(memory_format=torch.contiguous_format)  # (contiguous() keeps a misaligned view)
-    cpw, warps, lb = gemv_config(w, gated, cpw)
+    cpw, warps, lb = gemv_config(w, gated, cpw)  # (gated: the same runs, twice the words)
     kernel = _kernel("wint4_gemv", _defines(w, f"CPW={cpw}", f"LB={lb}", f"GATED={int(gated)}"))
-    kernel(grid=(n // 16, 1, 1), block=(warps * 32, 1, 1),
-           args=[x, x.stride(0), m, w.words, w.scale, w.zb, w.scale.shape[1], out, out.stride(0), n // 16, k // 64],
-           shared_mem=warps * 32 * 8 * 4)
+    nvrtc.launch(kernel, n // 16, warps * 32,
+                 [x, x.stride(0), m, w.words, w.scale, w.zb, w.scale.shape[1], out, out.stride(0), n // 16, k // 64],
+                 shared_mem=warps * 32 * 8 * 4)
     return out
 
 

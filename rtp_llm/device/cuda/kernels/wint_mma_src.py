@@ -74,19 +74,6 @@ __device__ __forceinline__ u32 sub2(u32 a, u32 b) {
   return r;
 }
 
-__device__ __forceinline__ U4 load_stream(const U4* p) {  // weights: read once, not kept in L1
-  U4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ U4 load_x(const u16* p) {
-  U4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
 // c += A B for one k-step: A the 16 x 16 codes of word w minus the zero pairs (zg: row g, zh: row g + 8),
 // B the activations' pairs b01 (logical k 2t, 2t + 1) and b23 (2t + 8, 2t + 9).
 __device__ __forceinline__ void mma_step(float c[4], u32 w, u32 zg, u32 zh, u32 b01, u32 b23) {
@@ -94,7 +81,7 @@ __device__ __forceinline__ void mma_step(float c[4], u32 w, u32 zg, u32 zh, u32 
   const u32 a1 = sub2(biased_pair(w >> 4), zh);
   const u32 a2 = sub2(biased_pair(w >> 8), zg);
   const u32 a3 = sub2(biased_pair(w >> 12), zh);
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPES ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPES ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                "{%8, %9}, {%0, %1, %2, %3};"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b01), "r"(b23));
@@ -108,6 +95,51 @@ __device__ __forceinline__ void mma_chunk(float c[4], U4 w, u32 zg, u32 zh, U4 x
   mma_step(c, w.w, zg, zh, xb.z, xb.w);
 }
 
+// Weights (one read each, not kept in L1; no kernel writes them, so they may be read before the
+// PDL wait).
+__device__ __forceinline__ U4 load_stream(const U4* p) {
+  U4 v;
+  asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// Activations: a predecessor's output, so a coherent load (not .nc) ordered after the PDL wait.
+__device__ __forceinline__ U4 load_act(const U4* p) {
+  U4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+
+// PDL (kernels/nvrtc.py launches with programmatic serialization): wait until the previous kernel
+// has completed and its writes are visible; a no-op where the launch had no PDL.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Lets the next kernel launch. Also a fence for the compiler: the loads issued before it stay
+// before it, so the activations' loads go out together (else ptxas places each just before its mma
+// and a warp waits one L2 round trip a chunk).
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// A group's zero pairs (rows g, g + 8: BIAS + zero in both halves) and scales.
+struct Group { u32 zg, zh; float sg, sh; };
+
+__device__ __forceinline__ Group load_group(const scale_t* scale, const u16* zb, long sg, long sh) {
+  Group q;
+  u32 h = zb[sg]; q.zg = h | (h << 16);
+  h = zb[sh]; q.zh = h | (h << 16);
+  q.sg = scale_f(scale[sg]);
+  q.sh = scale_f(scale[sh]);
+  return q;
+}
+
+__device__ __forceinline__ void add_scaled(float acc[4], float c[4], Group q) {
+  acc[0] += q.sg * c[0]; acc[1] += q.sg * c[1]; acc[2] += q.sh * c[2]; acc[3] += q.sh * c[3];
+  c[0] = c[1] = c[2] = c[3] = 0.f;
+}
+
 #ifndef GATED
 #define GATED 0
 #endif
@@ -117,12 +149,21 @@ __device__ __forceinline__ void mma_chunk(float c[4], U4 w, u32 zg, u32 zh, U4 x
 #ifndef GC
 #define GC 2
 #endif
+// A warp's CPW chunks hold whole groups (CPW a multiple of GC: NG of them) or lie in one group (GC a
+// multiple of CPW, or one group a row).
+#define WHOLE_GROUPS (GC > 0 && CPW % GC == 0)
+#define NG (WHOLE_GROUPS ? CPW / GC : 1)
 
 // out[m, n] = sum_k W[n, k] x[m, k] for m < M <= 8; GATED: W holds 2 N rows (gate then up) and
 // out = silu(gate) * up, rounded as HF rounds gate_proj, act_fn and the product. Block b computes
-// rows [16 b, 16 b + 16) (and the up rows N + those); warp w takes chunks [w CPW, (w + 1) CPW), all
-// its words loaded before any is used. GC: chunks a group (CPW a multiple of it), 0: one group a row.
-// zb: BIAS + zero in the activations' type, [rows, G]; scale [rows, G].
+// rows [16 b, 16 b + 16) (and the up rows N + those); its warps take runs of CPW chunks in turn
+// (warp w the runs w, w + warps, ...; of a run's chunks the first `mine` exist). A run, in order:
+// its words, zeros and scales (before the PDL wait: the first run's load while the previous kernel
+// finishes), then all its activations at once, then the mmas, straight-line (a chunk past K has
+// zero activations and adds exactly 0). A lane's x row is min(g, M - 1): rows past M compute
+// output columns that are never stored. zb: BIAS + zero in the activations' type, [rows, G];
+// scale [rows, G]; GC: chunks a group (0: one group a row). Every warp has a run (warps <= runs), so
+// warp 0 has waited before it writes.
 #ifndef LB
 #define LB 512
 #endif
@@ -133,64 +174,58 @@ extern "C" __global__ void __launch_bounds__(LB) wint4_gemv(
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x;
-  const int c_beg = warp * CPW;
   const long rg = (long)tile * 16 + g;  // this lane's rows: rg and rg + 8 (gate rows when gated)
   const long up_rows = (long)n_tiles * 16 * G;  // gated: the up rows' offset in scale / zb
-  const U4* w0p = wq + ((long)tile * KC + c_beg) * 32 + lane;
-  const U4* w1p = w0p + (long)n_tiles * KC * 32;
-  const u16* xp = x + (long)g * stride_x + 16 * t + c_beg * 64;
-  const bool has_x = g < M;
-  const long sg = rg * G, sh = sg + 8 * G;
-  U4 w0[CPW], w1[CPW];
-#pragma unroll
-  for (int i = 0; i < CPW; ++i) {
-    if (c_beg + i < KC) {
-      w0[i] = load_stream(w0p + i * 32);
-      if (GATED) w1[i] = load_stream(w1p + i * 32);
-    }
-  }
+  const u16* x_row = x + (long)min(g, M - 1) * stride_x + 16 * t;
   float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
-  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
-  u32 z0g = 0, z0h = 0, z1g = 0, z1h = 0;
-  float s0g = 0.f, s0h = 0.f, s1g = 0.f, s1h = 0.f;
+  for (int c_beg = warp * CPW; c_beg < KC; c_beg += warps * CPW) {
+    const int mine = min(CPW, KC - c_beg);  // warp-uniform
+    const U4* w0p = wq + ((long)tile * KC + c_beg) * 32 + lane;
+    const U4* w1p = w0p + (long)n_tiles * KC * 32;
+    const long sg = rg * G + (GC > 0 ? c_beg / GC : 0), sh = sg + 8 * G;
+    U4 w0[CPW], w1[CPW];
+    Group q0[NG], q1[NG];
 #pragma unroll
-  for (int i = 0; i < CPW; ++i) {
-    if (c_beg + i < KC) {
-      if (i == 0 || (GC > 0 && i % GC == 0)) {  // a new group: its zero pairs and scales
-        const long gi = GC > 0 ? (c_beg + i) / GC : 0;
-        u32 h;
-        h = zb[sg + gi]; z0g = h | (h << 16);
-        h = zb[sh + gi]; z0h = h | (h << 16);
-        s0g = scale_f(scale[sg + gi]);
-        s0h = scale_f(scale[sh + gi]);
-        if (GATED) {
-          h = zb[up_rows + sg + gi]; z1g = h | (h << 16);
-          h = zb[up_rows + sh + gi]; z1h = h | (h << 16);
-          s1g = scale_f(scale[up_rows + sg + gi]);
-          s1h = scale_f(scale[up_rows + sh + gi]);
-        }
+    for (int i = 0; i < CPW; ++i) {
+      w0[i] = w1[i] = U4{0u, 0u, 0u, 0u};
+      if (i < mine) {
+        w0[i] = load_stream(w0p + i * 32);
+        if (GATED) w1[i] = load_stream(w1p + i * 32);
       }
-      U4 xa = {0u, 0u, 0u, 0u}, xb = {0u, 0u, 0u, 0u};
-      if (has_x) {
-        xa = load_x(xp + i * 64);
-        xb = load_x(xp + i * 64 + 8);
-      }
-      mma_chunk(c0, w0[i], z0g, z0h, xa, xb);
-      if (GATED) mma_chunk(c1, w1[i], z1g, z1h, xa, xb);
     }
-    const bool group_ends = i == CPW - 1 || (GC > 0 && (i + 1) % GC == 0);
-    if (group_ends) {  // the group's sums, scaled (c is 0 past KC)
-      acc0[0] += s0g * c0[0]; acc0[1] += s0g * c0[1]; acc0[2] += s0h * c0[2]; acc0[3] += s0h * c0[3];
-      if (GATED) {
-        acc1[0] += s1g * c1[0]; acc1[1] += s1g * c1[1]; acc1[2] += s1h * c1[2]; acc1[3] += s1h * c1[3];
-      }
 #pragma unroll
-      for (int r = 0; r < 4; ++r) { c0[r] = 0.f; c1[r] = 0.f; }
+    for (int j = 0; j < NG; ++j) {
+      q0[j] = q1[j] = Group{0u, 0u, 0.f, 0.f};
+      if (j * (WHOLE_GROUPS ? GC : 1) < mine) {
+        q0[j] = load_group(scale, zb, sg + j, sh + j);
+        if (GATED) q1[j] = load_group(scale, zb, up_rows + sg + j, up_rows + sh + j);
+      }
+    }
+    pdl_wait();
+    U4 xa[CPW], xb[CPW];
+    const U4* xp = reinterpret_cast<const U4*>(x_row + c_beg * 64);
+#pragma unroll
+    for (int i = 0; i < CPW; ++i) {  // unconditional (a chunk past K re-reads chunk 0), so none waits
+      xa[i] = load_act(xp + (i < mine ? i : 0) * 8);
+      xb[i] = load_act(xp + (i < mine ? i : 0) * 8 + 1);
+    }
+    pdl_launch_dependents();
+    float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < CPW; ++i) {
+      if (i >= mine) xa[i] = xb[i] = U4{0u, 0u, 0u, 0u};
+      const int j = WHOLE_GROUPS ? i / GC : 0;
+      mma_chunk(c0, w0[i], q0[j].zg, q0[j].zh, xa[i], xb[i]);
+      if (GATED) mma_chunk(c1, w1[i], q1[j].zg, q1[j].zh, xa[i], xb[i]);
+      if (i == CPW - 1 || (WHOLE_GROUPS && (i + 1) % GC == 0)) {  // the group's sums, scaled
+        add_scaled(acc0, c0, q0[j]);
+        if (GATED) add_scaled(acc1, c1, q1[j]);
+      }
     }
   }
-  float* mine = red + (warp * 32 + lane) * 8;
+  float* own = red + (warp * 32 + lane) * 8;
 #pragma unroll
-  for (int r = 0; r < 4; ++r) { mine[r] = acc0[r]; mine[4 + r] = acc1[r]; }
+  for (int r = 0; r < 4; ++r) { own[r] = acc0[r]; own[4 + r] = acc1[r]; }
   __syncthreads();
   if (warp != 0) return;
   float tot[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
