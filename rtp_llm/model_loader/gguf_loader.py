@@ -8,7 +8,9 @@ other than fp32: those stay in the file's blocks (quantized.KEPT_FORMATS) for th
 compute on (the CPU's 32-block and k-quant kernels; the lookup widens only the rows it reads, a
 tied LM head packs the table) or widen. fp32 runs widen everything: they are the exact reference.
 Other quantized types (Q2_K, Q3_K, IQ*, ...) are widened, and so are a mixture-of-experts
-file's router, experts and shared expert (gguf_moe.py: qwen3moe and qwen2moe)."""
+file's router, experts and shared expert (gguf_moe.py: qwen3moe and qwen2moe) and, in DeepSeek's
+deepseek2 files, the latent attention's projections too (gguf_deepseek.py: absorbed per head, they
+take float weights); there attn_output, the dense layers' MLP and the embeddings may stay quantized."""
 
 import hashlib
 import logging
@@ -22,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from rtp_llm.config.model_config import ModelConfig, RopeScaling
+from rtp_llm.model_loader.gguf_deepseek import ARCH, DeepseekTensors, deepseek_config_fields
 from rtp_llm.model_loader.gguf_file import GGUFFile
 from rtp_llm.model_loader.gguf_moe import EXPERT_STACKS, MOE_LAYER_NAMES, gguf_moe, moe_layer_tensor, split_experts
 from rtp_llm.model_loader.quantized import QuantizedTensor, kept_format
@@ -61,53 +64,65 @@ def _field(reader: GGUFFile, key: str, default=None):
     return reader.fields.get(key, default)
 
 
+def _required(reader: GGUFFile, key: str, path: str) -> int:
+    value = reader.fields.get(key)
+    if value is None:
+        raise CheckpointError(f"{path}: {key} is missing (every GGUF model needs it)")
+    return int(value)
+
+
 def read_gguf_config(path: str, model_type: Optional[str] = None, reader: Optional[GGUFFile] = None) -> ModelConfig:
     reader = reader or _reader(path)
     arch = _field(reader, "general.architecture")
     name = resolve_model_type(model_type, arch, path)
     traits = MODEL_TYPES[name]
-    if traits["mla"]:  # the reader maps no latent-attention tensors (attn_kv_a_mqa, ...) yet
-        raise CheckpointError(f"{path}: GGUF checkpoints of {name} (multi-head latent attention) are not supported "
-                              f"yet; use its HF safetensors checkpoint")
     a = arch
-    heads = int(_field(reader, f"{a}.attention.head_count"))
-    hidden = int(_field(reader, f"{a}.embedding_length"))
-    names = {t.name for t in reader.tensors}
+    num_layers = _required(reader, f"{a}.block_count", path)
+    shapes = {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}
+    if traits["mla"]:  # DeepSeek's latent attention, routing and yarn: gguf_deepseek.py
+        if arch != ARCH:
+            raise CheckpointError(f"{path}: {name} is read from llama.cpp's {ARCH} GGUF files, not {arch!r} ones")
+        fields = deepseek_config_fields(lambda key: _field(reader, key), shapes, num_layers, path)
+    else:
+        moe = gguf_moe(lambda key: _field(reader, key), a, name, shapes, num_layers, traits["shared_expert"],
+                       path) if traits["moe"] else None
+        fields = dict(model_type=name, qkv_bias=traits["qkv_bias"], qk_norm=traits["qk_norm"], moe=moe,
+                      **_common_fields(reader, a, path))
     eos = [int(_field(reader, k)) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
            if _field(reader, k) is not None]
+    config = ModelConfig(
+        vocab_size=len(_field(reader, "tokenizer.ggml.tokens", ())),
+        hidden_size=_required(reader, f"{a}.embedding_length", path),
+        num_layers=num_layers,
+        rope_theta=float(_field(reader, f"{a}.rope.freq_base", 10000.0)),
+        max_position_embeddings=int(_field(reader, f"{a}.context_length", 4096)),
+        tie_word_embeddings="output.weight" not in shapes,
+        eos_token_ids=sorted(set(eos)),
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        **fields,
+    )
+    config.validate()
+    return config
+
+
+def _common_fields(reader: GGUFFile, a: str, path: str) -> dict:
+    """The attention, MLP and rope fields of the dense / Qwen-MoE architectures."""
+    heads = int(_field(reader, f"{a}.attention.head_count"))
+    hidden = int(_field(reader, f"{a}.embedding_length"))
     scale_type = _field(reader, f"{a}.rope.scaling.type", "none")
     if scale_type not in ("none", "linear"):
         raise CheckpointError(f"{path}: rope scaling {scale_type!r} is not supported")
     scaling = RopeScaling()
     if scale_type == "linear":
         scaling = RopeScaling(kind="linear", factor=float(_field(reader, f"{a}.rope.scaling.factor")))
-    num_layers = int(_field(reader, f"{a}.block_count"))
-    moe = None
-    if traits["moe"]:
-        shapes = {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}
-        moe = gguf_moe(lambda key: _field(reader, key), a, name, shapes, num_layers, traits["shared_expert"], path)
-    config = ModelConfig(
-        model_type=name,
-        vocab_size=len(_field(reader, "tokenizer.ggml.tokens", ())),
-        hidden_size=hidden,
-        num_layers=num_layers,
+    return dict(
         num_heads=heads,
         num_kv_heads=int(_field(reader, f"{a}.attention.head_count_kv", heads)),
         head_dim=int(_field(reader, f"{a}.attention.key_length", hidden // heads)),
         intermediate_size=int(_field(reader, f"{a}.feed_forward_length")),
         rms_norm_eps=float(_field(reader, f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(_field(reader, f"{a}.rope.freq_base", 10000.0)),
         rope_scaling=scaling,
-        max_position_embeddings=int(_field(reader, f"{a}.context_length", 4096)),
-        tie_word_embeddings="output.weight" not in names,
-        qkv_bias=traits["qkv_bias"],
-        qk_norm=traits["qk_norm"],
-        moe=moe,
-        eos_token_ids=sorted(set(eos)),
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
     )
-    config.validate()
-    return config
 
 
 def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -162,10 +177,14 @@ def load_gguf(path: str, model_type: Optional[str], dtype: torch.dtype, progress
     reader = _reader(path)
     config = read_gguf_config(path, model_type, reader)
     permuted = _field(reader, "general.architecture") == "llama"
+    deepseek = DeepseekTensors(config, dtype, path) if config.mla is not None else None
     weights: Dict[str, Union[torch.Tensor, QuantizedTensor]] = {}
     for t in tqdm(reader.tensors, desc="loading weights", unit="tensor", disable=not progress):
         if t.name.startswith("blk."):
             _, layer, rest = t.name.split(".", 2)
+            if deepseek is not None and deepseek.takes(rest):  # (before the common names: attn_q is MLA's)
+                weights.update(deepseek.convert(int(layer), rest, _widened(path, t)))
+                continue
             if rest in EXPERT_STACKS or rest in MOE_LAYER_NAMES:
                 weights.update(_moe_tensors(path, t, layer, rest, dtype))
                 continue
@@ -193,6 +212,8 @@ def load_gguf(path: str, model_type: Optional[str], dtype: torch.dtype, progress
         if permuted and name.endswith(("q_proj.bias", "k_proj.bias")):
             tensor = _unpermute_bias(tensor, config.num_heads if "q_proj" in name else config.num_kv_heads)
         weights[name] = tensor.to(dtype)
+    if deepseek is not None:
+        weights.update(deepseek.finish())
     check_weights(config, weights, path)
     if config.moe is not None:
         pack_experts(config, weights)
@@ -218,9 +239,37 @@ def load_gguf_tokenizer(path: str):
         tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),
                                                   gguf_file=os.path.basename(path))
     except Exception as e:
-        raise CheckpointError(f"cannot build the tokenizer from {path}: {e}") from e
+        fields = GGUFFile(path).fields
+        if fields.get("general.architecture") != ARCH:
+            raise CheckpointError(f"cannot build the tokenizer from {path}: {e}") from e
+        tokenizer = _vocabulary_tokenizer(path, fields, e)
     if cached is not None:
         _save_tokenizer(tokenizer, cached)
+    return tokenizer
+
+
+def _vocabulary_tokenizer(path: str, fields: dict, auto_error: Exception):
+    """The tokenizer of a deepseek2 file, which transformers' GGUF config reader does not know
+    (AutoTokenizer reads the model config first): built from the vocabulary alone
+    (tokenizer.ggml.model's byte-level BPE or sentencepiece builder), as AutoTokenizer's own
+    tokenizer class does once it has one. fields: the file's metadata."""
+    from transformers import PreTrainedTokenizerFast
+
+    try:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.dirname(os.path.abspath(path)),
+                                                            gguf_file=os.path.basename(path))
+    except Exception as e:
+        raise CheckpointError(f"cannot build the tokenizer from {path}: {auto_error}; from its vocabulary alone: "
+                              f"{e}") from auto_error
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
+    except ImportError:
+        return tokenizer
+    pre = fields.get("tokenizer.ggml.pre")
+    if fields.get("tokenizer.ggml.model") == "gpt2" and pre is not None and pre not in GGUF_PRE_TOKENIZER_SPLITS:
+        log.warning("%s: transformers has no split rule for pre-tokenizer %r: text is split by GPT-2's byte-level "
+                    "rule, which may tokenize some text otherwise than the model's own tokenizer (pass "
+                    "--tokenizer_path to use that)", path, pre)
     return tokenizer
 
 

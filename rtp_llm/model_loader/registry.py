@@ -40,7 +40,7 @@ _ALIASES = {
     "qwen_2_moe": "qwen_2_moe",
     "DeepseekV2ForCausalLM": "deepseek2",
     "DeepseekV3ForCausalLM": "deepseek3",  # also Kimi-K2's architecture
-    "deepseek2": "deepseek2",  # (also GGUF's name: refused by the GGUF reader, by name)
+    "deepseek2": "deepseek2",  # (also llama.cpp's GGUF name for V2 and V3: gguf_deepseek.py tells them apart)
     "deepseek3": "deepseek3",
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek3",

@@ -77,15 +77,16 @@ TINY_MLA = {
 TINY_VOCAB = 512
 
 
-def make_tiny(name: str, root: str) -> str:
+def make_tiny(name: str, root: str, spec=None) -> str:
     """Writes the tiny HF checkpoint `name` (TINY: Qwen3, Qwen2, Llama; GQA, MQA, tied and
     untied; TINY_MOE: Qwen3-MoE, Qwen2-MoE; TINY_MLA: DeepSeek-V2/V3) under root and returns its directory. The weights
     are scaled up so that greedy choices are decisive rather than near-ties; the seed is the
-    name's, so a name always gives the same weights. (rtp_llm.tools.random_checkpoint writes benchmark-sized Qwen3 checkpoints whose
+    name's, so a name always gives the same weights; spec, (config class, kwargs), names another
+    module's fixture. (rtp_llm.tools.random_checkpoint writes benchmark-sized Qwen3 checkpoints whose
     values do not matter; these are for parity.)"""
     import transformers
 
-    cls_name, kwargs = {**TINY, **TINY_MOE, **TINY_MLA}[name]
+    cls_name, kwargs = spec or {**TINY, **TINY_MOE, **TINY_MLA}[name]
     config = getattr(transformers, cls_name)(**{
         "vocab_size": TINY_VOCAB, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
         "max_position_embeddings": 512, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
