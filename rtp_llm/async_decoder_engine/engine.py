@@ -40,6 +40,7 @@ from typing import Optional
 import torch
 
 from rtp_llm.async_decoder_engine.draft_model import DraftModel, check_draft, load_draft
+from rtp_llm.async_decoder_engine.eagle_drafter import EagleDrafter
 from rtp_llm.async_decoder_engine.grammar import GrammarBook, GrammarOptions, make_grammar_book
 from rtp_llm.async_decoder_engine.host_profile import HostProfile
 from rtp_llm.async_decoder_engine.model_runner import Forwarded, ModelRunner, PendingStep, StagedStep
@@ -50,6 +51,7 @@ from rtp_llm.distributed.tensor_parallel import CollectiveError, StepBroadcast, 
 from rtp_llm.model_loader import LoadedModel
 from rtp_llm.model_loader.weights import active_elements
 from rtp_llm.models_py.decoder import DecoderModel
+from rtp_llm.models_py.eagle3 import Eagle3Head, read_eagle3_config, read_eagle3_weights
 from rtp_llm.ops.engine_core import EngineCore
 from rtp_llm.utils.host_heap import settle_heap
 
@@ -130,6 +132,7 @@ class EngineLoop:
         # than keep the weights in memory twice.
         loaded.weights.clear()
         draft_model = self._draft_model(loaded, draft, tp) if args.speculative.draft_model else None
+        head = self._eagle3_head(model, loaded, tp) if args.speculative.eagle3 else None
         kv_dtype = self.backend.kv_cache_dtype(args.kv_cache_dtype, loaded.dtype)
         for m in (model, draft_model):
             if m is not None and m.kv_cache_spec.is_mla and kv_dtype != loaded.dtype:
@@ -137,7 +140,8 @@ class EngineLoop:
                                  f"{m.config.model_type} (its latent cache is kept in the run dtype); use "
                                  f"--kv_cache_dtype=auto")
         # This rank's, in the model's layout; a draft model's cache mirrors the target's block for block.
-        block_bytes = sum(m.kv_cache_spec.block_bytes(block, kv_dtype) for m in (model, draft_model) if m is not None)
+        block_bytes = sum(m.kv_cache_spec.block_bytes(block, kv_dtype) for m in (model, draft_model, head)
+                          if m is not None)
         if args.num_kv_blocks:
             num_blocks, budget = args.num_kv_blocks, args.num_kv_blocks * block_bytes
         else:
@@ -164,14 +168,20 @@ class EngineLoop:
         self.kv_cache, self.kv_blocks_dim = kv, 1 if model.kv_cache_spec.is_mla else 2
         # A step's sampled rows: one per stream, and one more per drafted token (within the budget).
         rows = min(step_tokens, args.max_batch_size * (1 + spec["gen_num_per_cycle"]))
+        # (An EAGLE-3 head reads the model's hidden states of every step: the steps run eagerly.)
         self.runner = ModelRunner(model, self.backend, kv, block, args.max_batch_size, self.max_seq_len,
-                                  step_tokens, use_graphs=args.cuda_graph, max_sampled_rows=max(rows, args.max_batch_size))
+                                  step_tokens, use_graphs=args.cuda_graph and head is None,
+                                  max_sampled_rows=max(rows, args.max_batch_size))
         if draft_model is not None:
             draft_kv = self.backend.allocate_cache(draft_model.kv_cache_spec, self.num_blocks, block, kv_dtype)
             self.runner.drafter = DraftModel(ModelRunner(draft_model, self.backend, draft_kv, block,
                                                          args.max_batch_size, self.max_seq_len, step_tokens,
                                                          use_graphs=args.cuda_graph, bind=False),
                                              args.max_batch_size)
+        if head is not None:
+            head_kv = self.backend.allocate_cache(head.kv_cache_spec, self.num_blocks, block, kv_dtype)
+            self.runner.drafter = EagleDrafter(head, self.backend, head_kv, block, args.max_batch_size,
+                                               len(model.aux_layers) * c.hidden_size, loaded.dtype)
         overlap = self.backend.async_execution if args.overlap_schedule is None else args.overlap_schedule
         grammar = None
         if self.core is not None:
@@ -185,6 +195,18 @@ class EngineLoop:
         settle_heap()  # (loading's and warm-up's temporaries)
         if args.host_profile and self.core is not None:
             self.host_profile = HostProfile(self)
+
+    def _eagle3_head(self, model: DecoderModel, loaded: LoadedModel, tp: TPShard) -> Eagle3Head:
+        """The EAGLE-3 head of --sp_type=eagle3 on this device; `model` keeps the hidden states it reads."""
+        spec = self.args.speculative
+        spec.check_ranks(tp.size)
+        config = read_eagle3_config(spec.sp_checkpoint_path, loaded.config)
+        head = Eagle3Head(config, read_eagle3_weights(spec.sp_checkpoint_path), self.backend, loaded.dtype,
+                          self.max_seq_len, model.embed_rows)
+        model.aux_layers = config.aux_layers
+        log.info("EAGLE-3 head %s (draft vocabulary %d, target layers %s) proposes up to %d tokens a step",
+                 spec.sp_checkpoint_path, config.draft_vocab_size, list(config.aux_layers), spec.gen_num_per_cycle)
+        return head
 
     def _draft_model(self, loaded: LoadedModel, draft: Optional[LoadedModel], tp: TPShard) -> DecoderModel:
         """The draft model of --sp_type=vanilla on this device (its loaded weights dropped)."""

@@ -25,7 +25,8 @@ StepBatch.sampled_streams()), so the step yields num_sampled + num_draft_tokens 
 commit verifies. Where the device has graphs, the extend graph of the step's token count computes
 those rows (within its row count; else the step runs eagerly). With a draft model (`drafter`:
 draft_model.py) stage() first has it propose the step's drafts and stage its mirror of the step,
-whose forward then precedes the target's."""
+whose forward then precedes the target's. An EAGLE-3 head (eagle_drafter.py) proposes in stage()
+too, and runs its rows of the step right after the step's sampling, on the model's hidden states."""
 
 import os
 import threading
@@ -146,8 +147,10 @@ class Forwarded:
     """A step whose forward is queued: logits [num_sampled, vocab] fp32 on the device, and its
     prompt rows' log-probs (None when it has none). Sampled by ModelRunner.sample()."""
 
-    def __init__(self, batch: StepBatch, logits: torch.Tensor, prompt: Optional[PromptLogprobs]):
+    def __init__(self, batch: StepBatch, logits: torch.Tensor, prompt: Optional[PromptLogprobs],
+                 aux: Optional[torch.Tensor] = None):
         self.batch, self.logits, self.prompt = batch, logits, prompt
+        self.aux = aux  # the model's hidden states for an EAGLE-3 head (DecoderModel.aux), else None
         self.rows = None     # its SamplingRows, once fill_mask() took them
         self.grammar = None  # its grammar rows (stream ids [G], indices in the sampled rows [G]), likewise
 
@@ -181,7 +184,7 @@ class ModelRunner:
         self.sampler = Sampler(backend.device, pin_host=pin, argmax=backend.argmax,
                                apply_token_bitmask=backend.apply_token_bitmask)
         self.grammar = None  # rank 0's GrammarBook (EngineLoop sets it)
-        self.drafter: Optional[DraftModel] = None  # a draft model's runner (EngineLoop sets it)
+        self.drafter = None  # DraftModel or EagleDrafter, which fills the drafted positions (EngineLoop sets it)
         self._force_accept = force_accept_rate()  # benchmark only (draft_model.FORCE_ACCEPT_ENV)
         self._force_gen = torch.Generator().manual_seed(0)
         if bind:
@@ -272,7 +275,7 @@ class ModelRunner:
             n = b.num_sampled + b.num_draft_tokens
             prompt = self._prompt_logprobs(logits[n:], b)
             logits = logits[:n]
-        return Forwarded(b, logits, prompt)
+        return Forwarded(b, logits, prompt, self.model.aux)
 
     def fill_mask(self, f: Forwarded) -> Optional[MaskFill]:
         """Starts filling f's grammar rows' mask (None: f has none); the step before f must have
@@ -297,6 +300,8 @@ class ModelRunner:
         if self._force_accept:
             samples = samples._replace(tokens=force_acceptance(samples.tokens, rows.draft_tokens, self._force_accept,
                                                                self._force_gen))
+        if f.aux is not None:  # an EAGLE-3 head's rows of this step (eagle_drafter.py), behind its sampling
+            self.drafter.after_sample(f.batch, f.aux, samples.tokens)
         slot = self._slots[self._slot]
         self._slot ^= 1
         step = PendingStep(samples, slot, self.model.tp.timeout_s if self.model.tp.size > 1 else 0.0, f.prompt)

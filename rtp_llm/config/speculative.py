@@ -2,17 +2,22 @@
 flags, EngineArgs as this object, the engine core gets gen_num_per_cycle and the n-gram sizes
 (RTP_LLM_ENGINE_CONFIG). Built, for rows sampled from the logits alone, greedy or by rejection
 sampling (rtp_llm/cpp/engine/scheduler.h, rtp_llm/models_py/rejection_sampler.py): prompt lookup
-(`ngram`, upstream's `deterministic`) and a separate draft model (`vanilla`:
-async_decoder_engine/draft_model.py); the MTP/EAGLE kinds are refused by name at start-up."""
+(`ngram`, upstream's `deterministic`), a separate draft model (`vanilla`:
+async_decoder_engine/draft_model.py) and an EAGLE-3 head over the target's hidden states (`eagle3`:
+async_decoder_engine/eagle_drafter.py); the MTP and EAGLE-1/2 kinds are refused by name at start-up."""
 
 from dataclasses import dataclass
 
 # sp_type -> what it is (the ones built)
 SP_TYPES = {"ngram": "prompt lookup (n-grams of the stream's own tokens)",
             "deterministic": "upstream's name for prompt lookup",
-            "vanilla": "a separate draft model of the same tokenizer (--sp_checkpoint_path)"}
+            "vanilla": "a separate draft model of the same tokenizer (--sp_checkpoint_path)",
+            "eagle3": "an EAGLE-3 head trained for the target (--sp_checkpoint_path)"}
 # sp_type -> what it would need (upstream's and vLLM's kinds not built yet)
-NOT_BUILT = {"mtp": "a multi-token-prediction head", "eagle": "an EAGLE head", "eagle3": "an EAGLE-3 head"}
+NOT_BUILT = {"mtp": "a multi-token-prediction head", "eagle": "an EAGLE-1/2 head"}
+# The kinds whose drafts come from a model at --sp_checkpoint_path, run by the model runner (the
+# core reserves their positions and the runner fills them): sp_type -> what the checkpoint is.
+CHECKPOINT_DRAFTERS = {"vanilla": "the draft model", "eagle3": "the EAGLE-3 head"}
 
 
 @dataclass
@@ -40,6 +45,17 @@ class SpeculativeConfig:
         """The drafts come from a separate model (loaded from sp_checkpoint_path)."""
         return self.sp_type == "vanilla"
 
+    @property
+    def eagle3(self) -> bool:
+        """The drafts come from an EAGLE-3 head (loaded from sp_checkpoint_path) fed the target's
+        hidden states."""
+        return self.sp_type == "eagle3"
+
+    @property
+    def runner_drafts(self) -> bool:
+        """The model runner fills the drafted positions (a checkpoint drafter), not the core."""
+        return self.sp_type in CHECKPOINT_DRAFTERS
+
     def validate(self) -> None:
         if not self.enabled:
             return
@@ -49,10 +65,11 @@ class SpeculativeConfig:
                              f"supported: {built}")
         if self.sp_type not in SP_TYPES:
             raise ValueError(f"--sp_type must be one of {built} (or empty: off), got {self.sp_type!r}")
-        if self.draft_model and not self.sp_checkpoint_path:
-            raise ValueError("--sp_type=vanilla needs the draft model's checkpoint: --sp_checkpoint_path")
-        if self.sp_checkpoint_path and not self.draft_model:
-            raise ValueError(f"--sp_checkpoint_path is the draft model of --sp_type=vanilla, not of "
+        if self.runner_drafts and not self.sp_checkpoint_path:
+            raise ValueError(f"--sp_type={self.sp_type} needs {CHECKPOINT_DRAFTERS[self.sp_type]}'s checkpoint: "
+                             f"--sp_checkpoint_path")
+        if self.sp_checkpoint_path and not self.runner_drafts:
+            raise ValueError(f"--sp_checkpoint_path is the checkpoint of --sp_type=vanilla or eagle3, not of "
                              f"--sp_type={self.sp_type}")
         if self.gen_num_per_cycle < 1:
             raise ValueError(f"--gen_num_per_cycle must be >= 1, got {self.gen_num_per_cycle}")
@@ -61,12 +78,13 @@ class SpeculativeConfig:
                              f"{self.sp_max_token_match}]")
 
     def check_ranks(self, tp_size: int) -> None:
-        """A draft model runs on one rank (no tensor-parallel shards of it yet)."""
-        if self.draft_model and tp_size != 1:
-            raise ValueError(f"--sp_type=vanilla (a draft model) runs on one rank: it needs --tp_size=1, got {tp_size}")
+        """A checkpoint drafter runs on one rank (no tensor-parallel shards of it yet)."""
+        if self.runner_drafts and tp_size != 1:
+            raise ValueError(f"--sp_type={self.sp_type} ({CHECKPOINT_DRAFTERS[self.sp_type]}) runs on one rank: it "
+                             f"needs --tp_size=1, got {tp_size}")
 
     def core_config(self) -> dict:
         """The engine core's fields (RTP_LLM_ENGINE_CONFIG): gen_num_per_cycle 0 turns drafting off."""
         return {"gen_num_per_cycle": self.gen_num_per_cycle if self.enabled else 0,
                 "sp_min_token_match": self.sp_min_token_match, "sp_max_token_match": self.sp_max_token_match,
-                "draft_model": self.draft_model}
+                "draft_model": self.runner_drafts}

@@ -120,6 +120,10 @@ class DecoderModel:
         # latent and rope key (replicated across ranks).
         self.kv_cache_spec = (KVCacheSpec(c.num_layers, latent_dim=c.mla.latent_dim) if c.mla else
                               KVCacheSpec(c.num_layers, self.num_kv_heads, D))
+        # An EAGLE-3 head's inputs (models_py/eagle3.py): the residual stream entering each of these
+        # layers, kept by every forward in `aux` [T, len(aux_layers) hidden] (none by default).
+        self.aux_layers: tuple = ()
+        self.aux: Optional[torch.Tensor] = None
 
     def _qkv_attention(self, a: str, w, q_rows, kv_rows) -> dict:
         """Attention prefix a's fused q/k/v projection (and bias, q/k norms) and o_proj, this
@@ -147,6 +151,10 @@ class DecoderModel:
         # A quantized table (a GGUF one the backend keeps) widens only the rows it reads.
         return self.embed.lookup(ids) if isinstance(self.embed, QuantizedTensor) else self.embed[ids]
 
+    def embed_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """[T, hidden] rows of the token embedding (one rank's whole table: an EAGLE-3 head's input)."""
+        return self._rows(token_ids)
+
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             return self._rows(token_ids)
@@ -172,7 +180,10 @@ class DecoderModel:
         # buffer under TP on GPUs (no copy-in), else None (anywhere).
         send = tp.send_buffer(T, residual.shape[1], residual.dtype)
         x = be.rms_norm(residual, self.layers[0].input_norm, c.rms_norm_eps)
+        aux = residual.new_empty(T, len(self.aux_layers) * residual.shape[1]) if self.aux_layers else None
         for i, layer in enumerate(self.layers):
+            for j in (j for j, a in enumerate(self.aux_layers) if a == i):
+                aux[:, j * residual.shape[1]:(j + 1) * residual.shape[1]].copy_(residual)
             if layer.mla is not None:
                 o = self.mla.forward(layer.mla, x, positions, self.cos, self.sin, kv_cache[i], meta, be)
             else:
@@ -191,6 +202,7 @@ class DecoderModel:
                 mlp = be.linear(be.gate_up_silu(x, layer.gate_up), layer.down, out=send)
             next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
             x = tp.all_reduce_add_rms_norm(mlp, residual, next_norm, c.rms_norm_eps, be)
+        self.aux = aux
         if sample_rows is not None and sample_rows.shape[0] == 0:  # the KV cache only (a draft's mirror)
             return x.new_empty(0, c.vocab_size, dtype=torch.float32)
         h = x if sample_rows is None else x[sample_rows]

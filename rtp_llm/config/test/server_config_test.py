@@ -151,18 +151,23 @@ class ServerConfigTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r"--sp_type=mtp \(a multi-token-prediction head\) is not implemented "
                                                 r"yet; supported: ngram .*deterministic"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type", "mtp")
-        with self.assertRaisesRegex(ValueError, "--sp_checkpoint_path is the draft model of --sp_type=vanilla, not "
-                                                "of --sp_type=ngram"):
+        with self.assertRaisesRegex(ValueError, "--sp_checkpoint_path is the checkpoint of --sp_type=vanilla or "
+                                                "eagle3, not of --sp_type=ngram"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=ngram", f"--sp_checkpoint_path={self.ckpt}")
         with self.assertRaisesRegex(ValueError, "--sp_type=vanilla needs the draft model's checkpoint: "
                                                 "--sp_checkpoint_path"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=vanilla")
         with self.assertRaisesRegex(ValueError, "--sp_checkpoint_path /no/such/dir does not exist"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=vanilla", "--sp_checkpoint_path=/no/such/dir")
-        with self.assertRaisesRegex(ValueError, r"--sp_type=vanilla \(a draft model\) runs on one rank: it needs "
+        with self.assertRaisesRegex(ValueError, r"--sp_type=vanilla \(the draft model\) runs on one rank: it needs "
                                                 r"--tp_size=1, got 2"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=vanilla", f"--sp_checkpoint_path={self.ckpt}",
                        "--tp_size=2")
+        with self.assertRaisesRegex(ValueError, "--sp_type=eagle3 needs the EAGLE-3 head's checkpoint: "
+                                                "--sp_checkpoint_path"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=eagle3")
+        with self.assertRaisesRegex(ValueError, r"--sp_type=eagle \(an EAGLE-1/2 head\) is not implemented yet"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=eagle")
         with self.assertRaisesRegex(ValueError, "--sp_act_type is an upstream RTP-LLM flag"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--sp_act_type=bf16")
         with self.assertRaisesRegex(ValueError, r"--sp_type must be one of .* got 'medusa'"):
