@@ -2,10 +2,14 @@
 tokens are HF's with prompt lookup and with a draft model (the target itself: every draft
 accepted, so the draft's mirrored KV cache is right; or an unrelated model of other head counts),
 through captured graphs (steps without drafts, the draft's proposal steps and its mirror) and
-eagerly, overlapped, with chunked prefill. Marked `gpu`: skipped where torch sees no GPU."""
+eagerly, overlapped, with chunked prefill; an EAGLE-3 head (random, on a 4-layer target) gives the
+plain greedy tokens and proposes exactly the drafts a plain-torch head computes over the HF
+target's hidden states (eagle3_ref.py), drafts forced through or not. Marked `gpu`: skipped where
+torch sees no GPU."""
 
 import pytest
 import torch
+from eagle3_ref import draft_mismatches, generate_recording_drafts, write_eagle3_head
 from testlib import hf_greedy, hf_model, make_loopy, make_tiny, random_prompts, repetitive_prompts
 
 pytestmark = [pytest.mark.gpu,
@@ -51,4 +55,46 @@ def test_greedy_tokens_equal_hf_with_drafts(models, drafter, graphs, chunk):
         assert stats["spec_accepted_tokens"] == stats["spec_draft_tokens"], stats
     elif drafter == "ngram":
         assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"], stats
+    assert stats["used_blocks"] == 0
+
+
+EAGLE_TARGET = ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                    tie_word_embeddings=False, num_hidden_layers=4))
+
+
+@pytest.fixture(scope="module")
+def eagle(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("eagle3"))
+    target = make_tiny("qwen3_4layers", root, spec=EAGLE_TARGET)
+    return target, write_eagle3_head(f"{root}/head", target, seed=1, draft_vocab=200)
+
+
+@pytest.mark.parametrize("forced", [0.0, 0.6], ids=["model", "forced"])
+@pytest.mark.parametrize("chunk", [0, 16], ids=["whole", "chunked"])
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+def test_eagle3_drafts_are_the_heads(eagle, graphs, chunk, forced, monkeypatch):
+    from rtp_llm.async_decoder_engine.draft_model import FORCE_ACCEPT_ENV
+    from rtp_llm.config.speculative import SpeculativeConfig
+    from rtp_llm.llm import LLM
+
+    target, head = eagle
+    if forced:
+        monkeypatch.setenv(FORCE_ACCEPT_ENV, str(forced))
+    extra = {"max_num_batched_tokens": chunk} if chunk else {}
+    llm = LLM(target, act_type="fp32", progress=False, device="cuda", max_seq_len=256, cuda_graph=graphs,
+              speculative=SpeculativeConfig("eagle3", 3, sp_checkpoint_path=head), **extra)
+    prompts = random_prompts(5, [6, 21, 40])
+    try:
+        outs, proposals = generate_recording_drafts(llm, prompts, {"max_new_tokens": 24, "temperature": 0,
+                                                                   "ignore_eos": True})
+        stats = llm.engine.core.stats()
+    finally:
+        llm.close()
+    if not forced:
+        hf = hf_model(target)
+        for prompt, out in zip(prompts, outs):
+            assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 24), len(prompt)
+    else:
+        assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"], stats
+    assert proposals and draft_mismatches(target, head, prompts, outs, proposals) == []
     assert stats["used_blocks"] == 0

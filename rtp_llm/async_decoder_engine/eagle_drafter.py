@@ -67,6 +67,10 @@ class EagleDrafter:
         self.carry = torch.zeros(cap, aux_width, dtype=dtype, device=dev)       # [cap, 3 Ht] a chunk's last row
         self.carried = {}  # stream id -> (position, KV slot) of its carried row
 
+    def _dev(self, a: np.ndarray) -> torch.Tensor:
+        """A host index array on the device, without waiting for the device (a plain .to() would)."""
+        return torch.from_numpy(np.ascontiguousarray(a)).to(self.backend.device, non_blocking=True)
+
     # ------------------------------------------------------------------ after the target's step
 
     def after_sample(self, b, aux: torch.Tensor, samples: torch.Tensor) -> None:
@@ -103,21 +107,20 @@ class EagleDrafter:
         batch = DraftBatch(tokens.astype(np.int32), row_pos.astype(np.int32), slots, qlens.astype(np.int32),
                            np.ascontiguousarray(b.block_tables[streams]))
         # the hidden rows: aux for this step's tokens, the carry table for carried rows
-        dev = self.backend.device
         src = np.concatenate([kept, -1 - np.array([self.table.slot(int(ids[s]), live) for s, _, _ in cin], np.int64)])
         src = src[order]
         hidden = aux.new_empty(len(src), aux.shape[1])
         own = np.nonzero(src >= 0)[0]
-        hidden[torch.from_numpy(own).to(dev)] = aux[torch.from_numpy(src[own]).to(dev)]
+        hidden[self._dev(own)] = aux[self._dev(src[own])]
         if len(cin):
             car = np.nonzero(src < 0)[0]
-            hidden[torch.from_numpy(car).to(dev)] = self.carry[torch.from_numpy(-1 - src[car]).to(dev)]
+            hidden[self._dev(car)] = self.carry[self._dev(-1 - src[car])]
         self._carry_out(b, aux, chunk_end, live)
         rows, targets = self._proposal_rows(b, row_stream, samples)
         x = self.backend.prepare_inputs(batch, self.block_size)
         self.backend.resolve_placeholders(x.token_ids, samples)
         draft1, h = self.head.forward(x.token_ids, x.positions, x.meta, self.kv_cache, hidden, rows)
-        at = torch.from_numpy(np.array([self.table.slot(int(i), live) for i in targets], np.int64)).to(dev)
+        at = self._dev(np.array([self.table.slot(int(i), live) for i in targets], np.int64))
         self.draft1[at] = draft1
         self.h[at] = h
 
@@ -132,7 +135,7 @@ class EagleDrafter:
             at.append(self.table.slot(i, live))
             self.carried[i] = (int(b.positions[t]), int(b.slot_mapping[t]))
         dev = self.backend.device
-        self.carry[torch.tensor(at, dtype=torch.int64, device=dev)] = aux[torch.from_numpy(chunk_end).to(dev)]
+        self.carry[self._dev(np.array(at, np.int64))] = aux[self._dev(chunk_end)]
 
     def _proposal_rows(self, b, row_stream: np.ndarray, samples: torch.Tensor):
         """(rows [P] on the device, the row of each sampled stream's last kept position in the head's
@@ -141,7 +144,7 @@ class EagleDrafter:
         sampling = np.nonzero(b.do_sample == 1)[0]
         ends = np.searchsorted(row_stream, sampling, side="right")  # one past each stream's last head row
         d = b.draft_lens[sampling].astype(np.int64)
-        base = torch.from_numpy(ends - 1 - d).to(self.backend.device)
+        base = self._dev(ends - 1 - d)
         if not d.any():
             return base, b.stream_ids[sampling]
         # per stream its samples (rows first..first + d - 1) against its drafts (query tokens after the first)
@@ -153,7 +156,7 @@ class EagleDrafter:
         qend = b.query_starts[sampling + 1].astype(np.int64)
         drafts = np.where(valid, b.token_ids[np.where(valid, qend[:, None] - d[:, None] + j[None, :], 0)], -2)
         dev = self.backend.device
-        same = samples.long()[torch.from_numpy(idx).to(dev)] == torch.from_numpy(drafts.astype(np.int64)).to(dev)
+        same = samples.long()[self._dev(idx)] == self._dev(drafts.astype(np.int64))
         accepted = same.int().cumprod(dim=1).sum(dim=1)
         return base + accepted, b.stream_ids[sampling]
 
@@ -172,13 +175,12 @@ class EagleDrafter:
         d = b.draft_lens[drafting].astype(np.int64)
         first = b.query_starts[drafting + 1].astype(np.int64) - 1 - d  # each stream's last known token
         live = set(b.stream_ids.tolist())
-        at = torch.from_numpy(np.array([self.table.slot(int(i), live) for i in b.stream_ids[drafting]],
-                                       np.int64)).to(dev)
+        at = self._dev(np.array([self.table.slot(int(i), live) for i in b.stream_ids[drafting]], np.int64))
         tok, h = self.draft1[at], self.h[at]
         outs = [tok]
         for j in range(1, int(d.max())):
             keep = d > j
-            sel = torch.from_numpy(np.nonzero(keep[d > j - 1])[0]).to(dev)
+            sel = self._dev(np.nonzero(keep[d > j - 1])[0])
             t = first[keep] + j - 1
             prev_n = int((d > j - 1).sum())
             batch = DraftBatch((-1 - np.arange(prev_n)[keep[d > j - 1]]).astype(np.int32), b.positions[t],

@@ -168,10 +168,8 @@ class EngineLoop:
         self.kv_cache, self.kv_blocks_dim = kv, 1 if model.kv_cache_spec.is_mla else 2
         # A step's sampled rows: one per stream, and one more per drafted token (within the budget).
         rows = min(step_tokens, args.max_batch_size * (1 + spec["gen_num_per_cycle"]))
-        # (An EAGLE-3 head reads the model's hidden states of every step: the steps run eagerly.)
         self.runner = ModelRunner(model, self.backend, kv, block, args.max_batch_size, self.max_seq_len,
-                                  step_tokens, use_graphs=args.cuda_graph and head is None,
-                                  max_sampled_rows=max(rows, args.max_batch_size))
+                                  step_tokens, use_graphs=args.cuda_graph, max_sampled_rows=max(rows, args.max_batch_size))
         if draft_model is not None:
             draft_kv = self.backend.allocate_cache(draft_model.kv_cache_spec, self.num_blocks, block, kv_dtype)
             self.runner.drafter = DraftModel(ModelRunner(draft_model, self.backend, draft_kv, block,

@@ -168,11 +168,12 @@ class DecoderModel:
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_cache: torch.Tensor, sample_rows: Optional[torch.Tensor],
-                logits_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                logits_out: Optional[torch.Tensor] = None, aux_out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """token_ids, positions: [T]; kv_cache: [L, 2, ...] (MLA: [L, blocks, block_size, latent]);
         sample_rows: [N] rows whose next token is wanted (None: all T). Returns logits [N, vocab]
         in fp32: logits_out[:N] when given ([>= N, vocab] fp32; captured graphs share one such
-        buffer rather than each keeping its own output alive)."""
+        buffer rather than each keeping its own output alive). aux_out: likewise, [>= T, len(aux_layers)
+        hidden] for `aux`."""
         c, be, tp = self.config, self.backend, self.tp
         T = token_ids.shape[0]
         residual = self._embed(token_ids)  # [T, hidden]; every layer adds into it in place
@@ -180,7 +181,9 @@ class DecoderModel:
         # buffer under TP on GPUs (no copy-in), else None (anywhere).
         send = tp.send_buffer(T, residual.shape[1], residual.dtype)
         x = be.rms_norm(residual, self.layers[0].input_norm, c.rms_norm_eps)
-        aux = residual.new_empty(T, len(self.aux_layers) * residual.shape[1]) if self.aux_layers else None
+        aux = None
+        if self.aux_layers:
+            aux = aux_out[:T] if aux_out is not None else residual.new_empty(T, len(self.aux_layers) * residual.shape[1])
         for i, layer in enumerate(self.layers):
             for j in (j for j, a in enumerate(self.aux_layers) if a == i):
                 aux[:, j * residual.shape[1]:(j + 1) * residual.shape[1]].copy_(residual)

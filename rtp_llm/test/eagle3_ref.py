@@ -16,96 +16,18 @@ from typing import List, Optional, Sequence
 
 import torch
 
-HEAD_WEIGHTS = "model.safetensors"
-
-
 def _target_config(target_dir: str) -> dict:
     with open(os.path.join(target_dir, "config.json")) as f:
         return json.load(f)
 
 
-def _rope_theta(cfg: dict) -> float:
-    """transformers 5 writes rope_theta inside rope_parameters; older versions (and published
-    checkpoints) write it at the top level; Llama's default applies when neither does."""
-    theta = cfg.get("rope_theta")
-    if theta is None:
-        theta = (cfg.get("rope_parameters") or {}).get("rope_theta")
-    return float(theta if theta is not None else 10000.0)
-
-
 def write_eagle3_head(path: str, target_dir: str, seed: int = 0, draft_vocab: Optional[int] = None,
                       aux_layers: Optional[Sequence[int]] = None, scale: float = 0.2) -> str:
-    """Writes a random EAGLE-3 head for the HF checkpoint in target_dir into `path` (config.json
-    and model.safetensors, fp32) and returns path.
+    """A random fp32 EAGLE-3 head for the HF checkpoint in target_dir (random_checkpoint.write_eagle3_head,
+    the benchmarks' writer: the layout of published heads, N(0, scale) matrices, norms near 1)."""
+    from rtp_llm.tools.random_checkpoint import write_eagle3_head as write
 
-    Names and shapes are those of published heads, so the engine's loader is exercised on the
-    real layout: midlayer.* (q/k/v read 2H), fc [H, 3H], norm, lm_head over the draft vocabulary,
-    d2t (target id = draft id + d2t[draft id]) and t2d (which target ids are drafted). There is
-    no embed_tokens: the head borrows the target's embedding table. With draft_vocab < vocab the
-    draft vocabulary is a random sorted subset of target ids, so d2t is non-trivial; aux_layers,
-    when given, is written as eagle_config.eagle_aux_hidden_state_layer_ids (otherwise readers
-    fall back to (2, L // 2, L - 3)). Matrices are N(0, scale), large enough that argmaxes are
-    decisive; norm weights 1 + 0.1 N(0, 1) so a mixed-up norm shows up in the drafts."""
-    from safetensors.torch import save_file
-
-    t = _target_config(target_dir)
-    hidden, heads = t["hidden_size"], t["num_attention_heads"]
-    kv_heads = t.get("num_key_value_heads") or heads
-    head_dim = t.get("head_dim") or hidden // heads
-    inter, vocab = t["intermediate_size"], t["vocab_size"]
-    draft_vocab = vocab if draft_vocab is None else int(draft_vocab)
-    if not 0 < draft_vocab <= vocab:
-        raise ValueError(f"draft_vocab {draft_vocab} must be in 1..{vocab}")
-
-    config = {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-        "hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-        "head_dim": head_dim, "intermediate_size": inter, "rms_norm_eps": t.get("rms_norm_eps", 1e-6),
-        "rope_theta": _rope_theta(t), "max_position_embeddings": t.get("max_position_embeddings", 2048),
-        "vocab_size": vocab, "draft_vocab_size": draft_vocab, "num_hidden_layers": 1,
-        "tie_word_embeddings": False, "hidden_act": "silu",
-    }
-    if aux_layers is not None:
-        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [int(x) for x in aux_layers]}
-
-    gen = torch.Generator().manual_seed(seed)
-
-    def mat(*shape):
-        return torch.randn(*shape, generator=gen) * scale
-
-    def norm(n):
-        return 1.0 + 0.1 * torch.randn(n, generator=gen)
-
-    m = "midlayer."
-    w = {
-        m + "input_layernorm.weight": norm(hidden),
-        m + "hidden_norm.weight": norm(hidden),
-        m + "post_attention_layernorm.weight": norm(hidden),
-        m + "self_attn.q_proj.weight": mat(heads * head_dim, 2 * hidden),
-        m + "self_attn.k_proj.weight": mat(kv_heads * head_dim, 2 * hidden),
-        m + "self_attn.v_proj.weight": mat(kv_heads * head_dim, 2 * hidden),
-        m + "self_attn.o_proj.weight": mat(hidden, heads * head_dim),
-        m + "mlp.gate_proj.weight": mat(inter, hidden),
-        m + "mlp.up_proj.weight": mat(inter, hidden),
-        m + "mlp.down_proj.weight": mat(hidden, inter),
-        "norm.weight": norm(hidden),
-        "fc.weight": mat(hidden, 3 * hidden),
-        "lm_head.weight": mat(draft_vocab, hidden),
-    }
-    if draft_vocab < vocab:
-        ids = torch.randperm(vocab, generator=gen)[:draft_vocab].sort().values
-    else:
-        ids = torch.arange(vocab)
-    w["d2t"] = (ids - torch.arange(draft_vocab)).to(torch.int64)
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[ids] = True
-    w["t2d"] = t2d
-
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    save_file({k: v.contiguous() for k, v in w.items()}, os.path.join(path, HEAD_WEIGHTS), metadata={"format": "pt"})
-    return path
+    return write(path, _target_config(target_dir), seed, draft_vocab, aux_layers, scale, torch.float32)
 
 
 # ------------------------------------------------------------------ the naive reference
@@ -189,7 +111,7 @@ def reference_drafts(target_dir: str, head_dir: str, tokens: list, k: int) -> li
         cfg = json.load(f)
     cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
     cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
-    w = {n: (t.float() if t.is_floating_point() else t) for n, t in load_file(os.path.join(head_dir, HEAD_WEIGHTS)).items()}
+    w = {n: (t.float() if t.is_floating_point() else t) for n, t in load_file(os.path.join(head_dir, "model.safetensors")).items()}
 
     model = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     ids = torch.tensor([tokens])
@@ -211,3 +133,39 @@ def reference_drafts(target_dir: str, head_dir: str, tokens: list, k: int) -> li
         row_tokens.append(drafts[-1])
         row_hidden.append(h[-1])
     return drafts
+
+
+def generate_recording_drafts(llm, prompts, config: dict):
+    """(llm.generate(prompts, config), proposals): each draft proposal the engine's EAGLE-3 drafter
+    wrote into a step's batch, as (stream id, position of the stream's last known token, drafts)."""
+    from unittest import mock
+
+    from rtp_llm.async_decoder_engine import eagle_drafter
+
+    proposals = []
+    real = eagle_drafter.EagleDrafter.propose
+
+    def record(drafter, b, drafting):
+        real(drafter, b, drafting)
+        d = b.draft_lens[drafting]
+        first = b.query_starts[drafting + 1] - 1 - d
+        for i, f, n in zip(b.stream_ids[drafting], first, d):
+            proposals.append((int(i), int(b.positions[f]), b.token_ids[f + 1:f + 1 + n].tolist()))
+    with mock.patch.object(eagle_drafter.EagleDrafter, "propose", record):
+        return llm.generate(prompts, config), proposals
+
+
+def draft_mismatches(target_dir: str, head_dir: str, prompts, outs, proposals) -> list:
+    """The proposals (generate_recording_drafts') that differ from reference_drafts over the
+    stream's tokens up to its last known one, as (proposal, reference); streams are numbered in
+    submission order, one per prompt."""
+    ids = sorted({i for i, _, _ in proposals})
+    assert len(ids) == len(prompts), (ids, len(prompts))
+    bad = []
+    for i, pos, drafts in proposals:
+        k = ids.index(i)
+        seq = list(prompts[k]) + list(outs[k].outputs[0].token_ids)
+        ref = reference_drafts(target_dir, head_dir, seq[:pos + 1], len(drafts))
+        if drafts != ref:
+            bad.append(((i, pos, drafts), ref))
+    return bad

@@ -12,12 +12,11 @@ import tempfile
 import unittest
 from unittest import mock
 
-from rtp_llm.async_decoder_engine import eagle_drafter
 from rtp_llm.async_decoder_engine.draft_model import FORCE_ACCEPT_ENV
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.llm import LLM
 from rtp_llm.model_loader.weights import CheckpointError
-from rtp_llm.test.eagle3_ref import reference_drafts, write_eagle3_head
+from rtp_llm.test.eagle3_ref import draft_mismatches, generate_recording_drafts, write_eagle3_head
 from rtp_llm.test.testlib import make_tiny, random_prompts
 
 NEW_TOKENS = 24
@@ -40,34 +39,17 @@ class Eagle3Test(unittest.TestCase):
         cls.tmp.cleanup()
 
     def run_engine(self, prompts, head=None, **engine_args):
-        """(outputs, the drafts proposed: (stream id, position of its last known token, drafts))."""
+        """(outputs, the drafts proposed: eagle3_ref.generate_recording_drafts, engine stats)."""
         spec = SpeculativeConfig("eagle3", 3, sp_checkpoint_path=head) if head else SpeculativeConfig()
-        proposed = []
-        real = eagle_drafter.EagleDrafter.propose
-
-        def record(drafter, b, drafting):
-            real(drafter, b, drafting)
-            d = b.draft_lens[drafting]
-            first = b.query_starts[drafting + 1] - 1 - d
-            for i, f, n in zip(b.stream_ids[drafting], first, d):
-                proposed.append((int(i), int(b.positions[f]), b.token_ids[f + 1:f + 1 + n].tolist()))
         llm = LLM(self.target, act_type="fp32", progress=False, max_seq_len=256, speculative=spec, **engine_args)
         try:
-            with mock.patch.object(eagle_drafter.EagleDrafter, "propose", record):
-                return llm.generate(prompts, GREEDY), proposed, llm.engine.core.stats()
+            return (*generate_recording_drafts(llm, prompts, GREEDY), llm.engine.core.stats())
         finally:
             llm.close()
 
     def assert_drafts_are_the_heads(self, prompts, outs, proposed, head):
-        """Each proposal against the reference head over the stream's tokens up to its last known one
-        (streams are numbered in submission order, one request each)."""
-        ids = sorted({i for i, _, _ in proposed})
         self.assertGreater(len(proposed), 0)
-        for i, pos, drafts in proposed:
-            k = ids.index(i) if len(ids) == len(prompts) else None
-            self.assertIsNotNone(k, "one stream per prompt")
-            seq = list(prompts[k]) + outs[k].outputs[0].token_ids
-            self.assertEqual(drafts, reference_drafts(self.target, head, seq[:pos + 1], len(drafts)), (i, pos))
+        self.assertEqual(draft_mismatches(self.target, head, prompts, outs, proposed), [])
 
     def test_greedy_text_is_the_plain_engines_and_drafts_are_the_heads(self):
         prompts = random_prompts(3, [5, 19, 33])

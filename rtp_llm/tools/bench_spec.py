@@ -6,8 +6,9 @@ and each point runs --repeats times alternating between them (TPOT: the median),
 whose speed drifts affects both alike; "wasted" is the drafted rows rejected per generated
 token (the compute drafting adds: what costs where a step is compute-bound).
 
-Drafters: prompt lookup (--sp_type ngram), or a draft model (--sp_type vanilla
---sp_checkpoint_path DRAFT). Random weights accept nothing: --force_accept R (benchmark only,
+Drafters: prompt lookup (--sp_type ngram), a draft model (--sp_type vanilla
+--sp_checkpoint_path DRAFT), or an EAGLE-3 head (--sp_type eagle3 --sp_checkpoint_path HEAD; without
+HEAD, a random head for the target, --draft_vocab tokens). Random weights accept nothing: --force_accept R (benchmark only,
 draft_model.FORCE_ACCEPT_ENV) makes each draft kept with probability R whatever the target
 samples, so the speed at that acceptance rate is measured (the text is then not the model's).
 
@@ -16,9 +17,12 @@ samples, so the speed at that acceptance rate is measured (the text is then not 
         [--device cuda --load_format dummy]
     python -m rtp_llm.tools.bench_spec --arch qwen3-8b --draft_arch qwen3-0.6b --tokenizer DIR --device cuda
         --force_accept 0.7   (random weights of named architectures: random_checkpoint.ARCHS)
+    python -m rtp_llm.tools.bench_spec --arch qwen3-8b --sp_type eagle3 --tokenizer DIR --device cuda
+        --force_accept 0.7
 """
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
@@ -60,8 +64,9 @@ def measure_wasted(llm, prompt, batch, new_tokens, temperature, top_p):
 
 def random_weights(a) -> None:
     """--arch / --draft_arch: config-only checkpoints (random_checkpoint.write_config) in the temp
-    directory, loaded with --load_format dummy."""
-    from rtp_llm.tools.random_checkpoint import write_config
+    directory, loaded with --load_format dummy; --sp_type eagle3 without a head: a random head for
+    the target (random_checkpoint.write_eagle3_head, written once)."""
+    from rtp_llm.tools.random_checkpoint import write_config, write_eagle3_head
 
     for arch, field in ((a.arch, "checkpoint"), (a.draft_arch, "sp_checkpoint_path")):
         if arch:
@@ -70,6 +75,13 @@ def random_weights(a) -> None:
             a.load_format = "dummy"
     if a.draft_arch:
         a.sp_type = "vanilla"
+    if a.sp_type == "eagle3" and not a.sp_checkpoint_path and a.checkpoint:
+        with open(os.path.join(a.checkpoint, "config.json")) as f:
+            target = json.load(f)
+        name = a.arch or os.path.basename(os.path.normpath(a.checkpoint))
+        a.sp_checkpoint_path = write_eagle3_head(
+            os.path.join(tempfile.gettempdir(), f"rtp_llm_spec_{name}_eagle3_{a.draft_vocab}"), target,
+            draft_vocab=min(a.draft_vocab, target["vocab_size"]), scale=0.02)
     if not a.checkpoint:
         raise SystemExit("bench_spec: --checkpoint or --arch is required")
 
@@ -87,8 +99,9 @@ def main(argv=None):
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top_p", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--sp_type", choices=("ngram", "vanilla"), default="ngram")
-    p.add_argument("--sp_checkpoint_path", default="", help="the draft model (--sp_type vanilla)")
+    p.add_argument("--sp_type", choices=("ngram", "vanilla", "eagle3"), default="ngram")
+    p.add_argument("--sp_checkpoint_path", default="", help="the draft model (--sp_type vanilla) or head (eagle3)")
+    p.add_argument("--draft_vocab", type=int, default=32000, help="a random EAGLE-3 head's vocabulary (--arch)")
     p.add_argument("--force_accept", type=float, default=0.0,
                    help="benchmark only: keep each draft with this probability (random weights)")
     p.add_argument("--device", default="cpu")

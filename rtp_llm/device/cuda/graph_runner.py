@@ -121,6 +121,10 @@ class CudaGraphRunner:
         # the graph lives, so per-graph outputs would hold sum(sizes) x vocab floats (gigabytes
         # for a ladder up to 1024). Replays and their sampling are ordered on one stream.
         self.logits = torch.empty(max(n, s_max), model.config.vocab_size, dtype=torch.float32, device=dev)
+        # Likewise the hidden states an EAGLE-3 head reads (DecoderModel.aux), where the model keeps them.
+        self.model = model
+        self.aux = (torch.empty(max(n, t_max), len(model.aux_layers) * model.config.hidden_size,
+                                dtype=model.final_norm.dtype, device=dev) if model.aux_layers else None)
         # (kind, size) -> (replay, logits): replay() reruns the step on the current inputs and
         # leaves its logits in `logits`.
         self.graphs: Dict[Tuple[str, int], Tuple[Callable[[], None], torch.Tensor]] = {}
@@ -138,10 +142,10 @@ class CudaGraphRunner:
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.inference_mode(), torch.cuda.stream(stream):
             for kind, size, args in plan:
-                model.forward(*args, logits_out=self.logits)  # compiles the kernels, settles the allocator
+                model.forward(*args, logits_out=self.logits, aux_out=self.aux)  # compiles, settles the allocator
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool, stream=stream):
-                    logits = model.forward(*args, logits_out=self.logits)
+                    logits = model.forward(*args, logits_out=self.logits, aux_out=self.aux)
                 pool = g.pool()
                 self.graphs[(kind, size)] = (g.replay, logits)
         torch.cuda.current_stream(dev).wait_stream(stream)
@@ -192,6 +196,8 @@ class CudaGraphRunner:
             if prev_tokens is not None:
                 self.backend.resolve_placeholders(x.dev("token_ids")[:t], prev_tokens)
             replay()
+            if self.aux is not None:
+                self.model.aux = self.aux[:t]
             return logits[:rows]
         return run
 
