@@ -7,9 +7,11 @@ plain greedy tokens and proposes exactly the drafts a plain-torch head computes 
 target's hidden states (eagle3_ref.py), drafts forced through or not. Marked `gpu`: skipped where
 torch sees no GPU."""
 
+import functools
+
 import pytest
 import torch
-from eagle3_ref import draft_mismatches, generate_recording_drafts, write_eagle3_head
+from eagle3_ref import draft_mismatches, generate_recording_drafts, reference_drafts, write_eagle3_head
 from testlib import hf_greedy, hf_model, make_loopy, make_tiny, random_prompts, repetitive_prompts
 
 pytestmark = [pytest.mark.gpu,
@@ -96,5 +98,6 @@ def test_eagle3_drafts_are_the_heads(eagle, graphs, chunk, forced, monkeypatch):
             assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 24), len(prompt)
     else:
         assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"], stats
-    assert proposals and draft_mismatches(target, head, prompts, outs, proposals) == []
+    assert proposals and draft_mismatches(functools.partial(reference_drafts, target, head), prompts, outs,
+                                          proposals) == []
     assert stats["used_blocks"] == 0

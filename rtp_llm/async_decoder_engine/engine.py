@@ -52,6 +52,7 @@ from rtp_llm.model_loader import LoadedModel
 from rtp_llm.model_loader.weights import active_elements
 from rtp_llm.models_py.decoder import DecoderModel
 from rtp_llm.models_py.eagle3 import Eagle3Head, read_eagle3_config, read_eagle3_weights
+from rtp_llm.models_py.mtp import MtpHead, mtp_layers
 from rtp_llm.ops.engine_core import EngineCore
 from rtp_llm.utils.host_heap import settle_heap
 
@@ -132,7 +133,7 @@ class EngineLoop:
         # than keep the weights in memory twice.
         loaded.weights.clear()
         draft_model = self._draft_model(loaded, draft, tp) if args.speculative.draft_model else None
-        head = self._eagle3_head(model, loaded, tp) if args.speculative.eagle3 else None
+        head = self._head(model, loaded, tp) if args.speculative.head else None
         kv_dtype = self.backend.kv_cache_dtype(args.kv_cache_dtype, loaded.dtype)
         for m in (model, draft_model):
             if m is not None and m.kv_cache_spec.is_mla and kv_dtype != loaded.dtype:
@@ -194,16 +195,24 @@ class EngineLoop:
         if args.host_profile and self.core is not None:
             self.host_profile = HostProfile(self)
 
-    def _eagle3_head(self, model: DecoderModel, loaded: LoadedModel, tp: TPShard) -> Eagle3Head:
-        """The EAGLE-3 head of --sp_type=eagle3 on this device; `model` keeps the hidden states it reads."""
+    def _head(self, model: DecoderModel, loaded: LoadedModel, tp: TPShard):
+        """The drafting head of --sp_type=eagle3 or mtp on this device (eagle_drafter.py); `model` keeps
+        the hidden states it reads."""
         spec = self.args.speculative
         spec.check_ranks(tp.size)
-        config = read_eagle3_config(spec.sp_checkpoint_path, loaded.config)
-        head = Eagle3Head(config, read_eagle3_weights(spec.sp_checkpoint_path), self.backend, loaded.dtype,
-                          self.max_seq_len, model.embed_rows)
-        model.aux_layers = config.aux_layers
-        log.info("EAGLE-3 head %s (draft vocabulary %d, target layers %s) proposes up to %d tokens a step",
-                 spec.sp_checkpoint_path, config.draft_vocab_size, list(config.aux_layers), spec.gen_num_per_cycle)
+        if spec.eagle3:
+            config = read_eagle3_config(spec.sp_checkpoint_path, loaded.config)
+            head = Eagle3Head(config, read_eagle3_weights(spec.sp_checkpoint_path), self.backend, loaded.dtype,
+                              self.max_seq_len, model.embed_rows)
+            what = f"EAGLE-3 head {spec.sp_checkpoint_path} (draft vocabulary {config.draft_vocab_size})"
+        else:
+            path = spec.sp_checkpoint_path or loaded.checkpoint_path
+            mtp_layers(path, loaded.config)
+            head = MtpHead(loaded.config, path, self.backend, loaded.dtype, self.max_seq_len)
+            what = f"multi-token-prediction layer of {path}"
+        model.aux_layers = head.aux_layers
+        log.info("%s, reading the target's layers %s, proposes up to %d tokens a step", what, list(head.aux_layers),
+                 spec.gen_num_per_cycle)
         return head
 
     def _draft_model(self, loaded: LoadedModel, draft: Optional[LoadedModel], tp: TPShard) -> DecoderModel:

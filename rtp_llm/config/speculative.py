@@ -4,7 +4,8 @@ flags, EngineArgs as this object, the engine core gets gen_num_per_cycle and the
 sampling (rtp_llm/cpp/engine/scheduler.h, rtp_llm/models_py/rejection_sampler.py): prompt lookup
 (`ngram`, upstream's `deterministic`), a separate draft model (`vanilla`:
 async_decoder_engine/draft_model.py) and an EAGLE-3 head over the target's hidden states (`eagle3`:
-async_decoder_engine/eagle_drafter.py); the MTP and EAGLE-1/2 kinds are refused by name at start-up."""
+async_decoder_engine/eagle_drafter.py), or DeepSeek-V3's multi-token-prediction layer driven the same
+way (`mtp`: models_py/mtp.py); EAGLE-1/2 heads are refused by name at start-up."""
 
 from dataclasses import dataclass
 
@@ -12,12 +13,15 @@ from dataclasses import dataclass
 SP_TYPES = {"ngram": "prompt lookup (n-grams of the stream's own tokens)",
             "deterministic": "upstream's name for prompt lookup",
             "vanilla": "a separate draft model of the same tokenizer (--sp_checkpoint_path)",
-            "eagle3": "an EAGLE-3 head trained for the target (--sp_checkpoint_path)"}
+            "eagle3": "an EAGLE-3 head trained for the target (--sp_checkpoint_path)",
+            "mtp": "the checkpoint's multi-token-prediction layer (DeepSeek-V3's)"}
 # sp_type -> what it would need (upstream's and vLLM's kinds not built yet)
-NOT_BUILT = {"mtp": "a multi-token-prediction head", "eagle": "an EAGLE-1/2 head"}
-# The kinds whose drafts come from a model at --sp_checkpoint_path, run by the model runner (the
-# core reserves their positions and the runner fills them): sp_type -> what the checkpoint is.
-CHECKPOINT_DRAFTERS = {"vanilla": "the draft model", "eagle3": "the EAGLE-3 head"}
+NOT_BUILT = {"eagle": "an EAGLE-1/2 head"}
+# The kinds whose drafts come from a model run by the model runner (the core reserves their
+# positions and the runner fills them): sp_type -> what --sp_checkpoint_path holds, and whether it
+# is required (mtp's layer is in the target's checkpoint unless the flag names another).
+CHECKPOINT_DRAFTERS = {"vanilla": ("the draft model", True), "eagle3": ("the EAGLE-3 head", True),
+                       "mtp": ("the multi-token-prediction layer", False)}
 
 
 @dataclass
@@ -52,6 +56,11 @@ class SpeculativeConfig:
         return self.sp_type == "eagle3"
 
     @property
+    def head(self) -> bool:
+        """The drafts come from a head fed the target's hidden states (eagle_drafter.py): EAGLE-3 or MTP."""
+        return self.sp_type in ("eagle3", "mtp")
+
+    @property
     def runner_drafts(self) -> bool:
         """The model runner fills the drafted positions (a checkpoint drafter), not the core."""
         return self.sp_type in CHECKPOINT_DRAFTERS
@@ -65,11 +74,11 @@ class SpeculativeConfig:
                              f"supported: {built}")
         if self.sp_type not in SP_TYPES:
             raise ValueError(f"--sp_type must be one of {built} (or empty: off), got {self.sp_type!r}")
-        if self.runner_drafts and not self.sp_checkpoint_path:
-            raise ValueError(f"--sp_type={self.sp_type} needs {CHECKPOINT_DRAFTERS[self.sp_type]}'s checkpoint: "
-                             f"--sp_checkpoint_path")
+        what, required = CHECKPOINT_DRAFTERS.get(self.sp_type, ("", False))
+        if required and not self.sp_checkpoint_path:
+            raise ValueError(f"--sp_type={self.sp_type} needs {what}'s checkpoint: --sp_checkpoint_path")
         if self.sp_checkpoint_path and not self.runner_drafts:
-            raise ValueError(f"--sp_checkpoint_path is the checkpoint of --sp_type=vanilla or eagle3, not of "
+            raise ValueError(f"--sp_checkpoint_path is the checkpoint of --sp_type=vanilla, eagle3 or mtp, not of "
                              f"--sp_type={self.sp_type}")
         if self.gen_num_per_cycle < 1:
             raise ValueError(f"--gen_num_per_cycle must be >= 1, got {self.gen_num_per_cycle}")
@@ -80,8 +89,8 @@ class SpeculativeConfig:
     def check_ranks(self, tp_size: int) -> None:
         """A checkpoint drafter runs on one rank (no tensor-parallel shards of it yet)."""
         if self.runner_drafts and tp_size != 1:
-            raise ValueError(f"--sp_type={self.sp_type} ({CHECKPOINT_DRAFTERS[self.sp_type]}) runs on one rank: it "
-                             f"needs --tp_size=1, got {tp_size}")
+            raise ValueError(f"--sp_type={self.sp_type} ({CHECKPOINT_DRAFTERS[self.sp_type][0]}) runs on one rank: "
+                             f"it needs --tp_size=1, got {tp_size}")
 
     def core_config(self) -> dict:
         """The engine core's fields (RTP_LLM_ENGINE_CONFIG): gen_num_per_cycle 0 turns drafting off."""

@@ -28,6 +28,7 @@ class LoadedModel:
     dtype: torch.dtype
     reload_tokenizer: Optional[Callable[[], Any]] = None
     load_format: str = "auto"  # load_model's: a draft model is loaded the same way (draft_model.load_draft)
+    checkpoint_path: str = ""  # where it came from (a multi-token-prediction layer is read from it too: mtp.py)
 
     def tokenizer_source(self) -> Optional[Callable[[], Any]]:
         """What the engine's grammar compiler calls at its first grammar: the tokenizer held here,
@@ -122,4 +123,4 @@ def load_model(checkpoint_path: str, model_type: Optional[str] = None, dtype: to
     if not config.eos_token_ids and getattr(tok, "eos_token_id", None) is not None:
         config.eos_token_ids = [int(tok.eos_token_id)]
     reload = functools.partial(load_tokenizer, checkpoint_path, tokenizer_path) if found else None
-    return LoadedModel(config, weights, tok if tokenizer else None, dtype, reload, load_format)
+    return LoadedModel(config, weights, tok if tokenizer else None, dtype, reload, load_format, checkpoint_path)

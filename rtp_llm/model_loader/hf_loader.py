@@ -4,7 +4,7 @@ unquantized or quantized (quant_config.py, dequant.py)."""
 import json
 import os
 from contextlib import ExitStack
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 from safetensors import safe_open
@@ -178,14 +178,24 @@ class _ShardIndex:
             for name in names:
                 self.where.setdefault(name, path)
 
+        self.stored: Dict[str, str] = {}  # a name -> the tensor's own name in its file, where they differ
+
     def __contains__(self, name: str) -> bool:
         return name in self.where
 
     def get(self, name: str) -> torch.Tensor:
         try:
-            return self.files[self.where[name]].get_tensor(name)
+            return self.files[self.where[name]].get_tensor(self.stored.get(name, name))
         except Exception as e:
             raise CheckpointError(f"cannot read {name} from {self.where[name]}: {e}") from e
+
+    def renamed(self, names: Dict[str, str]) -> "_ShardIndex":
+        """A view holding only the tensors `names` maps to (new name -> name here), under the new names."""
+        view = _ShardIndex([], ExitStack())
+        view.files = self.files
+        view.where = {new: self.where[old] for new, old in names.items() if old in self.where}
+        view.stored = {new: self.stored.get(old, old) for new, old in names.items() if old in self.where}
+        return view
 
 
 def read_quant_config(checkpoint_path: str) -> Optional[QuantConfig]:
@@ -222,16 +232,23 @@ def _kept_for(config: ModelConfig, name: str, dtype: torch.dtype) -> Optional[to
 
 
 def load_hf_weights(checkpoint_path: str, config: ModelConfig, dtype: torch.dtype,
-                    progress: bool = True) -> Dict[str, torch.Tensor]:
+                    progress: bool = True,
+                    select: Optional[Callable[[List[str]], Dict[str, str]]] = None,
+                    extra: Optional[Dict[str, tuple]] = None) -> Dict[str, torch.Tensor]:
     """The model's weights in the run dtype, one at a time: a quantized linear weight is
     dequantized exactly (dequant.py) and rounded to `dtype` before the next is read, except an
     FP8, GPTQ or AWQ projection, which stays packed (Fp8Tensor, GroupIntTensor: the decoder widens
-    it the same way for a backend without kernels for it)."""
+    it the same way for a backend without kernels for it). select: the checkpoint's tensor names ->
+    {the model's name: the checkpoint's} for a model stored under other names (a layer of another
+    model: models_py/mtp.py); the names of `config`'s model that it gives no tensor for are
+    missing. extra: more tensors read besides the model's (name -> shape), checked likewise."""
     qc = read_quant_config(checkpoint_path)
-    wanted = expected_weights(config)
+    wanted = {**expected_weights(config), **(extra or {})}
     weights: Dict[str, torch.Tensor] = {}
     with ExitStack() as stack:
         index = _ShardIndex(_shards(checkpoint_path), stack)
+        if select is not None:
+            index = index.renamed(select(list(index.where)))
         order = _load_order(index, wanted)
         bar = tqdm(total=len(wanted), desc="loading weights", unit="tensor", disable=not progress)
         for name in order:
@@ -247,5 +264,8 @@ def load_hf_weights(checkpoint_path: str, config: ModelConfig, dtype: torch.dtyp
     if config.tie_word_embeddings and "lm_head.weight" in weights:
         del weights["lm_head.weight"]
     check_weights(config, weights, checkpoint_path)
+    for name, shape in (extra or {}).items():
+        if name not in weights or tuple(weights[name].shape) != shape:
+            raise CheckpointError(f"{checkpoint_path}: tensor {name} is missing or not of shape {shape}")
     pack_experts(config, weights)
     return weights

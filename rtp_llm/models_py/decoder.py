@@ -120,8 +120,9 @@ class DecoderModel:
         # latent and rope key (replicated across ranks).
         self.kv_cache_spec = (KVCacheSpec(c.num_layers, latent_dim=c.mla.latent_dim) if c.mla else
                               KVCacheSpec(c.num_layers, self.num_kv_heads, D))
-        # An EAGLE-3 head's inputs (models_py/eagle3.py): the residual stream entering each of these
-        # layers, kept by every forward in `aux` [T, len(aux_layers) hidden] (none by default).
+        # A drafting head's inputs (models_py/eagle3.py, mtp.py): the residual stream entering each of
+        # these layers (num_layers: leaving the last, before the final norm), kept by every forward in
+        # `aux` [T, len(aux_layers) hidden] (none by default).
         self.aux_layers: tuple = ()
         self.aux: Optional[torch.Tensor] = None
 
@@ -168,15 +169,17 @@ class DecoderModel:
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_cache: torch.Tensor, sample_rows: Optional[torch.Tensor],
-                logits_out: Optional[torch.Tensor] = None, aux_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                logits_out: Optional[torch.Tensor] = None, aux_out: Optional[torch.Tensor] = None,
+                embeds: Optional[torch.Tensor] = None) -> torch.Tensor:
         """token_ids, positions: [T]; kv_cache: [L, 2, ...] (MLA: [L, blocks, block_size, latent]);
         sample_rows: [N] rows whose next token is wanted (None: all T). Returns logits [N, vocab]
         in fp32: logits_out[:N] when given ([>= N, vocab] fp32; captured graphs share one such
         buffer rather than each keeping its own output alive). aux_out: likewise, [>= T, len(aux_layers)
-        hidden] for `aux`."""
+        hidden] for `aux`. embeds: [T, hidden], the layers' input instead of the token embeddings (an
+        MTP layer's, models_py/mtp.py; updated in place)."""
         c, be, tp = self.config, self.backend, self.tp
         T = token_ids.shape[0]
-        residual = self._embed(token_ids)  # [T, hidden]; every layer adds into it in place
+        residual = self._embed(token_ids) if embeds is None else embeds  # [T, hidden]; every layer adds into it in place
         # Where the row-parallel projections write their partial sums: the all-reduce's own
         # buffer under TP on GPUs (no copy-in), else None (anywhere).
         send = tp.send_buffer(T, residual.shape[1], residual.dtype)
@@ -205,6 +208,8 @@ class DecoderModel:
                 mlp = be.linear(be.gate_up_silu(x, layer.gate_up), layer.down, out=send)
             next_norm = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.final_norm
             x = tp.all_reduce_add_rms_norm(mlp, residual, next_norm, c.rms_norm_eps, be)
+        for j in (j for j, a in enumerate(self.aux_layers) if a == len(self.layers)):
+            aux[:, j * residual.shape[1]:(j + 1) * residual.shape[1]].copy_(residual)
         self.aux = aux
         if sample_rows is not None and sample_rows.shape[0] == 0:  # the KV cache only (a draft's mirror)
             return x.new_empty(0, c.vocab_size, dtype=torch.float32)

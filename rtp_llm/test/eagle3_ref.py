@@ -155,17 +155,17 @@ def generate_recording_drafts(llm, prompts, config: dict):
         return llm.generate(prompts, config), proposals
 
 
-def draft_mismatches(target_dir: str, head_dir: str, prompts, outs, proposals) -> list:
-    """The proposals (generate_recording_drafts') that differ from reference_drafts over the
-    stream's tokens up to its last known one, as (proposal, reference); streams are numbered in
-    submission order, one per prompt."""
+def draft_mismatches(reference, prompts, outs, proposals) -> list:
+    """The proposals (generate_recording_drafts') that differ from reference(tokens, k) (e.g.
+    reference_drafts with its checkpoints bound) over the stream's tokens up to its last known
+    one, as (proposal, reference); streams are numbered in submission order, one per prompt."""
     ids = sorted({i for i, _, _ in proposals})
     assert len(ids) == len(prompts), (ids, len(prompts))
     bad = []
     for i, pos, drafts in proposals:
         k = ids.index(i)
         seq = list(prompts[k]) + list(outs[k].outputs[0].token_ids)
-        ref = reference_drafts(target_dir, head_dir, seq[:pos + 1], len(drafts))
+        ref = reference(seq[:pos + 1], len(drafts))
         if drafts != ref:
             bad.append(((i, pos, drafts), ref))
     return bad

@@ -7,6 +7,7 @@ steps are right), with chunked prefill, overlap scheduling, a draft vocabulary s
 target's, and drafts forced through at a chosen rate (the benchmark's mode, which exercises the
 accepted and rejected rows of verify steps); a head for another model is refused by field."""
 
+import functools
 import os
 import tempfile
 import unittest
@@ -16,7 +17,7 @@ from rtp_llm.async_decoder_engine.draft_model import FORCE_ACCEPT_ENV
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.llm import LLM
 from rtp_llm.model_loader.weights import CheckpointError
-from rtp_llm.test.eagle3_ref import draft_mismatches, generate_recording_drafts, write_eagle3_head
+from rtp_llm.test.eagle3_ref import draft_mismatches, generate_recording_drafts, reference_drafts, write_eagle3_head
 from rtp_llm.test.testlib import make_tiny, random_prompts
 
 NEW_TOKENS = 24
@@ -49,7 +50,8 @@ class Eagle3Test(unittest.TestCase):
 
     def assert_drafts_are_the_heads(self, prompts, outs, proposed, head):
         self.assertGreater(len(proposed), 0)
-        self.assertEqual(draft_mismatches(self.target, head, prompts, outs, proposed), [])
+        reference = functools.partial(reference_drafts, self.target, head)
+        self.assertEqual(draft_mismatches(reference, prompts, outs, proposed), [])
 
     def test_greedy_text_is_the_plain_engines_and_drafts_are_the_heads(self):
         prompts = random_prompts(3, [5, 19, 33])

@@ -148,11 +148,11 @@ class ServerConfigTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, r"--decode_entrance is an upstream RTP-LLM flag \(pd_separation\) not "
                                                 r"implemented.*--role_type"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--decode_entrance=1")
-        with self.assertRaisesRegex(ValueError, r"--sp_type=mtp \(a multi-token-prediction head\) is not implemented "
+        with self.assertRaisesRegex(ValueError, r"--sp_type=eagle \(an EAGLE-1/2 head\) is not implemented "
                                                 r"yet; supported: ngram .*deterministic"):
-            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type", "mtp")
-        with self.assertRaisesRegex(ValueError, "--sp_checkpoint_path is the checkpoint of --sp_type=vanilla or "
-                                                "eagle3, not of --sp_type=ngram"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type", "eagle")
+        with self.assertRaisesRegex(ValueError, "--sp_checkpoint_path is the checkpoint of --sp_type=vanilla, "
+                                                "eagle3 or mtp, not of --sp_type=ngram"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=ngram", f"--sp_checkpoint_path={self.ckpt}")
         with self.assertRaisesRegex(ValueError, "--sp_type=vanilla needs the draft model's checkpoint: "
                                                 "--sp_checkpoint_path"):
@@ -166,8 +166,8 @@ class ServerConfigTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "--sp_type=eagle3 needs the EAGLE-3 head's checkpoint: "
                                                 "--sp_checkpoint_path"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=eagle3")
-        with self.assertRaisesRegex(ValueError, r"--sp_type=eagle \(an EAGLE-1/2 head\) is not implemented yet"):
-            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=eagle")
+        self.assertTrue(self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=mtp").speculative().core_config()[
+            "draft_model"])  # (its layer is in the target's checkpoint)
         with self.assertRaisesRegex(ValueError, "--sp_act_type is an upstream RTP-LLM flag"):
             self.parse(f"--checkpoint_path={self.ckpt}", "--sp_act_type=bf16")
         with self.assertRaisesRegex(ValueError, r"--sp_type must be one of .* got 'medusa'"):
