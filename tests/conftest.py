@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load_helpers(*names):
-    """The tests' shared helpers in rtp_llm/test (testlib.py, fp32_agreement.py, eagle3_ref.py), each as the
+    """The tests' shared helpers in rtp_llm/test (testlib.py, fp32_agreement.py, eagle3_ref.py, mtp_ref.py), each as the
     module of its name. The wheel does not ship rtp_llm/test, and the source tree cannot go on
     sys.path (its `rtp_llm` would shadow the installed one, which has the built libraries):
     load the files."""
@@ -25,7 +25,7 @@ def _load_helpers(*names):
         spec.loader.exec_module(module)
 
 
-_load_helpers("testlib", "fp32_agreement", "eagle3_ref")
+_load_helpers("testlib", "fp32_agreement", "eagle3_ref", "mtp_ref")
 
 
 def pytest_configure(config):

@@ -4,7 +4,8 @@ accepted, so the draft's mirrored KV cache is right; or an unrelated model of ot
 through captured graphs (steps without drafts, the draft's proposal steps and its mirror) and
 eagerly, overlapped, with chunked prefill; an EAGLE-3 head (random, on a 4-layer target) gives the
 plain greedy tokens and proposes exactly the drafts a plain-torch head computes over the HF
-target's hidden states (eagle3_ref.py), drafts forced through or not. Marked `gpu`: skipped where
+target's hidden states (eagle3_ref.py), drafts forced through or not; so does DeepSeek-V3's MTP
+layer against HF's decoder layer (mtp_ref.py). Marked `gpu`: skipped where
 torch sees no GPU."""
 
 import functools
@@ -12,6 +13,7 @@ import functools
 import pytest
 import torch
 from eagle3_ref import draft_mismatches, generate_recording_drafts, reference_drafts, write_eagle3_head
+from mtp_ref import add_mtp_layer, reference_mtp_drafts
 from testlib import hf_greedy, hf_model, make_loopy, make_tiny, random_prompts, repetitive_prompts
 
 pytestmark = [pytest.mark.gpu,
@@ -99,5 +101,34 @@ def test_eagle3_drafts_are_the_heads(eagle, graphs, chunk, forced, monkeypatch):
     else:
         assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"], stats
     assert proposals and draft_mismatches(functools.partial(reference_drafts, target, head), prompts, outs,
+                                          proposals) == []
+    assert stats["used_blocks"] == 0
+
+
+@pytest.mark.parametrize("forced", [0.0, 0.6], ids=["model", "forced"])
+@pytest.mark.parametrize("chunk", [0, 16], ids=["whole", "chunked"])
+def test_mtp_drafts_are_the_layers(tmp_path_factory, chunk, forced, monkeypatch):
+    from rtp_llm.async_decoder_engine.draft_model import FORCE_ACCEPT_ENV
+    from rtp_llm.config.speculative import SpeculativeConfig
+    from rtp_llm.llm import LLM
+
+    target = add_mtp_layer(make_tiny("deepseek_v3_noaux", str(tmp_path_factory.mktemp("mtp"))), seed=3)
+    if forced:
+        monkeypatch.setenv(FORCE_ACCEPT_ENV, str(forced))
+    extra = {"max_num_batched_tokens": chunk} if chunk else {}
+    llm = LLM(target, act_type="fp32", progress=False, device="cuda", max_seq_len=256,
+              speculative=SpeculativeConfig("mtp", 3), **extra)
+    prompts = random_prompts(6, [4, 17, 30])
+    try:
+        outs, proposals = generate_recording_drafts(llm, prompts, {"max_new_tokens": 20, "temperature": 0,
+                                                                   "ignore_eos": True})
+        stats = llm.engine.core.stats()
+    finally:
+        llm.close()
+    if not forced:
+        hf = hf_model(target)
+        for prompt, out in zip(prompts, outs):
+            assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 20), len(prompt)
+    assert proposals and draft_mismatches(functools.partial(reference_mtp_drafts, target), prompts, outs,
                                           proposals) == []
     assert stats["used_blocks"] == 0
