@@ -193,10 +193,10 @@ UPSTREAM_GROUPS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
             "pre_stop_drain_headroom_seconds", "pre_stop_drain_signal", "shutdown_timeout",
             "timeout_keep_alive", "vit_server_count", "vit_server_id", "worker_info_port_num"
         )),
-    "speculative_decoding": ("prompt lookup, a draft model and an EAGLE-3 head are implemented (--sp_type=ngram, "
-        "deterministic, vanilla or eagle3, --gen_num_per_cycle, --sp_min_token_match, --sp_max_token_match, "
-        "--sp_checkpoint_path, --sp_model_type; the drafter runs in the target's --act_type, unquantized): no MTP, "
-        "EAGLE-1/2 or tree decoding yet",
+    "speculative_decoding": ("prompt lookup, a draft model, an EAGLE-3 head and DeepSeek-V3's MTP layer are "
+        "implemented (--sp_type=ngram, deterministic, vanilla, eagle3 or mtp, --gen_num_per_cycle, "
+        "--sp_min_token_match, --sp_max_token_match, --sp_checkpoint_path, --sp_model_type; the drafter runs in "
+        "the target's --act_type, unquantized): no EAGLE-1/2 or tree decoding yet",
         (
             "force_score_context_attention", "force_stream_sample", "sp_act_type", "sp_quantization",
             "tree_decode_config"
