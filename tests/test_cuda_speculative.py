@@ -73,52 +73,18 @@ def eagle(tmp_path_factory):
     return target, write_eagle3_head(f"{root}/head", target, seed=1, draft_vocab=200)
 
 
-@pytest.mark.parametrize("forced", [0.0, 0.6], ids=["model", "forced"])
-@pytest.mark.parametrize("chunk", [0, 16], ids=["whole", "chunked"])
-@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
-def test_eagle3_drafts_are_the_heads(eagle, graphs, chunk, forced, monkeypatch):
+def _check_head_drafts(target, spec, reference, graphs: bool, chunk: int, forced: float, monkeypatch):
+    """A drafting head (eagle3 / mtp) on CUDA: the plain greedy tokens (HF's), every proposal equal
+    to `reference`'s, drafts forced through at `forced` or not."""
     from rtp_llm.async_decoder_engine.draft_model import FORCE_ACCEPT_ENV
-    from rtp_llm.config.speculative import SpeculativeConfig
     from rtp_llm.llm import LLM
 
-    target, head = eagle
     if forced:
         monkeypatch.setenv(FORCE_ACCEPT_ENV, str(forced))
     extra = {"max_num_batched_tokens": chunk} if chunk else {}
     llm = LLM(target, act_type="fp32", progress=False, device="cuda", max_seq_len=256, cuda_graph=graphs,
-              speculative=SpeculativeConfig("eagle3", 3, sp_checkpoint_path=head), **extra)
+              speculative=spec, **extra)
     prompts = random_prompts(5, [6, 21, 40])
-    try:
-        outs, proposals = generate_recording_drafts(llm, prompts, {"max_new_tokens": 24, "temperature": 0,
-                                                                   "ignore_eos": True})
-        stats = llm.engine.core.stats()
-    finally:
-        llm.close()
-    if not forced:
-        hf = hf_model(target)
-        for prompt, out in zip(prompts, outs):
-            assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 24), len(prompt)
-    else:
-        assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"], stats
-    assert proposals and draft_mismatches(functools.partial(reference_drafts, target, head), prompts, outs,
-                                          proposals) == []
-    assert stats["used_blocks"] == 0
-
-
-@pytest.mark.parametrize("forced", [0.0, 0.6], ids=["model", "forced"])
-@pytest.mark.parametrize("chunk", [0, 16], ids=["whole", "chunked"])
-def test_mtp_drafts_are_the_layers(tmp_path_factory, chunk, forced, monkeypatch):
-    from rtp_llm.async_decoder_engine.draft_model import FORCE_ACCEPT_ENV
-    from rtp_llm.config.speculative import SpeculativeConfig
-    from rtp_llm.llm import LLM
-
-    target = add_mtp_layer(make_tiny("deepseek_v3_noaux", str(tmp_path_factory.mktemp("mtp"))), seed=3)
-    if forced:
-        monkeypatch.setenv(FORCE_ACCEPT_ENV, str(forced))
-    extra = {"max_num_batched_tokens": chunk} if chunk else {}
-    llm = LLM(target, act_type="fp32", progress=False, device="cuda", max_seq_len=256,
-              speculative=SpeculativeConfig("mtp", 3), **extra)
-    prompts = random_prompts(6, [4, 17, 30])
     try:
         outs, proposals = generate_recording_drafts(llm, prompts, {"max_new_tokens": 20, "temperature": 0,
                                                                    "ignore_eos": True})
@@ -129,6 +95,28 @@ def test_mtp_drafts_are_the_layers(tmp_path_factory, chunk, forced, monkeypatch)
         hf = hf_model(target)
         for prompt, out in zip(prompts, outs):
             assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 20), len(prompt)
-    assert proposals and draft_mismatches(functools.partial(reference_mtp_drafts, target), prompts, outs,
-                                          proposals) == []
+    else:
+        assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"], stats
+    assert proposals and draft_mismatches(reference, prompts, outs, proposals) == []
     assert stats["used_blocks"] == 0
+
+
+@pytest.mark.parametrize("forced", [0.0, 0.6], ids=["model", "forced"])
+@pytest.mark.parametrize("chunk", [0, 16], ids=["whole", "chunked"])
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+def test_eagle3_drafts_are_the_heads(eagle, graphs, chunk, forced, monkeypatch):
+    from rtp_llm.config.speculative import SpeculativeConfig
+
+    target, head = eagle
+    _check_head_drafts(target, SpeculativeConfig("eagle3", 3, sp_checkpoint_path=head),
+                       functools.partial(reference_drafts, target, head), graphs, chunk, forced, monkeypatch)
+
+
+@pytest.mark.parametrize("forced", [0.0, 0.6], ids=["model", "forced"])
+@pytest.mark.parametrize("chunk", [0, 16], ids=["whole", "chunked"])
+def test_mtp_drafts_are_the_layers(tmp_path_factory, chunk, forced, monkeypatch):
+    from rtp_llm.config.speculative import SpeculativeConfig
+
+    target = add_mtp_layer(make_tiny("deepseek_v3_noaux", str(tmp_path_factory.mktemp("mtp"))), seed=3)
+    _check_head_drafts(target, SpeculativeConfig("mtp", 3), functools.partial(reference_mtp_drafts, target), True,
+                       chunk, forced, monkeypatch)
