@@ -57,8 +57,10 @@ class EagleDrafter:
     """Drafts with an Eagle3Head on `kv_cache` (one layer, mirroring the target's pool)."""
 
     def __init__(self, head: Eagle3Head, backend, kv_cache: torch.Tensor, block_size: int, max_streams: int,
-                 aux_width: int, dtype: torch.dtype):
+                 aux_width: int, dtype: torch.dtype, graphs=None):
+        """graphs: the head's draft steps captured (DeviceBackend.make_head_graphs), or None: eager."""
         self.head, self.backend, self.kv_cache, self.block_size = head, backend, kv_cache, block_size
+        self.graphs = graphs
         cap = 2 * max_streams + 2  # streams running, plus those preempted or waiting between their steps
         dev = backend.device
         self.table = StreamTable(cap)
@@ -101,7 +103,8 @@ class EagleDrafter:
             self._carry_out(b, aux, chunk_end, live)
             return
         tokens = np.concatenate([nxt[kept], b.token_ids[qs[c_streams]].astype(np.int64)])[order]
-        slots = np.concatenate([b.slot_mapping[kept].astype(np.int64), np.array([x for _, _, x in cin], np.int64)])[order]
+        slots = np.concatenate([b.slot_mapping[kept].astype(np.int64),
+                                np.array([x for _, _, x in cin], np.int64)])[order]
         row_stream, row_pos = row_stream[order], row_pos[order]
         streams, qlens = np.unique(row_stream, return_counts=True)
         batch = DraftBatch(tokens.astype(np.int32), row_pos.astype(np.int32), slots, qlens.astype(np.int32),
@@ -134,7 +137,6 @@ class EagleDrafter:
             i = int(b.stream_ids[s])
             at.append(self.table.slot(i, live))
             self.carried[i] = (int(b.positions[t]), int(b.slot_mapping[t]))
-        dev = self.backend.device
         self.carry[self._dev(np.array(at, np.int64))] = aux[self._dev(chunk_end)]
 
     def _proposal_rows(self, b, row_stream: np.ndarray, samples: torch.Tensor):
@@ -155,7 +157,6 @@ class EagleDrafter:
         idx = np.where(valid, first[:, None] + j[None, :], 0)
         qend = b.query_starts[sampling + 1].astype(np.int64)
         drafts = np.where(valid, b.token_ids[np.where(valid, qend[:, None] - d[:, None] + j[None, :], 0)], -2)
-        dev = self.backend.device
         same = samples.long()[self._dev(idx)] == self._dev(drafts.astype(np.int64))
         accepted = same.int().cumprod(dim=1).sum(dim=1)
         return base + accepted, b.stream_ids[sampling]
@@ -170,8 +171,17 @@ class EagleDrafter:
             self.propose(b, drafting)
         return None
 
+    def _step(self, batch: DraftBatch, prev: torch.Tensor, hidden: torch.Tensor):
+        """One draft step (a row per stream, token ids naming prev's rows): (drafts, h)."""
+        out = self.graphs.run(batch, prev, hidden) if self.graphs is not None else None
+        if out is not None:
+            return out
+        x = self.backend.prepare_inputs(batch, self.block_size)
+        self.backend.resolve_placeholders(x.token_ids, prev)
+        return self.head.forward(x.token_ids, x.positions, x.meta, self.kv_cache, hidden,
+                                 torch.arange(batch.num_streams, device=self.backend.device))
+
     def propose(self, b, drafting: np.ndarray) -> None:
-        dev = self.backend.device
         d = b.draft_lens[drafting].astype(np.int64)
         first = b.query_starts[drafting + 1].astype(np.int64) - 1 - d  # each stream's last known token
         live = set(b.stream_ids.tolist())
@@ -186,10 +196,7 @@ class EagleDrafter:
             batch = DraftBatch((-1 - np.arange(prev_n)[keep[d > j - 1]]).astype(np.int32), b.positions[t],
                                b.slot_mapping[t], np.ones(int(keep.sum()), np.int32),
                                np.ascontiguousarray(b.block_tables[drafting[keep]]))
-            x = self.backend.prepare_inputs(batch, self.block_size)
-            self.backend.resolve_placeholders(x.token_ids, tok)
-            tok, h = self.head.forward(x.token_ids, x.positions, x.meta, self.kv_cache, h[sel],
-                                       torch.arange(int(keep.sum()), device=dev))
+            tok, h = self._step(batch, tok, h[sel])
             outs.append(tok)
         drafts = torch.cat(outs).cpu().numpy()
         at = 0

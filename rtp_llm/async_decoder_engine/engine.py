@@ -170,7 +170,8 @@ class EngineLoop:
         # A step's sampled rows: one per stream, and one more per drafted token (within the budget).
         rows = min(step_tokens, args.max_batch_size * (1 + spec["gen_num_per_cycle"]))
         self.runner = ModelRunner(model, self.backend, kv, block, args.max_batch_size, self.max_seq_len,
-                                  step_tokens, use_graphs=args.cuda_graph, max_sampled_rows=max(rows, args.max_batch_size))
+                                  step_tokens, use_graphs=args.cuda_graph,
+                                  max_sampled_rows=max(rows, args.max_batch_size))
         if draft_model is not None:
             draft_kv = self.backend.allocate_cache(draft_model.kv_cache_spec, self.num_blocks, block, kv_dtype)
             self.runner.drafter = DraftModel(ModelRunner(draft_model, self.backend, draft_kv, block,
@@ -179,8 +180,12 @@ class EngineLoop:
                                              args.max_batch_size)
         if head is not None:
             head_kv = self.backend.allocate_cache(head.kv_cache_spec, self.num_blocks, block, kv_dtype)
+            graphs = None
+            if args.cuda_graph and head.graph_capturable:
+                graphs = self.backend.make_head_graphs(head, head_kv, block, args.max_batch_size, self.max_seq_len,
+                                                       loaded.dtype)
             self.runner.drafter = EagleDrafter(head, self.backend, head_kv, block, args.max_batch_size,
-                                               len(model.aux_layers) * c.hidden_size, loaded.dtype)
+                                               len(model.aux_layers) * c.hidden_size, loaded.dtype, graphs)
         overlap = self.backend.async_execution if args.overlap_schedule is None else args.overlap_schedule
         grammar = None
         if self.core is not None:

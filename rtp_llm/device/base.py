@@ -300,6 +300,12 @@ class DeviceBackend(ABC):
         no captured graph fits the batch), or None where the device has no graphs."""
         return None
 
+    def make_head_graphs(self, head: Any, kv_cache: torch.Tensor, block_size: int, max_streams: int,
+                         max_seq_len: int, dtype: torch.dtype) -> Any:
+        """A drafting head's draft steps captured (run(batch, prev_tokens, hidden) -> (drafts, h) or
+        None where none fits: device/cuda/head_graphs.py), or None where the device has no graphs."""
+        return None
+
     @abstractmethod
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata) -> None:
         """k, v: [T, num_kv_heads, head_dim] into this layer's cache kv: [2, blocks, block_size, heads, dim]."""

@@ -179,14 +179,16 @@ class DecoderModel:
         MTP layer's, models_py/mtp.py; updated in place)."""
         c, be, tp = self.config, self.backend, self.tp
         T = token_ids.shape[0]
-        residual = self._embed(token_ids) if embeds is None else embeds  # [T, hidden]; every layer adds into it in place
+        # [T, hidden]; every layer adds into it in place
+        residual = self._embed(token_ids) if embeds is None else embeds
         # Where the row-parallel projections write their partial sums: the all-reduce's own
         # buffer under TP on GPUs (no copy-in), else None (anywhere).
         send = tp.send_buffer(T, residual.shape[1], residual.dtype)
         x = be.rms_norm(residual, self.layers[0].input_norm, c.rms_norm_eps)
         aux = None
         if self.aux_layers:
-            aux = aux_out[:T] if aux_out is not None else residual.new_empty(T, len(self.aux_layers) * residual.shape[1])
+            width = len(self.aux_layers) * residual.shape[1]
+            aux = aux_out[:T] if aux_out is not None else residual.new_empty(T, width)
         for i, layer in enumerate(self.layers):
             for j in (j for j, a in enumerate(self.aux_layers) if a == i):
                 aux[:, j * residual.shape[1]:(j + 1) * residual.shape[1]].copy_(residual)

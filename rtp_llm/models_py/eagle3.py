@@ -139,6 +139,7 @@ class Eagle3Head:
         self.num_heads, self.num_kv_heads = c.num_heads, c.num_kv_heads
         self.scale = c.head_dim ** -0.5
         self.kv_cache_spec = KVCacheSpec(1, c.num_kv_heads, c.head_dim)
+        self.graph_capturable = True  # its draft steps (device/cuda/head_graphs.py)
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

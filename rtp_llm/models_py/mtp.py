@@ -91,6 +91,7 @@ class MtpHead:
         self.aux_layers: Tuple[int, ...] = (layer,)  # the target's residual stream after its last layer
         self.hidden_size = H
         self.kv_cache_spec = self.model.kv_cache_spec
+        self.graph_capturable = self.model.graph_capturable
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

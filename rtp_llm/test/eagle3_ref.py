@@ -111,7 +111,8 @@ def reference_drafts(target_dir: str, head_dir: str, tokens: list, k: int) -> li
         cfg = json.load(f)
     cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
     cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
-    w = {n: (t.float() if t.is_floating_point() else t) for n, t in load_file(os.path.join(head_dir, "model.safetensors")).items()}
+    stored = load_file(os.path.join(head_dir, "model.safetensors"))
+    w = {n: (t.float() if t.is_floating_point() else t) for n, t in stored.items()}
 
     model = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     ids = torch.tensor([tokens])

@@ -79,7 +79,8 @@ class Eagle3Test(unittest.TestCase):
         other = make_tiny("qwen3_gqa_untied", self.tmp.name)  # 2 layers: the default aux layers do not exist
         with self.assertRaisesRegex(CheckpointError, r"eagle_aux_hidden_state_layer_ids \[2, 1, -1\] must be 3 layers "
                                                      r"of the target's 2"):
-            LLM(other, act_type="fp32", progress=False, speculative=SpeculativeConfig("eagle3", 3, sp_checkpoint_path=self.head))
+            LLM(other, act_type="fp32", progress=False,
+                speculative=SpeculativeConfig("eagle3", 3, sp_checkpoint_path=self.head))
         with self.assertRaisesRegex(CheckpointError, "is not an EAGLE-3 head"):
             LLM(self.target, act_type="fp32", progress=False,
                 speculative=SpeculativeConfig("eagle3", 3, sp_checkpoint_path=self.target))

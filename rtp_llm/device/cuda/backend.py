@@ -326,6 +326,11 @@ class CudaBackend(DeviceBackend):
         return CudaGraphRunner(model, self, kv_cache, block_size, max_batch_size, max_seq_len,
                                max_num_batched_tokens)
 
+    def make_head_graphs(self, head, kv_cache, block_size: int, max_streams: int, max_seq_len: int, dtype):
+        from rtp_llm.device.cuda.head_graphs import HeadGraphRunner
+
+        return HeadGraphRunner(head, self, kv_cache, block_size, max_streams, max_seq_len, dtype)
+
     def release_memory(self):
         self._ws = self._mla_ws = None
         self._ws_shape = (0, 0, 0, 0)
