@@ -4,7 +4,9 @@ fewer steps (iter_count) because the model's copy is drafted from the prompt. Sa
 temperature > 0 with a seed (rejection sampling), the text is valid and the same run to run, the
 copy still takes fewer steps, and the accepted drafts are reported. With penalties and
 logit_bias (each verify row counts the drafts before it) the greedy text is the plain one. With
-SmolLM2 as its own draft model (--sp_type=vanilla) every draft is accepted, with the plain text."""
+SmolLM2 as its own draft model (--sp_type=vanilla) every draft is accepted, with the plain text.
+The server drafts with a draft model and with an EAGLE-3 head (--sp_type=eagle3; a random one
+written for SmolLM2 in the published layout) and answers with the plain text."""
 
 import json
 import urllib.request
@@ -95,3 +97,32 @@ def test_the_server_drafts_with_a_draft_model(smollm2):
     assert json.loads(text)["response"] == plain[0].outputs[0].text, (text, plain[0].outputs[0].text)
     accepted = [line for line in metrics.splitlines() if line.startswith("rtp_llm_spec_accepted_tokens_total")]
     assert accepted and float(accepted[0].split()[-1]) > 0, accepted
+
+
+def test_the_server_drafts_with_an_eagle3_head(smollm2, tmp_path):
+    """start_server --sp_type=eagle3 --sp_checkpoint_path (a random head for SmolLM2's shapes, draft
+    vocabulary 8192 of 49152): the plain greedy text, drafts proposed and counted in /metrics."""
+    from testlib import post_json, start_server, stop_server
+
+    from rtp_llm.model_loader import load_model
+    from rtp_llm.tools.random_checkpoint import write_eagle3_head
+
+    c = load_model(smollm2, progress=False, tokenizer=False).config
+    head = write_eagle3_head(str(tmp_path / "head"), {
+        "hidden_size": c.hidden_size, "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim, "intermediate_size": c.intermediate_size, "vocab_size": c.vocab_size,
+        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+        "max_position_embeddings": c.max_position_embeddings}, draft_vocab=8192, scale=0.05)
+    plain, _ = run(smollm2, SpeculativeConfig())
+    proc, base = start_server(smollm2, "--sp_type=eagle3", f"--sp_checkpoint_path={head}", "--gen_num_per_cycle=3",
+                              frontends=1)
+    try:
+        status, text = post_json(base + "/", {"prompt": COPY_PROMPT, "generate_config": CONFIG})
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+    finally:
+        assert stop_server(proc) == 0
+    assert status == 200, text
+    assert json.loads(text)["response"] == plain[0].outputs[0].text, (text, plain[0].outputs[0].text)
+    drafted = [line for line in metrics.splitlines() if line.startswith("rtp_llm_spec_draft_tokens_total")]
+    assert drafted and float(drafted[0].split()[-1]) > 0, drafted
