@@ -95,7 +95,7 @@ def main(argv=None):
     p.add_argument("--act_type", default="bf16")
     p.add_argument("--batch", default="1,16")
     p.add_argument("--new_tokens", type=int, default=96)
-    p.add_argument("--gen_num_per_cycle", type=int, default=5)
+    p.add_argument("--gen_num_per_cycle", default="5", help="drafts per step; several (3,4) load an engine each")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top_p", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=3)
@@ -107,18 +107,21 @@ def main(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--load_format", default="auto", help="dummy: random weights of the checkpoints' shapes")
     p.add_argument("--kv_cache_mem_mb", type=int, default=4096,
-                   help="each engine's KV cache (both engines are loaded at once: a GPU's default would not fit two)")
+                   help="each engine's KV cache (the engines are loaded at once: a GPU's default would not fit two)")
     a = p.parse_args(argv)
     random_weights(a)
     if a.force_accept:
         os.environ[FORCE_ACCEPT_ENV] = str(a.force_accept)
+    drafts = [int(d) for d in str(a.gen_num_per_cycle).split(",")]
     specs = {"off": SpeculativeConfig(),
-             a.sp_type: SpeculativeConfig(a.sp_type, a.gen_num_per_cycle, sp_checkpoint_path=a.sp_checkpoint_path)}
+             **{f"{a.sp_type}/{d}": SpeculativeConfig(a.sp_type, d, sp_checkpoint_path=a.sp_checkpoint_path)
+                for d in drafts}}
     llms = {}
     try:
         for label, spec in specs.items():
-            llms[label] = LLM(a.checkpoint, act_type=a.act_type, progress=False, max_seq_len=1024, kv_cache_mem_mb=a.kv_cache_mem_mb, speculative=spec,
-                              device=a.device, load_format=a.load_format)
+            llms[label] = LLM(a.checkpoint, act_type=a.act_type, progress=False, max_seq_len=1024,
+                              kv_cache_mem_mb=a.kv_cache_mem_mb, speculative=spec, device=a.device,
+                              load_format=a.load_format)
             llms[label].generate("warm up", {"max_new_tokens": 4, "temperature": 0})
         runs = {}
         for name, prompt in PROMPTS.items():
@@ -130,17 +133,18 @@ def main(argv=None):
     finally:
         for llm in llms.values():
             llm.close()
-    sp = a.sp_type
-    print(f"{'prompt':<6} {'batch':>5} | {'steps off':>9} {'steps ' + sp:>13} {'ratio':>6} | "
-          f"{'TPOT off ms':>11} {'TPOT ' + sp + ' ms':>15} {'speedup':>7} | {'wasted':>6} | same text")
-    for name in PROMPTS:
-        for batch in map(int, a.batch.split(",")):
-            off, on = runs["off", name, batch], runs[sp, name, batch]
-            p0, p1 = (statistics.median(r[2] for r in rs) for rs in (off, on))
-            s0, s1 = off[0][1], on[0][1]
-            same = all(r[0] == off[0][0] for r in off + on) if a.temperature == 0 and not a.force_accept else "n/a"
-            print(f"{name:<6} {batch:>5} | {s0:>9.1f} {s1:>13.1f} {s0 / s1:>6.2f} | {p0:>11.1f} {p1:>15.1f} "
-                  f"{p0 / p1:>7.2f} | {on[0][4]:>6.2f} | {same}")
+    print(f"{'prompt':<6} {'batch':>5} {'drafter/k':>10} | {'steps off':>9} {'steps on':>9} {'ratio':>6} | "
+          f"{'TPOT off ms':>11} {'TPOT on ms':>10} {'speedup':>7} | {'wasted':>6} | same text")
+    for sp in list(specs)[1:]:
+        for name in PROMPTS:
+            for batch in map(int, a.batch.split(",")):
+                off, on = runs["off", name, batch], runs[sp, name, batch]
+                p0, p1 = (statistics.median(r[2] for r in rs) for rs in (off, on))
+                s0, s1 = off[0][1], on[0][1]
+                same = (all(r[0] == off[0][0] for r in off + on) if a.temperature == 0 and not a.force_accept
+                        else "n/a")
+                print(f"{name:<6} {batch:>5} {sp:>10} | {s0:>9.1f} {s1:>9.1f} {s0 / s1:>6.2f} | {p0:>11.1f} "
+                      f"{p1:>10.1f} {p0 / p1:>7.2f} | {on[0][4]:>6.2f} | {same}")
 
 
 if __name__ == "__main__":
