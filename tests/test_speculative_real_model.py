@@ -105,14 +105,10 @@ def test_the_server_drafts_with_an_eagle3_head(smollm2, tmp_path):
     from testlib import post_json, start_server, stop_server
 
     from rtp_llm.model_loader import load_model
-    from rtp_llm.tools.random_checkpoint import write_eagle3_head
+    from rtp_llm.tools.random_checkpoint import hf_dims, write_eagle3_head
 
     c = load_model(smollm2, progress=False, tokenizer=False).config
-    head = write_eagle3_head(str(tmp_path / "head"), {
-        "hidden_size": c.hidden_size, "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim, "intermediate_size": c.intermediate_size, "vocab_size": c.vocab_size,
-        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
-        "max_position_embeddings": c.max_position_embeddings}, draft_vocab=8192, scale=0.05)
+    head = write_eagle3_head(str(tmp_path / "head"), hf_dims(c), draft_vocab=8192, scale=0.05)
     plain, _ = run(smollm2, SpeculativeConfig())
     proc, base = start_server(smollm2, "--sp_type=eagle3", f"--sp_checkpoint_path={head}", "--gen_num_per_cycle=3",
                               frontends=1)

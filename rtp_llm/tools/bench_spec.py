@@ -66,7 +66,7 @@ def random_weights(a) -> None:
     """--arch / --draft_arch: config-only checkpoints (random_checkpoint.write_config) in the temp
     directory, loaded with --load_format dummy; --sp_type eagle3 without a head: a random head for
     the target (random_checkpoint.write_eagle3_head, written once)."""
-    from rtp_llm.tools.random_checkpoint import write_config, write_eagle3_head
+    from rtp_llm.tools.random_checkpoint import hf_dims, write_config, write_eagle3_head
 
     for arch, field in ((a.arch, "checkpoint"), (a.draft_arch, "sp_checkpoint_path")):
         if arch:
@@ -76,8 +76,14 @@ def random_weights(a) -> None:
     if a.draft_arch:
         a.sp_type = "vanilla"
     if a.sp_type == "eagle3" and not a.sp_checkpoint_path and a.checkpoint:
-        with open(os.path.join(a.checkpoint, "config.json")) as f:
-            target = json.load(f)
+        config = os.path.join(a.checkpoint, "config.json")
+        if os.path.exists(config):
+            with open(config) as f:
+                target = json.load(f)
+        else:  # a GGUF file
+            from rtp_llm.model_loader import load_model
+
+            target = hf_dims(load_model(a.checkpoint, progress=False, tokenizer=False).config)
         name = a.arch or os.path.basename(os.path.normpath(a.checkpoint))
         a.sp_checkpoint_path = write_eagle3_head(
             os.path.join(tempfile.gettempdir(), f"rtp_llm_spec_{name}_eagle3_{a.draft_vocab}"), target,

@@ -70,6 +70,15 @@ def _rope_theta(cfg: dict) -> float:
     return float(theta if theta is not None else 10000.0)
 
 
+def hf_dims(c) -> dict:
+    """A ModelConfig's shapes under config.json's names (what write_eagle3_head reads of its target):
+    for a target without a config.json (a GGUF file)."""
+    return {"hidden_size": c.hidden_size, "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+            "head_dim": c.head_dim, "intermediate_size": c.intermediate_size, "vocab_size": c.vocab_size,
+            "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+            "max_position_embeddings": c.max_position_embeddings}
+
+
 def write_eagle3_head(path: str, target: dict, seed: int = 0, draft_vocab: Optional[int] = None,
                       aux_layers: Optional[Sequence[int]] = None, scale: float = 0.2,
                       dtype: torch.dtype = torch.bfloat16) -> str:
