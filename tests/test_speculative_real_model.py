@@ -79,14 +79,13 @@ def test_a_draft_model_equal_to_the_target_has_every_draft_accepted(smollm2):
     assert stats["spec_accepted_tokens"] == stats["spec_draft_tokens"], stats
 
 
-def test_the_server_drafts_with_a_draft_model(smollm2):
-    """start_server --sp_type=vanilla --sp_checkpoint_path: upstream's native route answers with the
-    plain greedy text, and /metrics counts the drafts it accepted."""
+def assert_server_drafts(smollm2, counter: str, *flags):
+    """start_server with `flags`: upstream's native route answers with the plain greedy text, and
+    /metrics' `counter` (rtp_llm_spec_*_total) is above 0."""
     from testlib import post_json, start_server, stop_server
 
     plain, _ = run(smollm2, SpeculativeConfig())
-    proc, base = start_server(smollm2, "--sp_type=vanilla", f"--sp_checkpoint_path={smollm2}",
-                              "--gen_num_per_cycle=4", frontends=1)
+    proc, base = start_server(smollm2, *flags, frontends=1)
     try:
         status, text = post_json(base + "/", {"prompt": COPY_PROMPT, "generate_config": CONFIG})
         with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
@@ -95,30 +94,24 @@ def test_the_server_drafts_with_a_draft_model(smollm2):
         assert stop_server(proc) == 0
     assert status == 200, text
     assert json.loads(text)["response"] == plain[0].outputs[0].text, (text, plain[0].outputs[0].text)
-    accepted = [line for line in metrics.splitlines() if line.startswith("rtp_llm_spec_accepted_tokens_total")]
-    assert accepted and float(accepted[0].split()[-1]) > 0, accepted
+    found = [line for line in metrics.splitlines() if line.startswith(counter)]
+    assert found and float(found[0].split()[-1]) > 0, found
+
+
+def test_the_server_drafts_with_a_draft_model(smollm2):
+    """start_server --sp_type=vanilla --sp_checkpoint_path: the plain greedy text, and /metrics counts
+    the drafts it accepted."""
+    assert_server_drafts(smollm2, "rtp_llm_spec_accepted_tokens_total", "--sp_type=vanilla",
+                         f"--sp_checkpoint_path={smollm2}", "--gen_num_per_cycle=4")
 
 
 def test_the_server_drafts_with_an_eagle3_head(smollm2, tmp_path):
     """start_server --sp_type=eagle3 --sp_checkpoint_path (a random head for SmolLM2's shapes, draft
     vocabulary 8192 of 49152): the plain greedy text, drafts proposed and counted in /metrics."""
-    from testlib import post_json, start_server, stop_server
-
     from rtp_llm.model_loader import load_model
     from rtp_llm.tools.random_checkpoint import hf_dims, write_eagle3_head
 
     c = load_model(smollm2, progress=False, tokenizer=False).config
     head = write_eagle3_head(str(tmp_path / "head"), hf_dims(c), draft_vocab=8192, scale=0.05)
-    plain, _ = run(smollm2, SpeculativeConfig())
-    proc, base = start_server(smollm2, "--sp_type=eagle3", f"--sp_checkpoint_path={head}", "--gen_num_per_cycle=3",
-                              frontends=1)
-    try:
-        status, text = post_json(base + "/", {"prompt": COPY_PROMPT, "generate_config": CONFIG})
-        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-            metrics = r.read().decode()
-    finally:
-        assert stop_server(proc) == 0
-    assert status == 200, text
-    assert json.loads(text)["response"] == plain[0].outputs[0].text, (text, plain[0].outputs[0].text)
-    drafted = [line for line in metrics.splitlines() if line.startswith("rtp_llm_spec_draft_tokens_total")]
-    assert drafted and float(drafted[0].split()[-1]) > 0, drafted
+    assert_server_drafts(smollm2, "rtp_llm_spec_draft_tokens_total", "--sp_type=eagle3",
+                         f"--sp_checkpoint_path={head}", "--gen_num_per_cycle=3")

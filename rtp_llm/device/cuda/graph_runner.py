@@ -90,6 +90,19 @@ class _Inputs:
         off, n = self.offsets[name]
         return self.buf[off:off + n]
 
+    def stage_decode(self, b, size: int) -> "_Inputs":
+        """A decode step's inputs (b: one query token per stream) uploaded for the graph of `size`
+        streams (padding: slot -1, context 0)."""
+        s = b.num_streams
+        x = self.writable()
+        x.host_view("token_ids")[:s] = b.token_ids
+        x.host_view("positions")[:s] = b.positions
+        x.put("slots", b.slot_mapping, size, -1)
+        x.put("context_lens", b.context_lens, size, 0)
+        x.host_view("block_tables").reshape(-1, self.max_blocks)[:s, :b.block_tables.shape[1]] = b.block_tables
+        x.upload(size)
+        return x
+
     def upload(self, streams: int):
         end = self.offsets["block_tables"][0] + streams * self.max_blocks
         self.buf[:end].copy_(self.host[:end], non_blocking=True)
@@ -204,14 +217,7 @@ class CudaGraphRunner:
     def _stage_decode(self, b):
         s = b.num_streams
         size = self.decode_sizes[np.searchsorted(self.decode_sizes, s)]
-        x = self.dec.writable()
-        x.host_view("token_ids")[:s] = b.token_ids
-        x.host_view("positions")[:s] = b.positions
-        x.put("slots", b.slot_mapping, size, -1)
-        x.put("context_lens", b.context_lens, size, 0)
-        x.host_view("block_tables").reshape(-1, self.max_blocks)[:s, :b.block_tables.shape[1]] = b.block_tables
-        x.upload(size)
-        return self._replayer("decode", size, x, s, s)
+        return self._replayer("decode", size, self.dec.stage_decode(b, size), s, s)
 
     def _stage_extend(self, b):
         s, t = b.num_streams, b.num_tokens

@@ -68,13 +68,7 @@ class HeadGraphRunner:
         if s > self.sizes[-1] or b.block_tables.shape[1] > self.max_blocks:
             return None
         size = self.sizes[np.searchsorted(self.sizes, s)]
-        x = self.x.writable()
-        x.host_view("token_ids")[:s] = b.token_ids
-        x.host_view("positions")[:s] = b.positions
-        x.put("slots", b.slot_mapping, size, -1)
-        x.put("context_lens", b.context_lens, size, 0)
-        x.host_view("block_tables").reshape(-1, self.max_blocks)[:s, :b.block_tables.shape[1]] = b.block_tables
-        x.upload(size)
+        x = self.x.stage_decode(b, size)
         self.backend.resolve_placeholders(x.dev("token_ids")[:s], prev_tokens)
         self.hidden[:s].copy_(hidden)
         replay, (drafts, h) = self.graphs[size]
