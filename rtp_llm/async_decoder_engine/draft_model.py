@@ -103,6 +103,18 @@ def mirror_batch(b, streams: np.ndarray) -> DraftBatch:
                       np.ascontiguousarray(b.block_tables[streams]))
 
 
+def write_drafts(b, first: np.ndarray, d: np.ndarray, drafts: np.ndarray) -> None:
+    """Writes a drafter's steps 0..max(d)-1 (their greedy tokens concatenated in step order; step j
+    has a row for each drafting stream with d > j) over b's reserved positions: step j's row of a
+    stream is its draft j + 1, at query token first + 1 + j (first: its last known token)."""
+    at = 0
+    for j in range(int(d.max()) if len(d) else 0):
+        keep = d > j
+        n = int(keep.sum())
+        b.token_ids[first[keep] + 1 + j] = drafts[at:at + n]
+        at += n
+
+
 class Proposals:
     """A step's drafts: the drafting streams (draft_lens > 0) of StepBatch `b`, each with its last
     known token at query index first[k], at position prefix_lens (the target has computed every
@@ -155,16 +167,10 @@ class Proposals:
         return DraftBatch(tokens, positions, slots, q, np.ascontiguousarray(b.block_tables[self.streams]))
 
     def write(self, drafts: np.ndarray, seen: dict) -> None:
-        """Writes step 0.. step d-1's greedy tokens (concatenated in step order) over the reserved
-        positions (step j's row of a stream is its draft j + 1, at query token first + 1 + j), and
-        records in `seen` what the draft's cache now holds: positions below prefix + d, and the
-        last draft, proposed but not run."""
-        at = 0
-        for j in range(self.steps):
-            keep = self.d > j
-            n = int(keep.sum())
-            self.b.token_ids[self.first[keep] + 1 + j] = drafts[at:at + n]
-            at += n
+        """Writes the drafts over the reserved positions (write_drafts) and records in `seen` what
+        the draft's cache now holds: positions below prefix + d, and the last draft, proposed but
+        not run."""
+        write_drafts(self.b, self.first, self.d, drafts)
         ids = self.b.stream_ids[self.streams].tolist()
         seen.update(zip(ids, zip((self.prefix + self.d).tolist(), self.b.token_ids[self.first + self.d].tolist())))
 

@@ -28,7 +28,7 @@ one host copy puts the drafts in the batch's token ids."""
 import numpy as np
 import torch
 
-from rtp_llm.async_decoder_engine.draft_model import DraftBatch
+from rtp_llm.async_decoder_engine.draft_model import DraftBatch, write_drafts
 from rtp_llm.device.base import sampled_token_rows
 from rtp_llm.models_py.eagle3 import Eagle3Head
 
@@ -198,10 +198,4 @@ class EagleDrafter:
                                np.ascontiguousarray(b.block_tables[drafting[keep]]))
             tok, h = self._step(batch, tok, h[sel])
             outs.append(tok)
-        drafts = torch.cat(outs).cpu().numpy()
-        at = 0
-        for j in range(int(d.max())):
-            keep = d > j
-            n = int(keep.sum())
-            b.token_ids[first[keep] + 1 + j] = drafts[at:at + n]
-            at += n
+        write_drafts(b, first, d, torch.cat(outs).cpu().numpy())
