@@ -34,7 +34,9 @@ class HeadGraphRunner:
         self.x.host_view("query_starts")[:] = np.arange(n + 1)
         self.x.upload(n)
         self.hidden = torch.zeros(n, head.hidden_size, dtype=dtype, device=dev)
-        rows = torch.arange(n, device=dev)
+        # Every tensor a graph reads must outlive it: a local one would be freed at the end of
+        # __init__ and its memory reused, and the replays would read whatever lands there.
+        self.rows = torch.arange(n, device=dev)
         self.graphs = {}  # size -> (replay, (drafts [size], h [size, H]))
         t0 = time.perf_counter()
         stream = torch.cuda.Stream(dev)
@@ -48,7 +50,7 @@ class HeadGraphRunner:
                     query_starts=self.x.dev("query_starts")[:s + 1], context_lens=self.x.dev("context_lens")[:s],
                     decode_splits=backend.decode_splits(s, max_seq_len))
                 args = (self.x.dev("token_ids")[:s], self.x.dev("positions")[:s], meta, kv_cache, self.hidden[:s],
-                        rows[:s])
+                        self.rows[:s])
                 head.forward(*args)  # compiles the kernels, settles the allocator
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool, stream=stream):
