@@ -119,6 +119,7 @@ class ServerConfig:
     sp_max_token_match: int = SpeculativeConfig.sp_max_token_match
     sp_checkpoint_path: str = ""
     sp_model_type: str = ""
+    sp_draft_pace: str = SpeculativeConfig.sp_draft_pace
     # Prefill/decode disaggregation (upstream's flags; config/pd_config.py): PDFUSION, PREFILL
     # (the entry; hands requests to the DECODE instance at remote_rpc_server_ip) or DECODE.
     role_type: str = "PDFUSION"
@@ -198,7 +199,8 @@ class ServerConfig:
 
     def speculative(self) -> SpeculativeConfig:
         return SpeculativeConfig(self.sp_type, self.gen_num_per_cycle, self.sp_min_token_match,
-                                 self.sp_max_token_match, self.sp_checkpoint_path, self.sp_model_type)
+                                 self.sp_max_token_match, self.sp_checkpoint_path, self.sp_model_type,
+                                 self.sp_draft_pace)
 
     def to_args(self) -> List[str]:
         """Flags for a child process; the API key goes through the environment instead (argv

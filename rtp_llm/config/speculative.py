@@ -17,6 +17,7 @@ SP_TYPES = {"ngram": "prompt lookup (n-grams of the stream's own tokens)",
             "mtp": "the checkpoint's multi-token-prediction layer (DeepSeek-V3's)"}
 # sp_type -> what it would need (upstream's and vLLM's kinds not built yet)
 NOT_BUILT = {"eagle": "an EAGLE-1/2 head"}
+SP_DRAFT_PACES = ("adaptive", "fixed")
 # The kinds whose drafts come from a model run by the model runner (the core reserves their
 # positions and the runner fills them): sp_type -> what --sp_checkpoint_path holds, and whether it
 # is required (mtp's layer is in the target's checkpoint unless the flag names another).
@@ -39,6 +40,11 @@ class SpeculativeConfig:
     # does not say (as --model_type for the target). Loaded as the target is (dtype, format, device).
     sp_checkpoint_path: str = ""
     sp_model_type: str = ""
+    # How many a stream drafts each round (SP_DRAFT_PACES): "adaptive" follows its last rounds
+    # (rtp_llm/cpp/engine/drafter.h, DraftPace: fewer rejected rows where a step is compute-bound);
+    # "fixed" always gen_num_per_cycle (vLLM's and SGLang's way: where a step is bound by reading
+    # the weights, batch 1 on a GPU, rejected rows cost little and longer rounds keep more).
+    sp_draft_pace: str = "adaptive"
 
     @property
     def enabled(self) -> bool:
@@ -80,6 +86,8 @@ class SpeculativeConfig:
         if self.sp_checkpoint_path and not self.runner_drafts:
             raise ValueError(f"--sp_checkpoint_path is the checkpoint of --sp_type=vanilla, eagle3 or mtp, not of "
                              f"--sp_type={self.sp_type}")
+        if self.sp_draft_pace not in SP_DRAFT_PACES:
+            raise ValueError(f"--sp_draft_pace must be one of {', '.join(SP_DRAFT_PACES)}, got {self.sp_draft_pace!r}")
         if self.gen_num_per_cycle < 1:
             raise ValueError(f"--gen_num_per_cycle must be >= 1, got {self.gen_num_per_cycle}")
         if not 1 <= self.sp_min_token_match <= self.sp_max_token_match:
@@ -96,4 +104,4 @@ class SpeculativeConfig:
         """The engine core's fields (RTP_LLM_ENGINE_CONFIG): gen_num_per_cycle 0 turns drafting off."""
         return {"gen_num_per_cycle": self.gen_num_per_cycle if self.enabled else 0,
                 "sp_min_token_match": self.sp_min_token_match, "sp_max_token_match": self.sp_max_token_match,
-                "draft_model": self.runner_drafts}
+                "draft_model": self.runner_drafts, "sp_fixed_drafts": self.sp_draft_pace == "fixed"}

@@ -278,11 +278,12 @@ class EngineCore(kv_handoff.KvHandoffCalls):
     def __init__(self, num_blocks: int, block_size: int, max_batch_size: int, max_num_batched_tokens: int,
                  max_seq_len: int, reuse_cache: bool = True, eos_token_ids: Sequence[int] = (), vocab_size: int = 0,
                  gen_num_per_cycle: int = 0, sp_min_token_match: int = 2, sp_max_token_match: int = 3,
-                 draft_model: bool = False):
+                 draft_model: bool = False, sp_fixed_drafts: bool = False):
         """vocab_size: the model's; prompt token ids at or past it are refused at enqueue (0: unchecked).
         gen_num_per_cycle > 0: speculative decoding, up to that many drafted tokens per stream per step:
         by prompt lookup (n-grams of sp_max_token_match down to sp_min_token_match tokens), or with
-        draft_model the positions are reserved and the model runner's draft model fills them."""
+        draft_model the positions are reserved and the model runner's draft model fills them;
+        sp_fixed_drafts: every round may draft gen_num_per_cycle (else each stream's pace decides)."""
         self._lib, structs = _abi()
         config_struct, _ = structs["RtpEngineConfig"]
         self._batch_fields = structs["RtpStepBatch"][1]
@@ -293,7 +294,7 @@ class EngineCore(kv_handoff.KvHandoffCalls):
                                reuse_cache=int(reuse_cache), vocab_size=vocab_size, eos_token_ids=self._eos,
                                num_eos_token_ids=len(eos_token_ids), gen_num_per_cycle=gen_num_per_cycle,
                                sp_min_token_match=sp_min_token_match, sp_max_token_match=sp_max_token_match,
-                               draft_model=int(draft_model))
+                               draft_model=int(draft_model), sp_fixed_drafts=int(sp_fixed_drafts))
         err = ctypes.create_string_buffer(512)
         self._handle = self._lib.rtp_llm_engine_create(ctypes.byref(config), err, len(err))
         if not self._handle:

@@ -105,6 +105,8 @@ def main(argv=None):
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top_p", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--sp_draft_pace", default="adaptive",
+                   help="adaptive or fixed (SpeculativeConfig.sp_draft_pace); both (adaptive,fixed) load an engine each")
     p.add_argument("--sp_type", choices=("ngram", "vanilla", "eagle3"), default="ngram")
     p.add_argument("--sp_checkpoint_path", default="", help="the draft model (--sp_type vanilla) or head (eagle3)")
     p.add_argument("--draft_vocab", type=int, default=32000, help="a random EAGLE-3 head's vocabulary (--arch)")
@@ -119,9 +121,11 @@ def main(argv=None):
     if a.force_accept:
         os.environ[FORCE_ACCEPT_ENV] = str(a.force_accept)
     drafts = [int(d) for d in str(a.gen_num_per_cycle).split(",")]
+    paces = str(a.sp_draft_pace).split(",")
     specs = {"off": SpeculativeConfig(),
-             **{f"{a.sp_type}/{d}": SpeculativeConfig(a.sp_type, d, sp_checkpoint_path=a.sp_checkpoint_path)
-                for d in drafts}}
+             **{f"{a.sp_type}/{d}" + (f"/{pace}" if len(paces) > 1 else ""):
+                SpeculativeConfig(a.sp_type, d, sp_checkpoint_path=a.sp_checkpoint_path, sp_draft_pace=pace)
+                for d in drafts for pace in paces}}
     llms = {}
     try:
         for label, spec in specs.items():
@@ -139,7 +143,7 @@ def main(argv=None):
     finally:
         for llm in llms.values():
             llm.close()
-    print(f"{'prompt':<6} {'batch':>5} {'drafter/k':>10} | {'steps off':>9} {'steps on':>9} {'ratio':>6} | "
+    print(f"{'prompt':<6} {'batch':>5} {'drafter/k[/pace]':>16} | {'steps off':>9} {'steps on':>9} {'ratio':>6} | "
           f"{'TPOT off ms':>11} {'TPOT on ms':>10} {'speedup':>7} | {'wasted':>6} | same text")
     for sp in list(specs)[1:]:
         for name in PROMPTS:
@@ -149,7 +153,7 @@ def main(argv=None):
                 s0, s1 = off[0][1], on[0][1]
                 same = (all(r[0] == off[0][0] for r in off + on) if a.temperature == 0 and not a.force_accept
                         else "n/a")
-                print(f"{name:<6} {batch:>5} {sp:>10} | {s0:>9.1f} {s1:>9.1f} {s0 / s1:>6.2f} | {p0:>11.1f} "
+                print(f"{name:<6} {batch:>5} {sp:>16} | {s0:>9.1f} {s1:>9.1f} {s0 / s1:>6.2f} | {p0:>11.1f} "
                       f"{p1:>10.1f} {p0 / p1:>7.2f} | {on[0][4]:>6.2f} | {same}")
 
 

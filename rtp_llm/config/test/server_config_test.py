@@ -177,7 +177,11 @@ class ServerConfigTest(unittest.TestCase):
         c = self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=deterministic", "--gen_num_per_cycle=7")
         self.assertEqual(c.speculative().core_config(),
                          {"gen_num_per_cycle": 7, "sp_min_token_match": 2, "sp_max_token_match": 3,
-                          "draft_model": False})
+                          "draft_model": False, "sp_fixed_drafts": False})
+        c = self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=ngram", "--sp_draft_pace=fixed")
+        self.assertTrue(c.speculative().core_config()["sp_fixed_drafts"])
+        with self.assertRaisesRegex(ValueError, r"--sp_draft_pace must be one of adaptive, fixed, got 'slow'"):
+            self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=ngram", "--sp_draft_pace=slow")
         c = self.parse(f"--checkpoint_path={self.ckpt}", "--sp_type=vanilla", f"--sp_checkpoint_path={self.ckpt}",
                        "--sp_model_type=qwen_3")
         self.assertEqual((c.speculative().sp_checkpoint_path, c.speculative().sp_model_type), (self.ckpt, "qwen_3"))

@@ -50,6 +50,7 @@ SchedulerConfig scheduler_config(const EngineCoreConfig& c) {
   s.max_batch_size = c.max_batch_size;
   s.max_num_batched_tokens = c.max_num_batched_tokens;
   s.max_drafts = c.gen_num_per_cycle;
+  s.fixed_drafts = c.sp_fixed_drafts != 0;
   return s;
 }
 }  // namespace

@@ -140,7 +140,8 @@ int Scheduler::draft(GenerateStream* s, int n, int budget) {
   }
   // Accepting all d drafts appends d + 1 tokens: they must fit max_new_tokens and max_seq_len.
   const int room = std::min(s->config().max_new_tokens - s->num_generated(), s->max_seq_len() - s->num_tokens()) - 1;
-  const int most = std::min({s->draft_pace.allowance(config_.max_drafts), budget - n, room});
+  const int allowance = config_.fixed_drafts ? config_.max_drafts : s->draft_pace.allowance(config_.max_drafts);
+  const int most = std::min({allowance, budget - n, room});
   if (most <= 0) return 0;
   const int d = drafter_->propose(s->tokens().data(), s->num_tokens(), most, draft_buf_.data());
   // Drafts never preempt: without the blocks for them, the stream decodes as usual.

@@ -89,6 +89,7 @@ struct SchedulerConfig {
   // budget-sized chunk of them (8192 on CUDA: 5 GB) could run the device out of memory.
   int max_prompt_rows = 512;
   int max_drafts = 0;  // speculative decoding: drafted tokens per stream per step (0: off)
+  bool fixed_drafts = false;  // true: every round may draft max_drafts; false: DraftPace's allowance
 };
 
 // Speculative decoding since start (EngineStats): stream-steps that verified drafts, tokens

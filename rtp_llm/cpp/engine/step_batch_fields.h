@@ -120,6 +120,9 @@
   /* 1: a draft model proposes the drafts (the model runner fills the positions the core \
      reserves: DeferredDrafter); 0: prompt lookup. */ \
   X(i32, draft_model, 0, 0) \
+  /* 1: every round drafts up to gen_num_per_cycle tokens (--sp_draft_pace=fixed); 0: DraftPace \
+     sets each stream's allowance from its last rounds (drafter.h). */ \
+  X(i32, sp_fixed_drafts, 0, 0) \
   /* Prefill/decode disaggregation: how long a PREFILL instance keeps a request's KV blocks for \
      a decode instance that has not read them (RemoteFinish) before freeing them (0: 30 s, so a \
      zero-initialized config stays valid). */ \

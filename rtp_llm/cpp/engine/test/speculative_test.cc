@@ -46,7 +46,7 @@ class FixedDrafter : public Drafter {
 class SpecTest : public ::testing::Test {
  protected:
   void SetUp(int num_blocks, int block_size, int budget, int max_drafts, std::unique_ptr<Drafter> drafter,
-             bool prefix_cache = true) {
+             bool prefix_cache = true, bool fixed_drafts = false) {
     kv_ = std::make_unique<KVCacheManager>(num_blocks, block_size, prefix_cache);
     budget_ = budget;
     drafter_ = std::move(drafter);
@@ -54,6 +54,7 @@ class SpecTest : public ::testing::Test {
     config.max_batch_size = 8;
     config.max_num_batched_tokens = budget;
     config.max_drafts = max_drafts;
+    config.fixed_drafts = fixed_drafts;
     sched_ = std::make_unique<Scheduler>(config, *kv_, 1 << 20, drafter_.get());
     batch_.reserve({8, budget, num_blocks, 4096, 4096});
   }
@@ -145,6 +146,22 @@ TEST_F(SpecTest, CommitKeepsTheAcceptedRunAndTheTokenAfterIt) {
   // last round the 2 that are left: 4 + 3 + 3 + 2.
   EXPECT_EQ(sched_->spec_stats().draft_tokens, 12);
   EXPECT_EQ(sched_->spec_stats().accepted_tokens, 8);
+}
+
+TEST_F(SpecTest, AFixedPaceDraftsTheMostEveryRoundWhateverWasRejected) {
+  for (bool fixed : {true, false}) {
+    SetUp(64, 4, 256, 3, std::make_unique<FixedDrafter>(), true, fixed);
+    Add({1, 2, 3, 4, 5}, Greedy(12));
+    Step();  // the prompt
+    std::vector<int> drafted;
+    for (int i = 0; i < 4; ++i) {
+      Step();
+      drafted.push_back(batch_.draft_lens[0]);
+    }
+    // adaptive (DraftPace): 3 rejected -> 1 -> rejected at 1: a pause of one step -> 1
+    EXPECT_EQ(drafted, fixed ? std::vector<int>({3, 3, 3, 3}) : std::vector<int>({3, 1, 0, 1})) << fixed;
+    RunToCompletion();
+  }
 }
 
 TEST_F(SpecTest, RejectedDraftsRollBackComputedPositionsAndBlocks) {
