@@ -17,7 +17,7 @@ ENGINE_LIB = "libth_transformer.so"
 COMPUTE_OPS_MODULE = "librtp_compute_ops"
 # Must equal RTP_LLM_ABI_VERSION in rtp_llm/cpp/api/c_api.h (it covers engine_api.h and the lists of
 # rtp_llm/cpp/engine/step_batch_fields.h; engine_core.py also checks its struct mirrors at load).
-ENGINE_ABI_VERSION = 12
+ENGINE_ABI_VERSION = 13
 
 
 class NativeLibraryError(ImportError):

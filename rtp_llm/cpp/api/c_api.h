@@ -11,7 +11,7 @@ extern "C" {
 // rtp_llm/cpp/engine/step_batch_fields.h. The Python loader refuses a mismatch, and
 // c_api_test fails when those headers change without a bump (it keeps each version's
 // fingerprint of them).
-#define RTP_LLM_ABI_VERSION 12
+#define RTP_LLM_ABI_VERSION 13
 
 int rtp_llm_abi_version(void);
 

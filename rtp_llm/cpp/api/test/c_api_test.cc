@@ -61,6 +61,7 @@ TEST(CApi, TheAbiVersionCoversItsHeaders) {
       {10, 0xda89623b75a17f90ULL},
       {11, 0x74a9d2ab847bd0a7ULL},
       {12, 0xd5381d64d33fb3feULL},
+      {13, 0x8bf58f886db87a41ULL},
   };
   const uint64_t now = Fnv1a(AbiText("cpp/api/c_api.h") + AbiText("cpp/api/engine_api.h") +
                              AbiText("cpp/engine/step_batch_fields.h"));
