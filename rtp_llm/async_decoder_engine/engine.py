@@ -213,7 +213,8 @@ class EngineLoop:
         else:
             path = spec.sp_checkpoint_path or loaded.checkpoint_path
             mtp_layers(path, loaded.config)
-            head = MtpHead(loaded.config, path, self.backend, loaded.dtype, self.max_seq_len)
+            head = MtpHead(loaded.config, path, self.backend, loaded.dtype, self.max_seq_len,
+                           model=model if path == loaded.checkpoint_path else None)
             what = f"multi-token-prediction layer of {path}"
         model.aux_layers = head.aux_layers
         log.info("%s, reading the target's layers %s, proposes up to %d tokens a step", what, list(head.aux_layers),

@@ -4,7 +4,7 @@ unquantized or quantized (quant_config.py, dequant.py)."""
 import json
 import os
 from contextlib import ExitStack
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
 from safetensors import safe_open
@@ -198,6 +198,32 @@ class _ShardIndex:
         return view
 
 
+def same_or_absent(checkpoint_path: str, pairs: Dict[str, str], chunk_rows: int = 8192) -> List[str]:
+    """The keys of `pairs` (a tensor's name -> the name of a copy of it) whose copy is absent from
+    the checkpoint or holds the same values: dtype and shape, then chunks of rows (a table of
+    gigabytes is never held whole)."""
+    out = []
+    with ExitStack() as stack:
+        index = _ShardIndex(_shards(checkpoint_path), stack)
+        for name, copy in pairs.items():
+            if copy not in index:
+                out.append(name)
+                continue
+            if name not in index:
+                continue
+            a, b = (index.files[index.where[n]].get_slice(index.stored.get(n, n)) for n in (name, copy))
+            shape = a.get_shape()
+            if a.get_dtype() != b.get_dtype() or shape != b.get_shape():
+                continue
+            if not shape:
+                same = torch.equal(index.get(name), index.get(copy))
+            else:
+                same = all(torch.equal(a[i:i + chunk_rows], b[i:i + chunk_rows]) for i in range(0, shape[0], chunk_rows))
+            if same:
+                out.append(name)
+    return out
+
+
 def read_quant_config(checkpoint_path: str) -> Optional[QuantConfig]:
     """config.json's quantization_config, parsed and checked (quant_config.py); None when the
     checkpoint is not quantized. A quantize_config.json / quant_config.json beside a config.json
@@ -234,16 +260,18 @@ def _kept_for(config: ModelConfig, name: str, dtype: torch.dtype) -> Optional[to
 def load_hf_weights(checkpoint_path: str, config: ModelConfig, dtype: torch.dtype,
                     progress: bool = True,
                     select: Optional[Callable[[List[str]], Dict[str, str]]] = None,
-                    extra: Optional[Dict[str, tuple]] = None) -> Dict[str, torch.Tensor]:
+                    extra: Optional[Dict[str, tuple]] = None, omit: Iterable[str] = ()) -> Dict[str, torch.Tensor]:
     """The model's weights in the run dtype, one at a time: a quantized linear weight is
     dequantized exactly (dequant.py) and rounded to `dtype` before the next is read, except an
     FP8, GPTQ or AWQ projection, which stays packed (Fp8Tensor, GroupIntTensor: the decoder widens
     it the same way for a backend without kernels for it). select: the checkpoint's tensor names ->
     {the model's name: the checkpoint's} for a model stored under other names (a layer of another
     model: models_py/mtp.py); the names of `config`'s model that it gives no tensor for are
-    missing. extra: more tensors read besides the model's (name -> shape), checked likewise."""
+    missing. extra: more tensors read besides the model's (name -> shape), checked likewise. omit:
+    tensors of the model not read (the caller has them: an MTP layer's copy of the model's table)."""
     qc = read_quant_config(checkpoint_path)
-    wanted = {**expected_weights(config), **(extra or {})}
+    omit = set(omit)
+    wanted = {**{n: s for n, s in expected_weights(config).items() if n not in omit}, **(extra or {})}
     weights: Dict[str, torch.Tensor] = {}
     with ExitStack() as stack:
         index = _ShardIndex(_shards(checkpoint_path), stack)
@@ -263,7 +291,7 @@ def load_hf_weights(checkpoint_path: str, config: ModelConfig, dtype: torch.dtyp
         bar.close()
     if config.tie_word_embeddings and "lm_head.weight" in weights:
         del weights["lm_head.weight"]
-    check_weights(config, weights, checkpoint_path)
+    check_weights(config, weights, checkpoint_path, omit)
     for name, shape in (extra or {}).items():
         if name not in weights or tuple(weights[name].shape) != shape:
             raise CheckpointError(f"{checkpoint_path}: tensor {name} is missing or not of shape {shape}")

@@ -45,7 +45,9 @@ class Layer:
 
 class DecoderModel:
     def __init__(self, config: ModelConfig, weights: Dict[str, torch.Tensor], backend: DeviceBackend,
-                 max_positions: int, tp: Optional[TPShard] = None):
+                 max_positions: int, tp: Optional[TPShard] = None, vocab_from: Optional["DecoderModel"] = None):
+        """vocab_from: a model whose embedding table and LM head this one uses where `weights` has
+        none of its own (an MTP layer's: models_py/mtp.py; the same rank and layout)."""
         self.config = c = config
         self.backend = backend
         if c.mla is not None:
@@ -79,8 +81,7 @@ class DecoderModel:
             return t
 
         q_rows, kv_rows = (q0 * D, self.num_heads * D), (k0 * D, self.num_kv_heads * D)
-        self.embed = vocab_slice("model.embed_tokens.weight")
-        self.lm_head = backend.pack_lm_head(self.embed if c.tie_word_embeddings else vocab_slice("lm_head.weight"))
+        self.embed, self.lm_head = self._vocab_tables(vocab_slice, weights, vocab_from)
         self.final_norm = w("model.norm.weight")
         self.mla = None
         if c.mla is not None:
@@ -125,6 +126,21 @@ class DecoderModel:
         # `aux` [T, len(aux_layers) hidden] (none by default).
         self.aux_layers: tuple = ()
         self.aux: Optional[torch.Tensor] = None
+
+    def _vocab_tables(self, vocab_slice, weights, vocab_from: Optional["DecoderModel"]) -> tuple:
+        """(the embedding table, the packed LM head): this rank's slices of `weights`' or, where
+        weights has none, vocab_from's, as loaded there."""
+        c = self.config
+
+        def mine(name):
+            return vocab_from is None or name in weights
+
+        embed = vocab_slice("model.embed_tokens.weight") if mine("model.embed_tokens.weight") else vocab_from.embed
+        if c.tie_word_embeddings:
+            return embed, self.backend.pack_lm_head(embed)
+        if mine("lm_head.weight"):
+            return embed, self.backend.pack_lm_head(vocab_slice("lm_head.weight"))
+        return embed, vocab_from.lm_head
 
     def _qkv_attention(self, a: str, w, q_rows, kv_rows) -> dict:
         """Attention prefix a's fused q/k/v projection (and bias, q/k norms) and o_proj, this

@@ -12,14 +12,16 @@ output (shapes per row, H the hidden size):
     draft = argmax(shared_head.head(shared_head.norm(y)))
 
 and y (before the norm) feeds the next row. The layer runs as a one-layer DecoderModel whose
-input is x instead of the embeddings (DecoderModel.forward's `embeds`); its embedding table and
-head are the layer's own copies where the checkpoint has them (V3's do), else the model's.
+input is x instead of the embeddings (DecoderModel.forward's `embeds`). Its embedding table and
+head are the target model's where the layer has no copy or its copy is the same (V3 ships copies of
+both: ~1.9 GB each, read once and compared, never held twice; vLLM and SGLang share them too), else
+the layer's own.
 eagle_drafter.EagleDrafter drives it exactly as an EAGLE-3 head."""
 
 import dataclasses
 import json
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -28,6 +30,8 @@ from rtp_llm.device.base import AttentionMetadata, DeviceBackend
 from rtp_llm.model_loader.weights import CheckpointError
 from rtp_llm.models_py.decoder import DecoderModel
 
+# The layer's copies of the model's tables: the one-layer model's name -> the name within the layer.
+_COPIES = {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "shared_head.head.weight"}
 # the MTP layer's own modules (checkpoint prefix within the layer -> the one-layer model's name)
 _OWN = {"enorm.": "mtp.enorm.", "hnorm.": "mtp.hnorm.", "eh_proj.": "mtp.eh_proj.", "shared_head.norm.": "model.norm.",
         "shared_head.head.": "lm_head.", "embed_tokens.": "model.embed_tokens."}
@@ -70,22 +74,28 @@ class MtpHead:
     """The MTP layer on a DeviceBackend (the EAGLE-3 head's interface: eagle3.Eagle3Head)."""
 
     def __init__(self, target: ModelConfig, checkpoint_path: str, backend: DeviceBackend, dtype: torch.dtype,
-                 max_positions: int, progress: bool = False):
-        from rtp_llm.model_loader.hf_loader import load_hf_weights
+                 max_positions: int, progress: bool = False, model: Optional[DecoderModel] = None):
+        """model: the target, loaded from the same checkpoint: its embedding table and head are used
+        where the layer's are the same (module docstring)."""
+        from rtp_llm.model_loader.hf_loader import load_hf_weights, same_or_absent
 
         layer = target.num_layers
+        shared = []
+        if model is not None:
+            shared = same_or_absent(checkpoint_path, {n: f"model.layers.{layer}.{c}" for n, c in _COPIES.items()})
         c = mtp_config(target)
         H = c.hidden_size
         extra = {"mtp.enorm.weight": (H,), "mtp.hnorm.weight": (H,), "mtp.eh_proj.weight": (H, 2 * H)}
         weights = load_hf_weights(checkpoint_path, c, dtype, progress, select=lambda n: mtp_names(n, layer),
-                                  extra=extra)
+                                  extra=extra, omit=shared)
         self.backend = be = backend
         dev = be.device
         own = {name: weights.pop(name) for name in extra}
         self.enorm, self.hnorm = own["mtp.enorm.weight"].to(dev), own["mtp.hnorm.weight"].to(dev)
         eh = own["mtp.eh_proj.weight"]
         self.eh_proj = be.pack_linear((eh.dequantize() if hasattr(eh, "dequantize") else eh).to(dev, dtype))
-        self.model = DecoderModel(c, weights, backend, max_positions)
+        self.model = DecoderModel(c, weights, backend, max_positions, vocab_from=model)
+        self.shared = tuple(shared)  # the target's tables used
         self.model.aux_layers = (1,)  # its output before the norm: the next row's hidden state
         self.eps = c.rms_norm_eps
         self.aux_layers: Tuple[int, ...] = (layer,)  # the target's residual stream after its last layer

@@ -55,14 +55,16 @@ def _load(target_dir: str, names) -> Dict[str, torch.Tensor]:
     return out
 
 
-def add_mtp_layer(target_dir: str, seed: int = 0, own_embed: bool = True, scale: float = 0.2) -> str:
+def add_mtp_layer(target_dir: str, seed: int = 0, own_embed: bool = True, scale: float = 0.2,
+                  head_copy: bool = False) -> str:
     """Writes a random MTP module into the HF DeepSeek-V3 checkpoint at target_dir (a make_tiny
     one) as layer L = num_hidden_layers, named and shaped as in published V3 checkpoints: the
     decoder-layer tensors of the first sparse layer (names and shapes copied, values fresh:
     matrices N(0, scale), norms 1 + 0.1 N(0, 1), e_score_correction_bias N(0, 0.3), as make_tiny
     draws them, so routing and greedy choices are decisive), enorm, hnorm, eh_proj [H, 2H],
-    shared_head.norm, shared_head.head [V, H] and, when own_embed, embed_tokens (a copy of the
-    main table, as V3 ships it). Sets num_nextn_predict_layers = 1. Returns target_dir."""
+    shared_head.norm, shared_head.head [V, H] (random, or with head_copy a copy of the model's LM
+    head, as V3 ships it) and, when own_embed, embed_tokens (a copy of the main table, as V3 ships
+    it). Sets num_nextn_predict_layers = 1. Returns target_dir."""
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
@@ -103,6 +105,9 @@ def add_mtp_layer(target_dir: str, seed: int = 0, own_embed: bool = True, scale:
     new[dst + "eh_proj.weight"] = matrix(hidden, 2 * hidden)
     new[dst + "shared_head.norm.weight"] = norm(hidden)
     new[dst + "shared_head.head.weight"] = matrix(vocab, hidden)
+    if head_copy:
+        head = "model.embed_tokens.weight" if cfg.get("tie_word_embeddings") else "lm_head.weight"
+        new[dst + "shared_head.head.weight"] = _load(target_dir, [head])[head].clone()
     if own_embed:
         new[dst + "embed_tokens.weight"] = main_embed.clone()
 

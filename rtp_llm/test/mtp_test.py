@@ -4,7 +4,8 @@ random MTP layer written as V3 checkpoints store it (rtp_llm/test/mtp_ref.py): t
 the plain engine's, and every draft the engine proposes is the one HF's own decoder layer computes
 over the HF model's final hidden states (so the layer's latent KV cache, its MoE and the drafter's
 rows are right), whole and chunked, with drafts forced through; with the layer's own embedding
-table and without; a checkpoint without the layer is refused by field."""
+table and without; the layer's copies of the model's tables are the model's tensors, loaded once
+(its own head, different, is its own); a checkpoint without the layer is refused by field."""
 
 import functools
 import os
@@ -32,6 +33,9 @@ class MtpTest(unittest.TestCase):
         cls.target = add_mtp_layer(shutil.copytree(plain, os.path.join(cls.tmp.name, "own_embed")), seed=3)
         cls.shared = add_mtp_layer(shutil.copytree(plain, os.path.join(cls.tmp.name, "shared_embed")), seed=4,
                                    own_embed=False)
+        # the layer's embedding table and head both copies of the model's, as V3 ships them
+        cls.copies = add_mtp_layer(shutil.copytree(plain, os.path.join(cls.tmp.name, "copies")), seed=5,
+                                   head_copy=True)
         cls.plain = plain
 
     @classmethod
@@ -57,12 +61,25 @@ class MtpTest(unittest.TestCase):
     def test_greedy_text_is_the_plain_engines_and_drafts_are_the_layers(self):
         prompts = random_prompts(6, [4, 17, 30])
         plain, _, _ = self.run_engine(self.target, prompts, False)
-        for target in (self.target, self.shared):
+        for target in (self.target, self.shared, self.copies):
             for engine_args in ({}, {"max_num_batched_tokens": 16}):
                 with self.subTest(target=os.path.basename(target), **engine_args):
                     outs, _ = self.check(target, prompts, **engine_args)
                     for a, b in zip(plain, outs):
                         self.assertEqual(b.outputs[0].token_ids, a.outputs[0].token_ids)
+
+    def test_the_layers_copies_of_the_models_tables_are_the_models_tensors(self):
+        embed, head = "model.embed_tokens.weight", "lm_head.weight"
+        for target, shared in ((self.target, (embed,)), (self.shared, (embed,)), (self.copies, (embed, head))):
+            llm = LLM(target, act_type="fp32", progress=False, max_seq_len=256, speculative=SpeculativeConfig("mtp", 3))
+            try:
+                layer, model = llm.engine.runner.drafter.head, llm.engine.runner.model
+                with self.subTest(target=os.path.basename(target)):
+                    self.assertEqual(layer.shared, shared)
+                    self.assertIs(layer.model.embed, model.embed)
+                    self.assertEqual(layer.model.lm_head is model.lm_head, head in shared)
+            finally:
+                llm.close()
 
     def test_forced_acceptance_keeps_the_layers_cache_right(self):
         with mock.patch.dict(os.environ, {FORCE_ACCEPT_ENV: "0.6"}):
