@@ -6,7 +6,12 @@ for B streams of N new tokens, unconstrained and then every stream under a JSON 
 of load with --host_profile.
 
     python -m rtp_llm.tools.profile_host --checkpoint DIR [--device cuda] [--act_type bf16] [--batch 64]
-        [--new_tokens 256] [--prompt_len 128] [--temperature 0] [--json_schema FILE]
+        [--new_tokens 256] [--prompt_len 128] [--temperature 0] [--json_schema FILE | --no_schema]
+        [--load_format dummy] [--sp_type eagle3 --sp_checkpoint_path HEAD --gen_num_per_cycle 4
+         --sp_draft_pace fixed --force_accept 0.7]
+
+With --sp_type, a speculative round's host time (the drafter's work is in stage and sample);
+--force_accept R keeps each draft with probability R (benchmark only: random weights accept none).
 
 The steps run as the server runs them (overlapped where the device runs asynchronously,
 CUDA graphs on); nothing is synchronized beyond what the loop itself waits for, so `wait` is
@@ -15,9 +20,13 @@ the time the host spent blocked on the device: near zero means the host is the b
 
 import argparse
 import json
+import os
 import time
 
 import torch
+
+from rtp_llm.async_decoder_engine.draft_model import FORCE_ACCEPT_ENV
+from rtp_llm.config.speculative import SpeculativeConfig
 
 
 def run(llm, prompts, new_tokens, schema, temperature=0.0):
@@ -76,7 +85,14 @@ def main():
     p.add_argument("--new_tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy, as bench_serve samples")
     p.add_argument("--json_schema", help="a JSON schema file (default: bench_serve's 'long' schema)")
+    p.add_argument("--no_schema", action="store_true", help="the unconstrained run only")
     p.add_argument("--cprofile", help="also write the schema run's Python profile (cProfile, by own time) here")
+    p.add_argument("--load_format", default="auto", help="dummy: random weights of the checkpoint's shapes")
+    p.add_argument("--sp_type", default="", help="speculative decoding (SpeculativeConfig's flags below)")
+    p.add_argument("--sp_checkpoint_path", default="")
+    p.add_argument("--gen_num_per_cycle", type=int, default=SpeculativeConfig.gen_num_per_cycle)
+    p.add_argument("--sp_draft_pace", default=SpeculativeConfig.sp_draft_pace)
+    p.add_argument("--force_accept", type=float, default=0.0, help="benchmark only: keep each draft with this probability")
     a = p.parse_args()
     from rtp_llm.llm import LLM
     from rtp_llm.tools.bench_serve import LONG_SCHEMA
@@ -85,18 +101,23 @@ def main():
     if a.json_schema:
         with open(a.json_schema) as f:
             schema = json.load(f)
+    if a.force_accept:
+        os.environ[FORCE_ACCEPT_ENV] = str(a.force_accept)
+    spec = SpeculativeConfig(a.sp_type, a.gen_num_per_cycle, sp_checkpoint_path=a.sp_checkpoint_path,
+                             sp_draft_pace=a.sp_draft_pace)
     llm = LLM(a.checkpoint, tokenizer_path=a.tokenizer_path, act_type=a.act_type, progress=False, device=a.device,
-              max_batch_size=a.batch, max_seq_len=a.prompt_len + a.new_tokens + 16)
+              max_batch_size=a.batch, max_seq_len=a.prompt_len + a.new_tokens + 16, load_format=a.load_format,
+              speculative=spec)
     vocab = llm.loaded.config.vocab_size
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(100, vocab - 100, (a.batch, a.prompt_len), generator=g).tolist()
-    run(llm, prompts[:2], 8, schema)  # warm-up: compiles the grammar
-    for label, s in (("free", None), ("schema", schema)):
+    run(llm, prompts[:2], 8, None if a.no_schema else schema)  # warm-up (compiles the grammar)
+    for label, s in (("free", None),) + ((("schema", schema),) if not a.no_schema else ()):
         steps, wall, report = run(llm, prompts, a.new_tokens, s, a.temperature)
         if s is not None and a.cprofile:  # a second run, profiled (cProfile slows the Python it times)
             _profiled(a.cprofile, lambda: run(llm, prompts, a.new_tokens, s, a.temperature))
         print(json.dumps({"case": label, "batch": a.batch, "steps": steps, "step_ms": round(wall / max(steps, 1) * 1e3, 3),
-                          **report}))
+                          "ms_per_token": round(wall / (a.batch * a.new_tokens) * 1e3, 4), **report}))
     llm.close()
 
 
