@@ -138,7 +138,8 @@ def pack_experts(c: ModelConfig, weights: Dict[str, torch.Tensor]) -> None:
 def check_weights(c: ModelConfig, weights: Dict[str, torch.Tensor], source: str, omit: Iterable[str] = ()) -> None:
     """Every tensor of c's model present in `weights` with its shape, but those in `omit` (the
     caller provides them otherwise)."""
-    expected = {n: s for n, s in expected_weights(c).items() if n not in set(omit)}
+    omit = set(omit)
+    expected = {n: s for n, s in expected_weights(c).items() if n not in omit}
     missing = [n for n in expected if n not in weights]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

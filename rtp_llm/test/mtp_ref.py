@@ -104,7 +104,7 @@ def add_mtp_layer(target_dir: str, seed: int = 0, own_embed: bool = True, scale:
     new[dst + "hnorm.weight"] = norm(hidden)
     new[dst + "eh_proj.weight"] = matrix(hidden, 2 * hidden)
     new[dst + "shared_head.norm.weight"] = norm(hidden)
-    new[dst + "shared_head.head.weight"] = matrix(vocab, hidden)
+    new[dst + "shared_head.head.weight"] = matrix(vocab, hidden)  # (drawn either way: the same draws after it)
     if head_copy:
         head = "model.embed_tokens.weight" if cfg.get("tie_word_embeddings") else "lm_head.weight"
         new[dst + "shared_head.head.weight"] = _load(target_dir, [head])[head].clone()

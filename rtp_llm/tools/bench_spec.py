@@ -105,7 +105,7 @@ def main(argv=None):
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top_p", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--sp_draft_pace", default="adaptive",
+    p.add_argument("--sp_draft_pace", default=SpeculativeConfig.sp_draft_pace,
                    help="adaptive or fixed (SpeculativeConfig.sp_draft_pace); both (adaptive,fixed) load an engine each")
     p.add_argument("--sp_type", choices=("ngram", "vanilla", "eagle3"), default="ngram")
     p.add_argument("--sp_checkpoint_path", default="", help="the draft model (--sp_type vanilla) or head (eagle3)")
