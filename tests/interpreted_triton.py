@@ -84,15 +84,16 @@ class InterpretedCudaBackend:
         return Backend()
 
 
-def interpreted_cuda_llm(path, monkeypatch, backend, max_num_batched_tokens: int = 16):
+def interpreted_cuda_llm(path, monkeypatch, backend, max_num_batched_tokens: int = 16, **kwargs):
     """An LLM of `path` on `backend` (an InterpretedCudaBackend) instead of the real device's:
-    fp32, 16-token steps (prompts run in chunks), 64 KV blocks, 4 streams, no warm-up."""
+    fp32, 16-token steps (prompts run in chunks), 64 KV blocks, 4 streams, no warm-up; kwargs: LLM's
+    others."""
     import rtp_llm.async_decoder_engine.engine as engine_mod
     from rtp_llm.llm import LLM
 
     monkeypatch.setattr(engine_mod, "get_backend", lambda _: backend)
     return LLM(path, act_type="fp32", progress=False, max_seq_len=128, max_num_batched_tokens=max_num_batched_tokens,
-               num_kv_blocks=64, max_batch_size=4, warm_up=False)
+               num_kv_blocks=64, max_batch_size=4, warm_up=False, **kwargs)
 
 
 def assert_greedy_equals_hf(name: str, tmp_path, monkeypatch, graphs: bool, seed: int, lens):

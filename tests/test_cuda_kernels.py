@@ -356,6 +356,39 @@ def test_cuda_backend_greedy_equals_hf_with_chunked_prefill(tmp_path, monkeypatc
     llm.close()
 
 
+@pytest.mark.skipif(not INTERPRETED, reason="on a GPU, tests/test_cuda_speculative.py runs the real backend")
+def test_verify_steps_replay_graphs_though_they_sample_more_rows_than_streams(tmp_path, monkeypatch):
+    # A verify step samples 1 + d rows per stream: one stream drafting 4 tokens samples 5 rows, more
+    # than the 4 streams of the runner. Its extend graph must take them all (an eager verify step
+    # costs its launches at batch 1, more than its compute), and the tokens stay HF's. The target
+    # drafts for itself: every draft is accepted, so rounds draft 4.
+    from testlib import hf_greedy, hf_model, make_loopy, repetitive_prompts
+
+    from rtp_llm.config.speculative import SpeculativeConfig
+
+    path = make_loopy(str(tmp_path))
+    hf = hf_model(path)
+    llm = interpreted_cuda_llm(path, monkeypatch, InterpretedCudaBackend.make(True),
+                               speculative=SpeculativeConfig("vanilla", 4, sp_checkpoint_path=path))
+    graphs, verify = llm.engine.runner.graphs, []  # per verify step: (its tokens, replayed)
+    stage = graphs.stage
+
+    def recording(b):
+        replay = stage(b)
+        if b.num_draft_tokens:
+            verify.append((len(b.token_ids), replay is not None))
+        return replay
+    graphs.stage = recording
+    try:
+        prompt = repetitive_prompts()[0]
+        out = llm.generate([prompt], {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True})[0]
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 12)
+    finally:
+        llm.close()
+    assert verify and max(t for t, _ in verify) > 4, verify  # (some step verified more rows than streams)
+    assert all(replayed for _, replayed in verify), verify
+
+
 @pytest.mark.skipif(not INTERPRETED, reason="on a GPU, tests/test_cuda.py runs the real backend")
 def test_cuda_backend_prompt_logprobs_equal_hf_in_chunks(tmp_path, monkeypatch):
     # Prompt log-probs (echo with logprobs) through the CUDA step path: their steps run eagerly

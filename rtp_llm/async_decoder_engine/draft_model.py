@@ -60,12 +60,14 @@ def force_accept_rate() -> float:
 def force_acceptance(tokens: torch.Tensor, draft_tokens: Optional[np.ndarray], rate: float,
                      generator: torch.Generator) -> torch.Tensor:
     """tokens [N] (the step's samples, on the device) with each verify row (draft_tokens[r] >= 0)
-    replaced by its draft with probability `rate` (FORCE_ACCEPT_ENV)."""
+    replaced by its draft with probability `rate` (FORCE_ACCEPT_ENV). generator: on tokens' device.
+    Queued behind the step without a host sync (a blocking upload here would wait for the step's
+    forward and distort the very timing it serves)."""
     if draft_tokens is None or not (draft_tokens >= 0).any():
         return tokens
-    drafts = torch.from_numpy(draft_tokens).to(tokens.device, tokens.dtype)
-    take = (drafts >= 0) & (torch.rand(len(draft_tokens), generator=generator).to(tokens.device) < rate)
-    return torch.where(take, drafts, tokens)
+    drafts = torch.from_numpy(draft_tokens).to(tokens.device, non_blocking=True).to(tokens.dtype)
+    draws = torch.rand(len(draft_tokens), generator=generator, device=tokens.device)
+    return torch.where((drafts >= 0) & (draws < rate), drafts, tokens)
 
 
 @dataclass

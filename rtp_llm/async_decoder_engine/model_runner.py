@@ -186,14 +186,14 @@ class ModelRunner:
         self.grammar = None  # rank 0's GrammarBook (EngineLoop sets it)
         self.drafter = None  # DraftModel or EagleDrafter, which fills the drafted positions (EngineLoop sets it)
         self._force_accept = force_accept_rate()  # benchmark only (draft_model.FORCE_ACCEPT_ENV)
-        self._force_gen = torch.Generator().manual_seed(0)
+        self._force_gen = torch.Generator(device=backend.device).manual_seed(0)
         if bind:
             backend.bind_model(model.num_heads, model.num_kv_heads, model.config.head_dim, max_batch_size,
                                max_seq_len)
         # Steps replay captured graphs where the device has them (CUDA) and the model allows
         # (DecoderModel.graph_capturable: not MoE or MLA layers on a backend whose kernels sync).
         self.graphs = backend.make_graph_runner(model, kv_cache, block_size, max_batch_size, max_seq_len,
-                                                max_num_batched_tokens) if use_graphs and model.graph_capturable else None
+                                                max_num_batched_tokens, max_sampled_rows) if use_graphs and model.graph_capturable else None
         self._slots = [HostSlot(max(max_batch_size, max_sampled_rows), max_top_logprobs(), pin, e) for e in events]
         self._slot = 0
         self._prev_sampled = 0  # rows sampled by the last step run: a rank > 0 receives that many

@@ -295,9 +295,10 @@ class DeviceBackend(ABC):
                           torch.from_numpy(rows.astype(np.int64)).to(self.device))
 
     def make_graph_runner(self, model: Any, kv_cache: torch.Tensor, block_size: int, max_batch_size: int,
-                          max_seq_len: int, max_num_batched_tokens: int) -> Any:
+                          max_seq_len: int, max_num_batched_tokens: int, max_sampled_rows: int = 0) -> Any:
         """Something whose run(batch) replays a captured step and returns its logits (None when
-        no captured graph fits the batch), or None where the device has no graphs."""
+        no captured graph fits the batch), or None where the device has no graphs.
+        max_sampled_rows: a step's most sampled rows (0: max_batch_size)."""
         return None
 
     def make_head_graphs(self, head: Any, kv_cache: torch.Tensor, block_size: int, max_streams: int,

@@ -69,9 +69,34 @@ def _profiled(path, call, lines=45):
     prof = cProfile.Profile()
     prof.runcall(call)
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(lines)
+    stats = pstats.Stats(prof, stream=out).sort_stats("tottime")
+    stats.print_stats(lines)
+    stats.print_callers(12)  # (who waits: a sync's callers, by their share of its time)
     with open(path, "w") as f:
         f.write(out.getvalue())
+
+
+def _device_timeline(path, call):
+    """Runs call under torch.profiler and writes where the device's time went: its busy share of
+    the wall time (kernels and copies merged into intervals: the rest it sat idle, waiting for
+    the host) and the kernels by total time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        call()
+        wall_us = (time.perf_counter() - t0) * 1e6
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    with open(path, "w") as f:
+        f.write(f"device busy {busy / 1e3:.1f} ms of {wall_us / 1e3:.1f} ms wall ({busy / wall_us:.1%}), "
+                f"{len(spans)} device events\n")
+        f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
 
 
 def main():
@@ -86,7 +111,9 @@ def main():
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy, as bench_serve samples")
     p.add_argument("--json_schema", help="a JSON schema file (default: bench_serve's 'long' schema)")
     p.add_argument("--no_schema", action="store_true", help="the unconstrained run only")
-    p.add_argument("--cprofile", help="also write the schema run's Python profile (cProfile, by own time) here")
+    p.add_argument("--cprofile", help="also write the schema run's Python profile (cProfile, by own time) here "
+                                      "(with --no_schema: the unconstrained run's)")
+    p.add_argument("--device_timeline", help="also write the device's busy share and kernels of a third run (torch.profiler) here")
     p.add_argument("--load_format", default="auto", help="dummy: random weights of the checkpoint's shapes")
     p.add_argument("--sp_type", default="", help="speculative decoding (SpeculativeConfig's flags below)")
     p.add_argument("--sp_checkpoint_path", default="")
@@ -114,8 +141,10 @@ def main():
     run(llm, prompts[:2], 8, None if a.no_schema else schema)  # warm-up (compiles the grammar)
     for label, s in (("free", None),) + ((("schema", schema),) if not a.no_schema else ()):
         steps, wall, report = run(llm, prompts, a.new_tokens, s, a.temperature)
-        if s is not None and a.cprofile:  # a second run, profiled (cProfile slows the Python it times)
+        if a.cprofile and (s is not None or a.no_schema):  # a second run, profiled (cProfile slows the Python it times)
             _profiled(a.cprofile, lambda: run(llm, prompts, a.new_tokens, s, a.temperature))
+        if a.device_timeline and (s is not None or a.no_schema):
+            _device_timeline(a.device_timeline, lambda: run(llm, prompts, a.new_tokens, s, a.temperature))
         print(json.dumps({"case": label, "batch": a.batch, "steps": steps, "step_ms": round(wall / max(steps, 1) * 1e3, 3),
                           "ms_per_token": round(wall / (a.batch * a.new_tokens) * 1e3, 4), **report}))
     llm.close()

@@ -322,9 +322,9 @@ class CudaBackend(DeviceBackend):
         return K.silu_and_mul(x)
 
     def make_graph_runner(self, model, kv_cache, block_size: int, max_batch_size: int, max_seq_len: int,
-                          max_num_batched_tokens: int):
+                          max_num_batched_tokens: int, max_sampled_rows: int = 0):
         return CudaGraphRunner(model, self, kv_cache, block_size, max_batch_size, max_seq_len,
-                               max_num_batched_tokens)
+                               max_num_batched_tokens, max_sampled_rows)
 
     def make_head_graphs(self, head, kv_cache, block_size: int, max_streams: int, max_seq_len: int, dtype):
         from rtp_llm.device.cuda.head_graphs import HeadGraphRunner

@@ -6,7 +6,8 @@
   EAGER_DECODE_ROWS decodes, speculative verify steps) replays the graph captured for the
   smallest token bucket >= T, with the extend kernel over a tile table. Its logits rows are an
   input (sample_rows: one per sampled stream, or 1 + draft_lens per drafting one), at most the
-  graph's stream count.
+  graph's row count: its tokens, up to the step's most sampled rows (max_sampled_rows), so that a
+  verify step replays too (eager, its launches would outlast its compute at batch 1).
 
 Inputs are copied into persistent buffers first (one host-to-device copy from a pinned
 staging buffer). Padding tokens have slot -1 and belong to no stream, padding streams have
@@ -55,10 +56,12 @@ class _Inputs:
     in one device buffer with a pinned twin; the block tables come last so that a step copies
     only the rows it uses."""
 
-    def __init__(self, tokens: int, streams: int, tiles: int, max_blocks: int, device):
+    def __init__(self, tokens: int, streams: int, tiles: int, max_blocks: int, device, rows: int = 0):
+        """rows: the most sampled rows (default: one per stream)."""
         tiles = -(-tiles // 4) * 4
         sizes = dict(token_ids=tokens, positions=tokens, slots=tokens, query_starts=streams + 1,
-                     context_lens=streams, sample_rows=streams, tiles=2 * tiles, block_tables=streams * max_blocks)
+                     context_lens=streams, sample_rows=max(rows, streams), tiles=2 * tiles,
+                     block_tables=streams * max_blocks)
         self.offsets, off = {}, 0
         for name, n in sizes.items():
             self.offsets[name] = (off, n)
@@ -112,8 +115,12 @@ class _Inputs:
 
 class CudaGraphRunner:
     def __init__(self, model, backend, kv_cache: torch.Tensor, block_size: int, max_batch_size: int,
-                 max_seq_len: int, max_num_batched_tokens: int):
+                 max_seq_len: int, max_num_batched_tokens: int, max_sampled_rows: int = 0):
+        """max_sampled_rows: a step's most sampled rows (default max_batch_size; speculative decoding
+        samples 1 + draft_lens rows per stream)."""
         dev = backend.device
+        self.max_batch_size = max_batch_size
+        self.max_rows = max(max_batch_size, max_sampled_rows)
         self.max_blocks = -(-max_seq_len // block_size)
         self.decode_sizes = decode_batch_sizes(max_batch_size)
         self.extend_sizes = extend_token_sizes(max_num_batched_tokens)
@@ -123,17 +130,16 @@ class CudaGraphRunner:
         self.dec.host_view("query_starts")[:] = np.arange(n + 1)
         self.dec.upload(n)
         t_max = self.extend_sizes[-1]
-        s_max = min(t_max, max_batch_size)
-        self.ext = _Inputs(t_max, s_max, t_max // K.EXTEND_BLOCK_M + s_max, self.max_blocks, dev)
+        s_max, r_max = self._extend_streams(t_max), self._extend_rows(t_max)
+        self.ext = _Inputs(t_max, s_max, t_max // K.EXTEND_BLOCK_M + s_max, self.max_blocks, dev, r_max)
         self.ext.host_view("slots")[:] = -1
         self.ext.host_view("tiles")[:self.ext.n_tiles] = -1  # row 0: no stream
         self.ext.upload(s_max)
-        self.max_batch_size = max_batch_size
         self.backend = backend
         # Every graph's logits land in this one buffer: a graph's output stays allocated while
         # the graph lives, so per-graph outputs would hold sum(sizes) x vocab floats (gigabytes
         # for a ladder up to 1024). Replays and their sampling are ordered on one stream.
-        self.logits = torch.empty(max(n, s_max), model.config.vocab_size, dtype=torch.float32, device=dev)
+        self.logits = torch.empty(max(n, r_max), model.config.vocab_size, dtype=torch.float32, device=dev)
         # Likewise the hidden states an EAGLE-3 head reads (DecoderModel.aux), where the model keeps them.
         self.model = model
         self.aux = (torch.empty(max(n, t_max), len(model.aux_layers) * model.config.hidden_size,
@@ -175,7 +181,7 @@ class CudaGraphRunner:
                 query_starts=self.ext.dev("query_starts")[:s + 1], context_lens=self.ext.dev("context_lens")[:s],
                 decode_splits=0, tiles=tiles)
             yield "extend", t, (self.ext.dev("token_ids")[:t], self.ext.dev("positions")[:t], meta, kv_cache,
-                                self.ext.dev("sample_rows")[:s])
+                                self.ext.dev("sample_rows")[:self._extend_rows(t)])
         for s in reversed(self.decode_sizes):
             meta = CudaAttentionMetadata(
                 slot_mapping=self.dec.dev("slots")[:s],
@@ -186,6 +192,10 @@ class CudaGraphRunner:
 
     def _extend_streams(self, tokens: int) -> int:
         return min(tokens, self.max_batch_size)
+
+    def _extend_rows(self, tokens: int) -> int:
+        """The sampled rows of the extend graph of `tokens` tokens (a row samples one token)."""
+        return min(tokens, self.max_rows)
 
     def stage(self, b) -> Optional[Callable[[Optional[torch.Tensor]], torch.Tensor]]:
         """Copies the step's inputs into the persistent buffers (queued behind the device's
@@ -229,10 +239,10 @@ class CudaGraphRunner:
         x.put("slots", b.slot_mapping, size, -1)
         x.put("query_starts", b.query_starts, streams + 1, t)
         x.put("context_lens", b.context_lens, streams, 0)
-        rows = sampled_token_rows(b)
-        if len(rows) > streams:  # (verify rows past the graph's: eager)
+        rows, cap = sampled_token_rows(b), self._extend_rows(size)
+        if len(rows) > cap:  # (more rows than the runner was sized for: eager)
             return None
-        x.put("sample_rows", rows, streams, 0)  # rows of an earlier, larger step would index out of bounds
+        x.put("sample_rows", rows, cap, 0)  # rows of an earlier, larger step would index out of bounds
         n_tiles = size // K.EXTEND_BLOCK_M + streams
         K.extend_tiles(b.query_lens, out=x.host_view("tiles").reshape(2, -1)[:, :n_tiles])
         x.host_view("block_tables").reshape(-1, self.max_blocks)[:s, :b.block_tables.shape[1]] = b.block_tables
