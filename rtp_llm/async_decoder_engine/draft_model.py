@@ -58,14 +58,16 @@ def force_accept_rate() -> float:
 
 
 def force_acceptance(tokens: torch.Tensor, draft_tokens: Optional[np.ndarray], rate: float,
-                     generator: torch.Generator) -> torch.Tensor:
+                     generator: torch.Generator, values: Optional[torch.Tensor] = None) -> torch.Tensor:
     """tokens [N] (the step's samples, on the device) with each verify row (draft_tokens[r] >= 0)
-    replaced by its draft with probability `rate` (FORCE_ACCEPT_ENV). generator: on tokens' device.
+    replaced by its draft with probability `rate` (FORCE_ACCEPT_ENV). generator: on tokens' device;
+    values: the drafts [N] on the device where the drafter left them there (DeviceDrafts).
     Queued behind the step without a host sync (a blocking upload here would wait for the step's
     forward and distort the very timing it serves)."""
     if draft_tokens is None or not (draft_tokens >= 0).any():
         return tokens
-    drafts = torch.from_numpy(draft_tokens).to(tokens.device, non_blocking=True).to(tokens.dtype)
+    drafts = values if values is not None else torch.from_numpy(draft_tokens).to(tokens.device, non_blocking=True)
+    drafts = drafts.to(tokens.dtype)
     draws = torch.rand(len(draft_tokens), generator=generator, device=tokens.device)
     return torch.where((drafts >= 0) & (draws < rate), drafts, tokens)
 
@@ -109,12 +111,47 @@ def write_drafts(b, first: np.ndarray, d: np.ndarray, drafts: np.ndarray) -> Non
     """Writes a drafter's steps 0..max(d)-1 (their greedy tokens concatenated in step order; step j
     has a row for each drafting stream with d > j) over b's reserved positions: step j's row of a
     stream is its draft j + 1, at query token first + 1 + j (first: its last known token)."""
-    at = 0
-    for j in range(int(d.max()) if len(d) else 0):
-        keep = d > j
-        n = int(keep.sum())
-        b.token_ids[first[keep] + 1 + j] = drafts[at:at + n]
-        at += n
+    b.token_ids[draft_token_indices(first, d)] = drafts
+
+
+def draft_token_indices(first: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """The query token each of a drafter's proposals fills, in write_drafts' order (step j's row
+    of a stream with d > j: first + 1 + j) -> [sum(d)] int64."""
+    steps = range(int(d.max()) if len(d) else 0)
+    return np.concatenate([first[d > j] + 1 + j for j in steps] or [np.zeros(0, np.int64)]).astype(np.int64)
+
+
+class DeviceDrafts:
+    """A step's drafts left on the device (a drafting head's: eagle_drafter.py), so that nothing
+    waits for them before the target's step is queued: values [D] (device, int64) fill the query
+    tokens `at` [D] of StepBatch b. The target's forward takes them into its token ids there
+    (scatter()), the sampler's verify rows read them there (values_at()), and they reach
+    b.token_ids, which commit compares with the samples, with the step's samples (land(): the
+    step's one host sync). Until then b.token_ids holds the core's placeholder at those tokens."""
+
+    def __init__(self, b, at: np.ndarray, values: torch.Tensor, upload):
+        """upload: a host int64 array on the device without waiting for it."""
+        self.b, self.at, self.values = b, at, values
+        self._upload = upload
+        self.at_dev = upload(at)
+
+    def scatter(self, token_ids: torch.Tensor) -> None:
+        """Writes the drafts into the step's token ids [T] on the device."""
+        token_ids[self.at_dev] = self.values.to(token_ids.dtype)
+
+    def values_at(self, tokens: np.ndarray) -> torch.Tensor:
+        """The drafts at query tokens `tokens` (any shape; -1, or a token without a draft: -1), as an
+        int64 tensor of that shape on the device: e.g. the draft each sampler row verifies, from
+        its draft_at (ops/draft_rows.py)."""
+        k = np.full(len(self.b.token_ids), -1, np.int64)
+        k[self.at] = np.arange(len(self.at))
+        which = np.where(tokens >= 0, k[np.maximum(tokens, 0)], -1)
+        got = self.values[self._upload(np.maximum(which, 0))]
+        return torch.where(self._upload(which) >= 0, got, torch.full_like(got, -1))
+
+    def land(self, host: np.ndarray) -> None:
+        """b's drafted tokens from their host copy (host [D], copied after the step's sampling)."""
+        self.b.token_ids[self.at] = host[:len(self.at)]
 
 
 class Proposals:
@@ -198,8 +235,9 @@ class DraftModel:
             p.write(torch.cat(outs).cpu().numpy(), self.seen)
 
     def stage(self, b):
-        """b's drafts proposed (when it has any), then the mirror's StagedStep over b's streams that
-        do not draft (None when all do: their proposals ran their positions)."""
+        """b's drafts proposed (when it has any, into b.token_ids), then (the mirror's StagedStep over
+        b's streams that do not draft (None when all do: their proposals ran their positions), None:
+        no drafts on the device)."""
         drafting = b.draft_lens > 0
         if drafting.any():
             self.propose(b)
@@ -209,8 +247,8 @@ class DraftModel:
             self.seen = {i: self.seen[i] for i in ids.tolist() if i in self.seen}
         self.seen.update(zip(ids[rest].tolist(), zip(b.context_lens[rest].tolist(), [-1] * int(rest.sum()))))
         if not rest.any():
-            return None
-        return self.runner.stage(b if rest.all() else mirror_batch(b, rest), logits=False)
+            return None, None
+        return self.runner.stage(b if rest.all() else mirror_batch(b, rest), logits=False), None
 
 
 def check_draft(target, draft, sp_checkpoint_path: str) -> None:

@@ -22,13 +22,18 @@ The same post-step pass leaves, per sampled stream, draft 1 (the head's token fr
 last kept position) and that row's output h in the state table. When the stream next drafts
 (stage), draft j + 1 (j >= 1) comes from a row at the position of its last known token + j - 1,
 reading draft j and the previous row's h: d - 1 head steps over the drafting streams, their K/V
-written at positions the core reserved for the step (written again by its post-step pass), then
-one host copy puts the drafts in the batch's token ids."""
+written at positions the core reserved for the step (written again by its post-step pass). The
+drafts stay on the device (draft_model.DeviceDrafts: the target's step is queued behind them
+without waiting for them) and reach the batch's token ids with the step's samples; a step whose
+drafting streams have penalties copies them first (their rows' histories hold the drafts: one
+host sync)."""
 
 import numpy as np
 import torch
 
-from rtp_llm.async_decoder_engine.draft_model import DraftBatch, write_drafts
+from typing import Optional
+
+from rtp_llm.async_decoder_engine.draft_model import DeviceDrafts, DraftBatch, draft_token_indices
 from rtp_llm.device.base import sampled_token_rows
 from rtp_llm.models_py.eagle3 import Eagle3Head
 
@@ -75,9 +80,10 @@ class EagleDrafter:
 
     # ------------------------------------------------------------------ after the target's step
 
-    def after_sample(self, b, aux: torch.Tensor, samples: torch.Tensor) -> None:
+    def after_sample(self, b, aux: torch.Tensor, samples: torch.Tensor, drafts: Optional[DeviceDrafts] = None) -> None:
         """The head's rows of step b (module docstring), queued behind its sampling. aux [T, 3 Ht]:
-        the target's hidden states of b's tokens; samples [N]: b's sampled tokens (device)."""
+        the target's hidden states of b's tokens; samples [N]: b's sampled tokens (device); drafts:
+        b's drafts where they are on the device (stage())."""
         S, T = b.num_streams, b.num_tokens
         qs, ids = b.query_starts.astype(np.int64), b.stream_ids
         live = set(ids.tolist())
@@ -119,7 +125,7 @@ class EagleDrafter:
             car = np.nonzero(src < 0)[0]
             hidden[self._dev(car)] = self.carry[self._dev(-1 - src[car])]
         self._carry_out(b, aux, chunk_end, live)
-        rows, targets = self._proposal_rows(b, row_stream, samples)
+        rows, targets = self._proposal_rows(b, row_stream, samples, drafts)
         x = self.backend.prepare_inputs(batch, self.block_size)
         self.backend.resolve_placeholders(x.token_ids, samples)
         draft1, h = self.head.forward(x.token_ids, x.positions, x.meta, self.kv_cache, hidden, rows)
@@ -139,7 +145,7 @@ class EagleDrafter:
             self.carried[i] = (int(b.positions[t]), int(b.slot_mapping[t]))
         self.carry[self._dev(np.array(at, np.int64))] = aux[self._dev(chunk_end)]
 
-    def _proposal_rows(self, b, row_stream: np.ndarray, samples: torch.Tensor):
+    def _proposal_rows(self, b, row_stream: np.ndarray, samples: torch.Tensor, on_device: Optional[DeviceDrafts]):
         """(rows [P] on the device, the row of each sampled stream's last kept position in the head's
         batch; stream ids [P]). A verify stream's kept positions run to its first rejected draft,
         counted on the device from its samples (no host sync)."""
@@ -156,20 +162,20 @@ class EagleDrafter:
         valid = j[None, :] < d[:, None]
         idx = np.where(valid, first[:, None] + j[None, :], 0)
         qend = b.query_starts[sampling + 1].astype(np.int64)
-        drafts = np.where(valid, b.token_ids[np.where(valid, qend[:, None] - d[:, None] + j[None, :], 0)], -2)
-        same = samples.long()[self._dev(idx)] == self._dev(drafts.astype(np.int64))
+        at = np.where(valid, qend[:, None] - d[:, None] + j[None, :], -1)
+        drafts = (on_device.values_at(at) if on_device is not None
+                  else self._dev(np.where(valid, b.token_ids[np.maximum(at, 0)], -1).astype(np.int64)))
+        same = samples.long()[self._dev(idx)] == drafts  # (-1 past a stream's drafts: never a sample)
         accepted = same.int().cumprod(dim=1).sum(dim=1)
         return base + accepted, b.stream_ids[sampling]
 
     # ------------------------------------------------------------------ before the target's step
 
     def stage(self, b):
-        """Fills b's drafted positions (one host copy) when it has any; nothing to stage for the
-        target (the head's rows of b run after it: after_sample)."""
+        """(None: nothing to stage for the target, the head's rows of b run after it (after_sample);
+        b's drafts where they stay on the device, else None: b has none, or they are in b.token_ids)."""
         drafting = np.nonzero(b.draft_lens > 0)[0]
-        if len(drafting):
-            self.propose(b, drafting)
-        return None
+        return None, (self.propose(b, drafting) if len(drafting) else None)
 
     def _step(self, batch: DraftBatch, prev: torch.Tensor, hidden: torch.Tensor):
         """One draft step (a row per stream, token ids naming prev's rows): (drafts, h)."""
@@ -181,7 +187,7 @@ class EagleDrafter:
         return self.head.forward(x.token_ids, x.positions, x.meta, self.kv_cache, hidden,
                                  torch.arange(batch.num_streams, device=self.backend.device))
 
-    def propose(self, b, drafting: np.ndarray) -> None:
+    def propose(self, b, drafting: np.ndarray) -> Optional[DeviceDrafts]:
         d = b.draft_lens[drafting].astype(np.int64)
         first = b.query_starts[drafting + 1].astype(np.int64) - 1 - d  # each stream's last known token
         live = set(b.stream_ids.tolist())
@@ -198,4 +204,8 @@ class EagleDrafter:
                                np.ascontiguousarray(b.block_tables[drafting[keep]]))
             tok, h = self._step(batch, tok, h[sel])
             outs.append(tok)
-        write_drafts(b, first, d, torch.cat(outs).cpu().numpy())
+        at, values = draft_token_indices(first, d), torch.cat(outs)
+        if (b.history_lens[drafting] > 0).any():  # (penalized rows read their drafts on the host: ops/draft_rows.py)
+            b.token_ids[at] = values.cpu().numpy()
+            return None
+        return DeviceDrafts(b, at, values, self._dev)

@@ -26,7 +26,9 @@ commit verifies. Where the device has graphs, the extend graph of the step's tok
 those rows (within its row count; else the step runs eagerly). With a draft model (`drafter`:
 draft_model.py) stage() first has it propose the step's drafts and stage its mirror of the step,
 whose forward then precedes the target's. An EAGLE-3 head (eagle_drafter.py) proposes in stage()
-too, and runs its rows of the step right after the step's sampling, on the model's hidden states."""
+too, and runs its rows of the step right after the step's sampling, on the model's hidden states;
+its drafts stay on the device (DeviceDrafts: the forward scatters them into its token ids, the
+sampler reads them there) and reach the batch with the samples, in the step's one sync."""
 
 import os
 import threading
@@ -36,7 +38,7 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 import torch
 
-from rtp_llm.async_decoder_engine.draft_model import DraftModel, force_accept_rate, force_acceptance
+from rtp_llm.async_decoder_engine.draft_model import DeviceDrafts, DraftModel, force_accept_rate, force_acceptance
 from rtp_llm.async_decoder_engine.grammar import MaskFill
 from rtp_llm.device.base import DeviceBackend
 from rtp_llm.distributed.tensor_parallel import CollectiveError
@@ -66,6 +68,7 @@ class HostSlot:
         self.logprobs = torch.zeros(max_batch_size, dtype=torch.float32, pin_memory=pin)
         self.top_ids = torch.zeros(max_batch_size, max_top, dtype=torch.int32, pin_memory=pin)
         self.top_logprobs = torch.zeros(max_batch_size, max_top, dtype=torch.float32, pin_memory=pin)
+        self.drafts = torch.zeros(max_batch_size, dtype=torch.int64, pin_memory=pin)  # (DeviceDrafts' values)
         self.ready = ready  # the device's copy event, None where copies are synchronous
 
 
@@ -73,9 +76,14 @@ class PendingStep:
     """A launched step's sampled tokens: on the device now, on the host once result() returns."""
 
     def __init__(self, sampled: Sampled, slot: HostSlot, timeout_s: float = 0.0,
-                 prompt: Optional[PromptLogprobs] = None):
+                 prompt: Optional[PromptLogprobs] = None, drafts: Optional[DeviceDrafts] = None):
+        """drafts: the step's drafts where they were on the device: in its batch once result() returns."""
         self.tokens = sampled.tokens  # [N] int32 on the device
         n = len(sampled.tokens)
+        self.drafts = drafts
+        if drafts is not None:
+            slot.drafts[:len(drafts.at)].copy_(drafts.values, non_blocking=True)
+            self._drafts_host = slot.drafts[:len(drafts.at)].numpy()
         slot.tokens[:n].copy_(sampled.tokens, non_blocking=True)
         if sampled.logprobs is not None:
             slot.logprobs[:n].copy_(sampled.logprobs, non_blocking=True)
@@ -115,6 +123,8 @@ class PendingStep:
                                               f"{self._timeout_s:g} s: a rank died or hung")
                     time.sleep(0)
             self._ready.synchronize()
+        if self.drafts is not None:
+            self.drafts.land(self._drafts_host)
         return self._host
 
     def prompt_rows(self) -> Optional[PromptRows]:
@@ -124,23 +134,31 @@ class PendingStep:
         return PromptRows(*(None if t is None else t.numpy() for t in self._prompt))
 
 
-class StagedStep:
-    """A step whose inputs are on their way to the device (stage()): run(prev_tokens) queues its
-    forward and returns the logits [num_sampled (+ prompt rows), vocab] fp32. placeholders: its
-    token ids name the tokens the step before samples (scheduled ahead of them)."""
+# A staged forward: run(prev_tokens, drafts) queues it and returns its logits. prev_tokens: the step
+# before's samples, which its placeholder ids name; drafts: its drafts on the device (DeviceDrafts),
+# scattered into its token ids first (None: none, or they are in the batch's token ids).
+Run = Callable[[Optional[torch.Tensor], Optional[DeviceDrafts]], torch.Tensor]
 
-    def __init__(self, batch: StepBatch, run: Callable[[Optional[torch.Tensor]], torch.Tensor]):
-        self.batch, self.run = batch, run
+
+class StagedStep:
+    """A step whose inputs are on their way to the device (stage()): run(prev_tokens, drafts)
+    queues its forward and returns the logits [num_sampled (+ prompt rows), vocab] fp32.
+    placeholders: its token ids name the tokens the step before samples (scheduled ahead of
+    them); drafts: its drafts where the drafter left them on the device."""
+
+    def __init__(self, batch: StepBatch, run: Run, drafts: Optional[DeviceDrafts] = None):
+        self.batch, self.run, self.drafts = batch, run, drafts
         self.placeholders = bool((batch.token_ids < 0).any())
 
     def after(self, first: "StagedStep") -> "StagedStep":
-        """This step with `first` (staged over the same batch) queued before its forward."""
+        """This step with `first` (staged over the same batch, without drafts of its own) queued
+        before its forward."""
         run = self.run
 
-        def both(prev_tokens: Optional[torch.Tensor]) -> torch.Tensor:
-            first.run(prev_tokens)
-            return run(prev_tokens)
-        return StagedStep(self.batch, both)
+        def both(prev_tokens: Optional[torch.Tensor], drafts: Optional[DeviceDrafts] = None) -> torch.Tensor:
+            first.run(prev_tokens, None)
+            return run(prev_tokens, drafts)
+        return StagedStep(self.batch, both, self.drafts)
 
 
 class Forwarded:
@@ -148,9 +166,10 @@ class Forwarded:
     prompt rows' log-probs (None when it has none). Sampled by ModelRunner.sample()."""
 
     def __init__(self, batch: StepBatch, logits: torch.Tensor, prompt: Optional[PromptLogprobs],
-                 aux: Optional[torch.Tensor] = None):
+                 aux: Optional[torch.Tensor] = None, drafts: Optional[DeviceDrafts] = None):
         self.batch, self.logits, self.prompt = batch, logits, prompt
         self.aux = aux  # the model's hidden states for an EAGLE-3 head (DecoderModel.aux), else None
+        self.drafts = drafts  # its drafts on the device (StagedStep's)
         self.rows = None     # its SamplingRows, once fill_mask() took them
         self.grammar = None  # its grammar rows (stream ids [G], indices in the sampled rows [G]), likewise
 
@@ -211,10 +230,11 @@ class ModelRunner:
         for token, kind in self.faults.items():
             if (b.token_ids == token).any():
                 _inject(kind, token)
-        # The draft model proposes b's drafts (into b.token_ids) before anything reads them, and
-        # stages its mirror of the other streams (None: none).
-        first = self.drafter.stage(b) if self.drafter is not None else None
+        # The drafter proposes b's drafts (into b.token_ids, or on the device: drafts) before anything
+        # reads them, and a draft model stages its mirror of the other streams (first; None: none).
+        first, drafts = self.drafter.stage(b) if self.drafter is not None else (None, None)
         staged = self._stage(b, logits)
+        staged.drafts = drafts
         return staged if first is None else staged.after(first)
 
     def _stage(self, b: StepBatch, logits: bool) -> StagedStep:
@@ -228,9 +248,11 @@ class ModelRunner:
         if not logits:
             rows = x.token_ids[:0]
 
-        def run(prev_tokens: Optional[torch.Tensor]) -> torch.Tensor:
+        def run(prev_tokens: Optional[torch.Tensor], drafts: Optional[DeviceDrafts] = None) -> torch.Tensor:
             if prev_tokens is not None:
                 self.backend.resolve_placeholders(x.token_ids, prev_tokens)
+            if drafts is not None:
+                drafts.scatter(x.token_ids)
             return self.model.forward(x.token_ids, x.positions, x.meta, self.kv_cache, rows)
         return StagedStep(b, run)
 
@@ -247,7 +269,7 @@ class ModelRunner:
         else:
             prev_tokens = None
         self._prev_sampled = b.num_sampled + b.num_draft_tokens
-        return staged.run(prev_tokens)
+        return staged.run(prev_tokens, staged.drafts)
 
     def _with_prompt_rows(self, b, sample_rows: Optional[torch.Tensor]) -> torch.Tensor:
         """[N + P] on the device: the sampled rows (prepare_inputs'; None: all T), then the prompt
@@ -275,7 +297,7 @@ class ModelRunner:
             n = b.num_sampled + b.num_draft_tokens
             prompt = self._prompt_logprobs(logits[n:], b)
             logits = logits[:n]
-        return Forwarded(b, logits, prompt, self.model.aux)
+        return Forwarded(b, logits, prompt, self.model.aux, staged.drafts)
 
     def fill_mask(self, f: Forwarded) -> Optional[MaskFill]:
         """Starts filling f's grammar rows' mask (None: f has none); the step before f must have
@@ -296,15 +318,18 @@ class ModelRunner:
         if mask is None and f.needs_mask:
             mask = self.fill_mask(f)
         rows = f.rows if f.rows is not None else f.batch.rows(f.batch.sampled_streams())
+        if f.drafts is not None:
+            rows.draft_values = f.drafts.values_at(rows.draft_at)
         samples = self.sampler.sample_on_device(f.logits, rows, mask.result() if mask is not None else None)
         if self._force_accept:
             samples = samples._replace(tokens=force_acceptance(samples.tokens, rows.draft_tokens, self._force_accept,
-                                                               self._force_gen))
+                                                               self._force_gen, rows.draft_values))
         if f.aux is not None:  # an EAGLE-3 head's rows of this step (eagle_drafter.py), behind its sampling
-            self.drafter.after_sample(f.batch, f.aux, samples.tokens)
+            self.drafter.after_sample(f.batch, f.aux, samples.tokens, f.drafts)
         slot = self._slots[self._slot]
         self._slot ^= 1
-        step = PendingStep(samples, slot, self.model.tp.timeout_s if self.model.tp.size > 1 else 0.0, f.prompt)
+        step = PendingStep(samples, slot, self.model.tp.timeout_s if self.model.tp.size > 1 else 0.0, f.prompt,
+                           f.drafts)
         step.grammar, step.mask = f.grammar, mask
         return step
 

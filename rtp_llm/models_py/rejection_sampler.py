@@ -99,10 +99,12 @@ def accept_or_resample(p: torch.Tensor, drafts: torch.Tensor, uniform: torch.Ten
     return torch.where(accepted, drafts, resampled)
 
 
-def sample_rows(probs: torch.Tensor, drafts: Optional[np.ndarray], draws: RowDraws) -> torch.Tensor:
+def sample_rows(probs: torch.Tensor, drafts: Optional[np.ndarray], draws: RowDraws,
+                values: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The tokens of sampled rows with target weights probs [R, V] (Sampler._probs): rows with a
     draft (drafts[r] >= 0; drafts None: none has) go through accept_or_resample, the others
-    (bonus rows, streams without drafts) draw from probs. -> [R] int64."""
+    (bonus rows, streams without drafts) draw from probs. values: the drafts [R] on the device
+    where the drafter left them there (then drafts only says which rows have one). -> [R] int64."""
     everyone = np.arange(probs.shape[0])
     if drafts is None or not (drafts >= 0).any():
         return draws.categorical(probs, everyone)
@@ -112,6 +114,7 @@ def sample_rows(probs: torch.Tensor, drafts: Optional[np.ndarray], draws: RowDra
         out[draws.upload(b)] = draws.categorical(probs[draws.upload(b)], b)
     vi = draws.upload(v)
     u = draws.uniform(v)  # (a seeded row's uniform comes before its residual draw)
-    out[vi] = accept_or_resample(probs[vi], draws.upload(drafts[v].astype(np.int64)), u,
+    proposed = values[vi] if values is not None else draws.upload(drafts[v].astype(np.int64))
+    out[vi] = accept_or_resample(probs[vi], proposed, u,
                                  lambda w: draws.categorical(w, v))
     return out

@@ -118,7 +118,8 @@ class Sampler:
         """One token per row of probs [len(s), V] (rows s); rows verifying a draft by rejection
         sampling (rejection_sampler.py)."""
         drafts = None if rows.draft_tokens is None else rows.draft_tokens[s]
-        return sample_rows(probs, drafts, RowDraws(rows, s, probs.device, self._upload))
+        values = None if rows.draft_values is None else rows.draft_values[self._upload(s)]
+        return sample_rows(probs, drafts, RowDraws(rows, s, probs.device, self._upload), values)
 
     @staticmethod
     def _with_logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows) -> Sampled:

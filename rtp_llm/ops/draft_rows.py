@@ -5,7 +5,9 @@ stream's tokens followed by drafts 0..j-1. StepBatch.rows repeats the stream's [
 row; this adds what differs by row:
 
 - draft_tokens [N] int32: the draft row j verifies (draft j; -1 on row d, the bonus row, and on
-  the rows of streams without drafts);
+  the rows of streams without drafts), and draft_at [N] its query token (-1 likewise): where a
+  drafter left the drafts on the device (draft_model.DeviceDrafts), draft_tokens holds the core's
+  placeholders until commit, and draft_values [N] (device; else None) the drafts;
 - num_generated [N]: the stream's plus j (the index of the token the row samples: a seeded row's
   position, and the split of its history into prompt and output for the penalties);
 - a penalized row's history (history_lens > 0): the stream's (prompt, then generated: complete,
@@ -25,8 +27,9 @@ def with_draft_positions(b, rows, streams: np.ndarray) -> None:
     d = b.draft_lens[streams]
     draft0 = b.query_starts[streams + 1] - d  # [N] token index of the row's stream's first draft
     has = j < d
+    rows.draft_at = np.where(has, draft0 + j, -1).astype(np.int64)
     rows.draft_tokens = np.full(n, -1, np.int32)
-    rows.draft_tokens[has] = b.token_ids[(draft0 + j)[has]]
+    rows.draft_tokens[has] = b.token_ids[rows.draft_at[has]]
     rows.num_generated = rows.num_generated + j.astype(rows.num_generated.dtype)
     if ((rows.history_lens > 0) & (j > 0)).any():
         _extend_histories(b.token_ids, rows, draft0, j)

@@ -123,6 +123,7 @@ class SamplingRows(SimpleNamespace):
     drafts before it (ops/draft_rows.py); else draft_tokens is None."""
 
     draft_tokens = None
+    draft_values = None  # (ops/draft_rows.py)
 
 
 class StepBatch:

@@ -139,6 +139,47 @@ class DraftModelTest(unittest.TestCase):
         rate = (kept.view(500, 4)[:, 0] == 9).float().mean().item()
         self.assertAlmostEqual(rate, 0.3, delta=0.07)
         self.assertIs(force_acceptance(tokens, None, 1.0, torch.Generator()), tokens)
+        on_device = torch.tensor([9, -1, 10, -1])  # (DeviceDrafts: draft_tokens only says which rows have one)
+        out = force_acceptance(tokens, np.array([0, -1, 0, -1], np.int32), 1.0, torch.Generator(), on_device)
+        self.assertEqual(out.tolist(), [9, 6, 10, 8])
+
+    def test_drafts_left_on_the_device_fill_the_forward_the_rows_and_the_batch(self):
+        # Two drafting streams: query tokens [known, d1, d2] and [known, d1], drafts in step order
+        # (step 0's rows, then step 1's): what the core would have read from b.token_ids.
+        from rtp_llm.async_decoder_engine.draft_model import DeviceDrafts, draft_token_indices, write_drafts
+
+        b = SimpleNamespace(token_ids=np.array([7, 7, 7, 3, 3], np.int32))  # (the core's placeholders)
+        first, d = np.array([0, 3]), np.array([2, 1])
+        at = draft_token_indices(first, d)
+        np.testing.assert_array_equal(at, [1, 4, 2])
+        drafts = DeviceDrafts(b, at, torch.tensor([11, 21, 12]), lambda a: torch.from_numpy(np.ascontiguousarray(a)))
+        forward = torch.from_numpy(b.token_ids.astype(np.int64))
+        drafts.scatter(forward)
+        self.assertEqual(forward.tolist(), [7, 11, 12, 3, 21])
+        # sampler rows: stream 0's 3 rows verify d1, d2, then the bonus row; stream 1's 2 rows
+        self.assertEqual(drafts.values_at(np.array([1, 2, -1, 4, -1])).tolist(), [11, 12, -1, 21, -1])
+        self.assertEqual(drafts.values_at(np.array([[1, 0], [4, -1]])).tolist(), [[11, -1], [21, -1]])
+        drafts.land(np.array([11, 21, 12, 99]))
+        expect = np.array([7, 7, 7, 3, 3], np.int32)
+        write_drafts(SimpleNamespace(token_ids=expect), first, d, np.array([11, 21, 12]))
+        np.testing.assert_array_equal(b.token_ids, expect)
+        np.testing.assert_array_equal(b.token_ids, [7, 11, 12, 3, 21])
+
+    def test_rejection_sampling_takes_drafts_on_the_device_as_from_the_host(self):
+        from rtp_llm.models_py.rejection_sampler import RowDraws, sample_rows
+
+        g = torch.Generator().manual_seed(1)
+        probs = torch.rand(6, 50, generator=g).pow(4)
+        drafts = np.array([3, 17, -1, 40, 8, -1], np.int32)
+        rows = SimpleNamespace(random_seed=np.arange(6) + 5, num_generated=np.arange(6))
+        s = np.arange(6)
+
+        def draws():
+            return RowDraws(rows, s, torch.device("cpu"), lambda a: torch.from_numpy(np.ascontiguousarray(a)))
+        host = sample_rows(probs, drafts, draws())
+        placeholders = np.where(drafts >= 0, 0, -1).astype(np.int32)
+        device = sample_rows(probs, placeholders, draws(), torch.from_numpy(drafts.astype(np.int64)))
+        self.assertEqual(device.tolist(), host.tolist())
 
 
 if __name__ == "__main__":

@@ -147,11 +147,15 @@ def generate_recording_drafts(llm, prompts, config: dict):
     real = eagle_drafter.EagleDrafter.propose
 
     def record(drafter, b, drafting):
-        real(drafter, b, drafting)
+        on_device = real(drafter, b, drafting)  # (DeviceDrafts, or None: written into b.token_ids)
+        tokens = b.token_ids.copy()
+        if on_device is not None:
+            tokens[on_device.at] = on_device.values.cpu().numpy()
         d = b.draft_lens[drafting]
         first = b.query_starts[drafting + 1] - 1 - d
         for i, f, n in zip(b.stream_ids[drafting], first, d):
-            proposals.append((int(i), int(b.positions[f]), b.token_ids[f + 1:f + 1 + n].tolist()))
+            proposals.append((int(i), int(b.positions[f]), tokens[f + 1:f + 1 + n].tolist()))
+        return on_device
     with mock.patch.object(eagle_drafter.EagleDrafter, "propose", record):
         return llm.generate(prompts, config), proposals
 

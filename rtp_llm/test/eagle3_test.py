@@ -39,12 +39,12 @@ class Eagle3Test(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def run_engine(self, prompts, head=None, **engine_args):
+    def run_engine(self, prompts, head=None, config=GREEDY, **engine_args):
         """(outputs, the drafts proposed: eagle3_ref.generate_recording_drafts, engine stats)."""
         spec = SpeculativeConfig("eagle3", 3, sp_checkpoint_path=head) if head else SpeculativeConfig()
         llm = LLM(self.target, act_type="fp32", progress=False, max_seq_len=256, speculative=spec, **engine_args)
         try:
-            return (*generate_recording_drafts(llm, prompts, GREEDY), llm.engine.core.stats())
+            return (*generate_recording_drafts(llm, prompts, config), llm.engine.core.stats())
         finally:
             llm.close()
 
@@ -74,6 +74,21 @@ class Eagle3Test(unittest.TestCase):
         self.assertGreater(stats["spec_accepted_tokens"], 0)
         self.assertLess(stats["spec_accepted_tokens"], stats["spec_draft_tokens"])
         self.assert_drafts_are_the_heads(prompts, outs, proposed, self.head)
+
+    def test_penalized_and_seeded_rows_read_the_heads_drafts(self):
+        # A penalized row's history holds the drafts before it (read on the host: the drafts are
+        # copied before the step); a sampled row verifies its draft by rejection sampling on the
+        # device. Greedy with a penalty is the plain engine's text; a seeded sample repeats.
+        prompts = random_prompts(5, [9, 23])
+        penalized = dict(GREEDY, repetition_penalty=1.3)
+        plain, _, _ = self.run_engine(prompts, config=penalized)
+        outs, proposed, stats = self.run_engine(prompts, self.head, config=penalized)
+        self.assertEqual([o.outputs[0].token_ids for o in outs], [o.outputs[0].token_ids for o in plain])
+        self.assertGreater(stats["spec_draft_tokens"], 0)
+        seeded = dict(GREEDY, temperature=0.8, top_k=20, random_seed=7)
+        runs = [self.run_engine(prompts, self.head, config=seeded, overlap_schedule=True) for _ in range(2)]
+        self.assertGreater(runs[0][2]["spec_draft_tokens"], 0)
+        self.assertEqual(*[[o.outputs[0].token_ids for o in outs] for outs, _, _ in runs])
 
     def test_a_head_for_another_model_is_refused_by_field(self):
         other = make_tiny("qwen3_gqa_untied", self.tmp.name)  # 2 layers: the default aux layers do not exist

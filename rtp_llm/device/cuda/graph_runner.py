@@ -197,12 +197,13 @@ class CudaGraphRunner:
         """The sampled rows of the extend graph of `tokens` tokens (a row samples one token)."""
         return min(tokens, self.max_rows)
 
-    def stage(self, b) -> Optional[Callable[[Optional[torch.Tensor]], torch.Tensor]]:
+    def stage(self, b) -> Optional[Callable[..., torch.Tensor]]:
         """Copies the step's inputs into the persistent buffers (queued behind the device's
-        current work, which is done reading them) and returns replay(prev_tokens): it queues the
-        step and returns its logits [num_sampled, vocab] fp32 (a view into the graphs' output,
-        valid until the next replay). None when no captured graph fits the step. prev_tokens:
-        the tokens the step before sampled, for a step scheduled ahead of them (placeholder ids)."""
+        current work, which is done reading them) and returns replay(prev_tokens, drafts=None)
+        (model_runner.Run): it queues the step and returns its logits [num_sampled, vocab] fp32 (a
+        view into the graphs' output, valid until the next replay). None when no captured graph
+        fits the step. prev_tokens: the tokens the step before sampled, for a step scheduled ahead
+        of them (placeholder ids); drafts: its drafts on the device."""
         s, t = b.num_streams, b.num_tokens
         if s == 0 or b.block_tables.shape[1] > self.max_blocks:
             return None
@@ -215,9 +216,12 @@ class CudaGraphRunner:
     def _replayer(self, kind: str, size: int, x: _Inputs, t: int, rows: int):
         replay, logits = self.graphs[(kind, size)]
 
-        def run(prev_tokens: Optional[torch.Tensor]) -> torch.Tensor:
+        def run(prev_tokens: Optional[torch.Tensor], drafts=None) -> torch.Tensor:
+            """(model_runner.Run: drafts, a DeviceDrafts, scattered into the token ids)"""
             if prev_tokens is not None:
                 self.backend.resolve_placeholders(x.dev("token_ids")[:t], prev_tokens)
+            if drafts is not None:
+                drafts.scatter(x.dev("token_ids")[:t])
             replay()
             if self.aux is not None:
                 self.model.aux = self.aux[:t]
