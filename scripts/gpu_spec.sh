@@ -5,7 +5,8 @@
 # plain step and of an EAGLE-3 round. Prepare .gpu as scripts/gpu_tests.sh says, then
 #   run(command="bash scripts/gpu_spec.sh 'TEST EXPR'", carry=[".gpu"])
 # Results go to $OUT (bench_spec.txt, profile_*.txt with cprofile_*.txt and timeline_*.txt, tests.txt).
-# BENCH=0: the profiles only.
+# BENCH=0: no bench_spec rows; VANILLA=1: bench_spec's rows with a draft model of Qwen3-0.6B's shape too;
+# PROFILE=0: no profiles; BATCH=1: bench_spec's batch sizes.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -33,10 +34,18 @@ if [ "${BENCH:-1}" = 1 ]; then
     --sp_checkpoint_path $HEAD --device cuda --force_accept 0.7 --batch "$BATCH" --repeats 3 --new_tokens 128 \
     --gen_num_per_cycle 4 --sp_draft_pace adaptive,fixed --kv_cache_mem_mb 4000 > "$OUT/bench_spec.txt" 2>&1
 fi
+if [ "${VANILLA:-0}" = 1 ]; then  # a draft model of Qwen3-0.6B's shape
+  timeout 240 python3 -m rtp_llm.tools.bench_spec --arch qwen3-8b --draft_arch qwen3-0.6b --tokenizer "$TOK" \
+    --device cuda --force_accept 0.7 --batch 1 --repeats 3 --new_tokens 128 --gen_num_per_cycle 4 \
+    --sp_draft_pace adaptive,fixed --kv_cache_mem_mb 4000 > "$OUT/bench_vanilla.txt" 2>&1
+fi
 PH="python3 -m rtp_llm.tools.profile_host --checkpoint $CKPT --load_format dummy --device cuda --batch 1 --no_schema"
-timeout 120 $PH --cprofile "$OUT/cprofile_plain.txt" --device_timeline "$OUT/timeline_plain.txt" > "$OUT/profile_plain.txt" 2>&1
-timeout 120 $PH --sp_type eagle3 --sp_checkpoint_path "$HEAD" --gen_num_per_cycle 4 --sp_draft_pace fixed \
-  --force_accept 0.7 --cprofile "$OUT/cprofile_eagle3.txt" --device_timeline "$OUT/timeline_eagle3.txt" \
-  > "$OUT/profile_eagle3.txt" 2>&1
-tail -n 4 "$OUT"/profile*.txt "$OUT"/bench_spec.txt "$OUT"/tests.txt 2>/dev/null
+if [ "${PROFILE:-1}" = 1 ]; then
+  timeout 120 $PH --cprofile "$OUT/cprofile_plain.txt" --device_timeline "$OUT/timeline_plain.txt" > "$OUT/profile_plain.txt" 2>&1
+  timeout 120 $PH --sp_type eagle3 --sp_checkpoint_path "$HEAD" --gen_num_per_cycle 4 --sp_draft_pace fixed \
+    --force_accept 0.7 --cprofile "$OUT/cprofile_eagle3.txt" --device_timeline "$OUT/timeline_eagle3.txt" \
+    > "$OUT/profile_eagle3.txt" 2>&1
+fi
+tail -n 4 "$OUT"/profile*.txt "$OUT"/tests.txt 2>/dev/null
+tail -n 9 "$OUT"/bench*.txt
 head -n 1 "$OUT"/timeline*.txt

@@ -50,12 +50,12 @@ class InterpretedCudaBackend:
 
         class Rerun(CudaGraphRunner):
             def _capture(self, model, plan, dev):
-                for kind, size, args in plan:  # every size's logits in the one shared buffer, as captured
-                    logits = model.forward(*args, logits_out=self.logits)
+                for kind, size, args in plan:  # every size's logits (and aux states) in the shared buffers, as captured
+                    logits = model.forward(*args, logits_out=self.logits, aux_out=self.aux)
 
                     @torch.inference_mode()
                     def replay(a=args):
-                        model.forward(*a, logits_out=self.logits)
+                        model.forward(*a, logits_out=self.logits, aux_out=self.aux)
 
                     self.graphs[(kind, size)] = (replay, logits)
 
@@ -71,6 +71,9 @@ class InterpretedCudaBackend:
 
             def make_graph_runner(self, *args):
                 return Rerun(args[0], self, *args[1:]) if graphs else None
+
+            def make_head_graphs(self, *args):
+                return None  # (a drafting head's steps run eagerly: its graphs capture CUDA streams)
 
             def host_copy_event(self):
                 return None  # copies to the host are synchronous here
