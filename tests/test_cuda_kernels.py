@@ -396,7 +396,7 @@ def test_eagle3_drafts_on_the_device_reach_the_replayed_verify_step(tmp_path, mo
     # text is HF's and every proposal is the plain-torch head's, with drafts forced through or not.
     import functools
 
-    from eagle3_ref import draft_mismatches, generate_recording_drafts, reference_drafts, write_eagle3_head
+    from eagle3_ref import assert_head_drafts, reference_drafts, write_eagle3_head
     from testlib import hf_greedy, hf_model, make_tiny, random_prompts
 
     from rtp_llm.async_decoder_engine.draft_model import FORCE_ACCEPT_ENV
@@ -405,26 +405,15 @@ def test_eagle3_drafts_on_the_device_reach_the_replayed_verify_step(tmp_path, mo
     target = make_tiny("qwen3_4layers", str(tmp_path), spec=("Qwen3Config", dict(
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False, num_hidden_layers=4)))
     head = write_eagle3_head(str(tmp_path / "head"), target, seed=1, draft_vocab=200)
+    reference = functools.partial(reference_drafts, target, head)
     hf = hf_model(target)
-    prompts = random_prompts(5, [6, 21])
-    for forced in (0.0, 0.6):
+    for forced in (False, True):
         if forced:
-            monkeypatch.setenv(FORCE_ACCEPT_ENV, str(forced))
+            monkeypatch.setenv(FORCE_ACCEPT_ENV, "0.6")
         llm = interpreted_cuda_llm(target, monkeypatch, InterpretedCudaBackend.make(True),
                                    speculative=SpeculativeConfig("eagle3", 3, sp_checkpoint_path=head))
-        try:
-            outs, proposals = generate_recording_drafts(llm, prompts, {"max_new_tokens": 10, "temperature": 0,
-                                                                       "ignore_eos": True})
-            stats = llm.engine.core.stats()
-        finally:
-            llm.close()
-        if forced:
-            assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"], stats
-        else:
-            for prompt, out in zip(prompts, outs):
-                assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 10)
-        reference = functools.partial(reference_drafts, target, head)
-        assert proposals and draft_mismatches(reference, prompts, outs, proposals) == []
+        assert_head_drafts(llm, reference, random_prompts(5, [6, 21]), 10,
+                           None if forced else (lambda prompt: hf_greedy(hf, prompt, 10)))
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="on a GPU, tests/test_cuda.py runs the real backend")

@@ -12,7 +12,7 @@ import functools
 
 import pytest
 import torch
-from eagle3_ref import draft_mismatches, generate_recording_drafts, reference_drafts, write_eagle3_head
+from eagle3_ref import assert_head_drafts, reference_drafts, write_eagle3_head
 from mtp_ref import add_mtp_layer, reference_mtp_drafts
 from testlib import hf_greedy, hf_model, make_loopy, make_tiny, random_prompts, repetitive_prompts
 
@@ -84,21 +84,9 @@ def _check_head_drafts(target, spec, reference, graphs: bool, chunk: int, forced
     extra = {"max_num_batched_tokens": chunk} if chunk else {}
     llm = LLM(target, act_type="fp32", progress=False, device="cuda", max_seq_len=256, cuda_graph=graphs,
               speculative=spec, **extra)
-    prompts = random_prompts(5, [6, 21, 40])
-    try:
-        outs, proposals = generate_recording_drafts(llm, prompts, {"max_new_tokens": 20, "temperature": 0,
-                                                                   "ignore_eos": True})
-        stats = llm.engine.core.stats()
-    finally:
-        llm.close()
-    if not forced:
-        hf = hf_model(target)
-        for prompt, out in zip(prompts, outs):
-            assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 20), len(prompt)
-    else:
-        assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"], stats
-    assert proposals and draft_mismatches(reference, prompts, outs, proposals) == []
-    assert stats["used_blocks"] == 0
+    hf = None if forced else hf_model(target)
+    assert_head_drafts(llm, reference, random_prompts(5, [6, 21, 40]), 20,
+                       None if forced else (lambda prompt: hf_greedy(hf, prompt, 20)))
 
 
 @pytest.mark.parametrize("forced", [0.0, 0.6], ids=["model", "forced"])

@@ -174,3 +174,23 @@ def draft_mismatches(reference, prompts, outs, proposals) -> list:
         if drafts != ref:
             bad.append(((i, pos, drafts), ref))
     return bad
+
+
+def assert_head_drafts(llm, reference, prompts, new_tokens: int, greedy=None) -> None:
+    """Generates new_tokens greedily for prompts on `llm` (an engine drafting with a head; closed
+    after) and checks its run: every proposal equal to reference(tokens, k)'s, no KV block left in
+    use, and the plain greedy tokens greedy(prompt) (e.g. HF's), or where greedy is None (drafts
+    forced through) some drafts but not all accepted."""
+    try:
+        outs, proposals = generate_recording_drafts(llm, prompts, {"max_new_tokens": new_tokens, "temperature": 0,
+                                                                   "ignore_eos": True})
+        stats = llm.engine.core.stats()
+    finally:
+        llm.close()
+    if greedy is None:
+        assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"], stats
+    else:
+        for prompt, out in zip(prompts, outs):
+            assert out.outputs[0].token_ids == greedy(prompt), len(prompt)
+    assert proposals and draft_mismatches(reference, prompts, outs, proposals) == []
+    assert stats["used_blocks"] == 0
