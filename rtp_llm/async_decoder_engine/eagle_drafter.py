@@ -28,10 +28,10 @@ without waiting for them) and reach the batch's token ids with the step's sample
 drafting streams have penalties copies them first (their rows' histories hold the drafts: one
 host sync)."""
 
+from typing import Optional
+
 import numpy as np
 import torch
-
-from typing import Optional
 
 from rtp_llm.async_decoder_engine.draft_model import DeviceDrafts, DraftBatch, draft_token_indices
 from rtp_llm.device.base import sampled_token_rows
