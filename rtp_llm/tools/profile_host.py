@@ -76,26 +76,37 @@ def _profiled(path, call, lines=45):
         f.write(out.getvalue())
 
 
-def _device_timeline(path, call):
+def _device_timeline(path, call, gap_us: float = 2.0, top: int = 15):
     """Runs call under torch.profiler and writes where the device's time went: its busy share of
     the wall time (kernels and copies merged into intervals: the rest it sat idle, waiting for
-    the host) and the kernels by total time."""
+    the host), its idle gaps longer than gap_us by the device events either side (which host
+    work they wait for; the profiler's own host overhead lengthens them) and the kernels by
+    total time."""
+    from collections import Counter
+
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         call()
         wall_us = (time.perf_counter() - t0) * 1e6
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+    spans = sorted((e.time_range.start, e.time_range.end, e.name[:48]) for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA)
-    busy, end = 0.0, float("-inf")
-    for a, b in spans:
+    busy, end, last = 0.0, float("-inf"), None
+    idle, gaps = Counter(), Counter()
+    for a, b, name in spans:
+        if last is not None and a - end > gap_us:
+            idle[(last, name)] += a - end
+            gaps[(last, name)] += 1
         if b > end:
             busy += b - max(a, end)
-            end = b
+            end, last = b, name
     with open(path, "w") as f:
         f.write(f"device busy {busy / 1e3:.1f} ms of {wall_us / 1e3:.1f} ms wall ({busy / wall_us:.1%}), "
-                f"{len(spans)} device events\n")
+                f"{len(spans)} device events\nidle gaps > {gap_us:g} us, by the events before -> after "
+                f"(ms in all, count):\n")
+        for (before, after), us in idle.most_common(top):
+            f.write(f"  {us / 1e3:8.2f} ms {gaps[(before, after)]:6d}  {before} -> {after}\n")
         f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
 
 
