@@ -6,8 +6,9 @@
   EAGER_DECODE_ROWS decodes, speculative verify steps) replays the graph captured for the
   smallest token bucket >= T, with the extend kernel over a tile table. Its logits rows are an
   input (sample_rows: one per sampled stream, or 1 + draft_lens per drafting one), at most the
-  graph's row count: its tokens, up to the step's most sampled rows (max_sampled_rows), so that a
-  verify step replays too (eager, its launches would outlast its compute at batch 1).
+  graph's row count: max_batch_size, or where the step may sample more (speculative decoding) its
+  tokens up to max_sampled_rows in graphs of at most VERIFY_GRAPH_TOKENS tokens, so that a verify
+  step replays too (eager, an 8B verify step's launches outlast its compute at batch 1).
 
 Inputs are copied into persistent buffers first (one host-to-device copy from a pinned
 staging buffer). Padding tokens have slot -1 and belong to no stream, padding streams have
@@ -44,6 +45,12 @@ def extend_token_sizes(max_num_batched_tokens: int) -> List[int]:
     sizes = [16, 32, 64, 128, 256, 512] + list(range(768, top + 256, 256))
     return sorted({min(s, top) for s in sizes})
 
+
+# Graphs of at most this many tokens take a row per token (up to max_sampled_rows): a verify step
+# samples most of its tokens. Larger ones keep max_batch_size rows: every row costs its LM head
+# (computed for the padding rows of a prompt chunk too); a verify step that large with more rows
+# runs eagerly (hundreds of streams: its launches cost little beside its compute).
+VERIFY_GRAPH_TOKENS = 512
 
 # A mixed step with this many one-token streams runs eagerly: there they take the split decode
 # kernel (metadata.DecodeRows), in a captured extend graph a 64-row tile each, whose keys are
@@ -130,7 +137,7 @@ class CudaGraphRunner:
         self.dec.host_view("query_starts")[:] = np.arange(n + 1)
         self.dec.upload(n)
         t_max = self.extend_sizes[-1]
-        s_max, r_max = self._extend_streams(t_max), self._extend_rows(t_max)
+        s_max, r_max = self._extend_streams(t_max), max(self._extend_rows(t) for t in self.extend_sizes)
         self.ext = _Inputs(t_max, s_max, t_max // K.EXTEND_BLOCK_M + s_max, self.max_blocks, dev, r_max)
         self.ext.host_view("slots")[:] = -1
         self.ext.host_view("tiles")[:self.ext.n_tiles] = -1  # row 0: no stream
@@ -194,8 +201,8 @@ class CudaGraphRunner:
         return min(tokens, self.max_batch_size)
 
     def _extend_rows(self, tokens: int) -> int:
-        """The sampled rows of the extend graph of `tokens` tokens (a row samples one token)."""
-        return min(tokens, self.max_rows)
+        """The sampled rows of the extend graph of `tokens` tokens (VERIFY_GRAPH_TOKENS)."""
+        return min(tokens, self.max_rows if tokens <= VERIFY_GRAPH_TOKENS else self.max_batch_size)
 
     def stage(self, b) -> Optional[Callable[..., torch.Tensor]]:
         """Copies the step's inputs into the persistent buffers (queued behind the device's
