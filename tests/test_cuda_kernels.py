@@ -396,14 +396,13 @@ def test_eagle3_drafts_on_the_device_reach_the_replayed_verify_step(tmp_path, mo
     # text is HF's and every proposal is the plain-torch head's, with drafts forced through or not.
     import functools
 
-    from eagle3_ref import assert_head_drafts, reference_drafts, write_eagle3_head
+    from eagle3_ref import EAGLE_TARGET, assert_head_drafts, reference_drafts, write_eagle3_head
     from testlib import hf_greedy, hf_model, make_tiny, random_prompts
 
     from rtp_llm.async_decoder_engine.draft_model import FORCE_ACCEPT_ENV
     from rtp_llm.config.speculative import SpeculativeConfig
 
-    target = make_tiny("qwen3_4layers", str(tmp_path), spec=("Qwen3Config", dict(
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False, num_hidden_layers=4)))
+    target = make_tiny("qwen3_4layers", str(tmp_path), spec=EAGLE_TARGET)
     head = write_eagle3_head(str(tmp_path / "head"), target, seed=1, draft_vocab=200)
     reference = functools.partial(reference_drafts, target, head)
     hf = hf_model(target)

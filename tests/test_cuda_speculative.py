@@ -12,7 +12,7 @@ import functools
 
 import pytest
 import torch
-from eagle3_ref import assert_head_drafts, reference_drafts, write_eagle3_head
+from eagle3_ref import EAGLE_TARGET, assert_head_drafts, reference_drafts, write_eagle3_head
 from mtp_ref import add_mtp_layer, reference_mtp_drafts
 from testlib import hf_greedy, hf_model, make_loopy, make_tiny, random_prompts, repetitive_prompts
 
@@ -60,10 +60,6 @@ def test_greedy_tokens_equal_hf_with_drafts(models, drafter, graphs, chunk):
     elif drafter == "ngram":
         assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"], stats
     assert stats["used_blocks"] == 0
-
-
-EAGLE_TARGET = ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                    tie_word_embeddings=False, num_hidden_layers=4))
 
 
 @pytest.fixture(scope="module")

@@ -57,6 +57,12 @@ def force_accept_rate() -> float:
     return rate
 
 
+def force_accept_for_benchmark(rate: float) -> None:
+    """A benchmark tool's --force_accept: engines made after this keep drafts at `rate` (0: off)."""
+    if rate:
+        os.environ[FORCE_ACCEPT_ENV] = str(rate)
+
+
 def force_acceptance(tokens: torch.Tensor, draft_tokens: Optional[np.ndarray], rate: float,
                      generator: torch.Generator, values: Optional[torch.Tensor] = None) -> torch.Tensor:
     """tokens [N] (the step's samples, on the device) with each verify row (draft_tokens[r] >= 0)
@@ -134,6 +140,8 @@ class DeviceDrafts:
         self.b, self.at, self.values = b, at, values
         self._upload = upload
         self.at_dev = upload(at)
+        self._index = np.full(len(b.token_ids), -1, np.int64)  # query token -> its draft in values (-1: none)
+        self._index[at] = np.arange(len(at))
 
     def scatter(self, token_ids: torch.Tensor) -> None:
         """Writes the drafts into the step's token ids [T] on the device."""
@@ -143,11 +151,9 @@ class DeviceDrafts:
         """The drafts at query tokens `tokens` (any shape; -1, or a token without a draft: -1), as an
         int64 tensor of that shape on the device: e.g. the draft each sampler row verifies, from
         its draft_at (ops/draft_rows.py)."""
-        k = np.full(len(self.b.token_ids), -1, np.int64)
-        k[self.at] = np.arange(len(self.at))
-        which = np.where(tokens >= 0, k[np.maximum(tokens, 0)], -1)
-        got = self.values[self._upload(np.maximum(which, 0))]
-        return torch.where(self._upload(which) >= 0, got, torch.full_like(got, -1))
+        which = self._upload(np.where(tokens >= 0, self._index[np.maximum(tokens, 0)], -1))
+        got = self.values[which.clamp(min=0)]
+        return torch.where(which >= 0, got, torch.full_like(got, -1))
 
     def land(self, host: np.ndarray) -> None:
         """b's drafted tokens from their host copy (host [D], copied after the step's sampling)."""

@@ -16,6 +16,11 @@ from typing import List, Optional, Sequence
 
 import torch
 
+# The tests' EAGLE-3 target (testlib.make_tiny's spec, as "qwen3_4layers"): a tiny Qwen3 with the
+# 4 layers the head's default aux layers (2, L/2, L-3) need, and its own LM head.
+EAGLE_TARGET = ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                    tie_word_embeddings=False, num_hidden_layers=4))
+
 def _target_config(target_dir: str) -> dict:
     with open(os.path.join(target_dir, "config.json")) as f:
         return json.load(f)

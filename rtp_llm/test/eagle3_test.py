@@ -17,20 +17,19 @@ from rtp_llm.async_decoder_engine.draft_model import FORCE_ACCEPT_ENV
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.llm import LLM
 from rtp_llm.model_loader.weights import CheckpointError
-from rtp_llm.test.eagle3_ref import draft_mismatches, generate_recording_drafts, reference_drafts, write_eagle3_head
+from rtp_llm.test.eagle3_ref import (EAGLE_TARGET, draft_mismatches, generate_recording_drafts, reference_drafts,
+                                     write_eagle3_head)
 from rtp_llm.test.testlib import make_tiny, random_prompts
 
 NEW_TOKENS = 24
 GREEDY = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-TARGET = ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
-                              num_hidden_layers=4))
 
 
 class Eagle3Test(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
-        cls.target = make_tiny("qwen3_4layers", cls.tmp.name, spec=TARGET)
+        cls.target = make_tiny("qwen3_4layers", cls.tmp.name, spec=EAGLE_TARGET)
         cls.head = write_eagle3_head(os.path.join(cls.tmp.name, "head"), cls.target, seed=1)
         cls.small = write_eagle3_head(os.path.join(cls.tmp.name, "small"), cls.target, seed=2, draft_vocab=100,
                                       aux_layers=(0, 1, 3))

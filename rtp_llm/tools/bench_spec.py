@@ -28,7 +28,7 @@ import statistics
 import tempfile
 import time
 
-from rtp_llm.async_decoder_engine.draft_model import FORCE_ACCEPT_ENV
+from rtp_llm.async_decoder_engine.draft_model import force_accept_for_benchmark
 from rtp_llm.config.speculative import SpeculativeConfig
 from rtp_llm.llm import LLM
 
@@ -118,8 +118,7 @@ def main(argv=None):
                    help="each engine's KV cache (the engines are loaded at once: a GPU's default would not fit two)")
     a = p.parse_args(argv)
     random_weights(a)
-    if a.force_accept:
-        os.environ[FORCE_ACCEPT_ENV] = str(a.force_accept)
+    force_accept_for_benchmark(a.force_accept)
     drafts = [int(d) for d in str(a.gen_num_per_cycle).split(",")]
     paces = str(a.sp_draft_pace).split(",")
     specs = {"off": SpeculativeConfig(),

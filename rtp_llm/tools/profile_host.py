@@ -20,12 +20,11 @@ the time the host spent blocked on the device: near zero means the host is the b
 
 import argparse
 import json
-import os
 import time
 
 import torch
 
-from rtp_llm.async_decoder_engine.draft_model import FORCE_ACCEPT_ENV
+from rtp_llm.async_decoder_engine.draft_model import force_accept_for_benchmark
 from rtp_llm.config.speculative import SpeculativeConfig
 
 
@@ -124,7 +123,7 @@ def main():
     p.add_argument("--no_schema", action="store_true", help="the unconstrained run only")
     p.add_argument("--cprofile", help="also write the schema run's Python profile (cProfile, by own time) here "
                                       "(with --no_schema: the unconstrained run's)")
-    p.add_argument("--device_timeline", help="also write the device's busy share and kernels of a third run (torch.profiler) here")
+    p.add_argument("--device_timeline", help="also write the device's busy share, idle gaps and kernels of a third run (torch.profiler) here")
     p.add_argument("--load_format", default="auto", help="dummy: random weights of the checkpoint's shapes")
     p.add_argument("--sp_type", default="", help="speculative decoding (SpeculativeConfig's flags below)")
     p.add_argument("--sp_checkpoint_path", default="")
@@ -139,8 +138,7 @@ def main():
     if a.json_schema:
         with open(a.json_schema) as f:
             schema = json.load(f)
-    if a.force_accept:
-        os.environ[FORCE_ACCEPT_ENV] = str(a.force_accept)
+    force_accept_for_benchmark(a.force_accept)
     spec = SpeculativeConfig(a.sp_type, a.gen_num_per_cycle, sp_checkpoint_path=a.sp_checkpoint_path,
                              sp_draft_pace=a.sp_draft_pace)
     llm = LLM(a.checkpoint, tokenizer_path=a.tokenizer_path, act_type=a.act_type, progress=False, device=a.device,
@@ -152,9 +150,10 @@ def main():
     run(llm, prompts[:2], 8, None if a.no_schema else schema)  # warm-up (compiles the grammar)
     for label, s in (("free", None),) + ((("schema", schema),) if not a.no_schema else ()):
         steps, wall, report = run(llm, prompts, a.new_tokens, s, a.temperature)
-        if a.cprofile and (s is not None or a.no_schema):  # a second run, profiled (cProfile slows the Python it times)
+        profiled = s is not None or a.no_schema  # (the schema run's, or the only one)
+        if a.cprofile and profiled:  # a second run, profiled (cProfile slows the Python it times)
             _profiled(a.cprofile, lambda: run(llm, prompts, a.new_tokens, s, a.temperature))
-        if a.device_timeline and (s is not None or a.no_schema):
+        if a.device_timeline and profiled:
             _device_timeline(a.device_timeline, lambda: run(llm, prompts, a.new_tokens, s, a.temperature))
         print(json.dumps({"case": label, "batch": a.batch, "steps": steps, "step_ms": round(wall / max(steps, 1) * 1e3, 3),
                           "ms_per_token": round(wall / (a.batch * a.new_tokens) * 1e3, 4), **report}))
