@@ -47,6 +47,7 @@ class InterpretedCudaBackend:
     def make(graphs: bool):
         from rtp_llm.device.cuda.backend import CudaBackend
         from rtp_llm.device.cuda.graph_runner import CudaGraphRunner
+        from rtp_llm.device.cuda.head_graphs import HeadGraphRunner
 
         class Rerun(CudaGraphRunner):
             def _capture(self, model, plan, dev):
@@ -58,6 +59,18 @@ class InterpretedCudaBackend:
                         model.forward(*a, logits_out=self.logits, aux_out=self.aux)
 
                     self.graphs[(kind, size)] = (replay, logits)
+
+        class RerunHead(HeadGraphRunner):
+            def _capture(self):  # each (size, length)'s chain into its output, as captured
+                for s in self.sizes:
+                    for length in range(1, self.max_chain + 1):
+                        out = self._chain(s, length)
+
+                        @torch.inference_mode()
+                        def replay(s=s, length=length, out=out):
+                            out.copy_(self._chain(s, length))
+
+                        self.graphs[(s, length)] = (replay, out)
 
         class Backend(CudaBackend):
             def __init__(self):
@@ -73,7 +86,7 @@ class InterpretedCudaBackend:
                 return Rerun(args[0], self, *args[1:]) if graphs else None
 
             def make_head_graphs(self, *args):
-                return None  # (a drafting head's steps run eagerly: its graphs capture CUDA streams)
+                return RerunHead(args[0], self, *args[1:]) if graphs else None
 
             def host_copy_event(self):
                 return None  # copies to the host are synchronous here

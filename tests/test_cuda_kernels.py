@@ -392,7 +392,8 @@ def test_verify_steps_replay_graphs_though_they_sample_more_rows_than_streams(tm
 @pytest.mark.skipif(not INTERPRETED, reason="on a GPU, tests/test_cuda_speculative.py runs the real backend")
 def test_eagle3_drafts_on_the_device_reach_the_replayed_verify_step(tmp_path, monkeypatch):
     # An EAGLE-3 head's drafts stay on the device (draft_model.DeviceDrafts): the verify step's
-    # graph inputs take them on the device, and commit compares them with the samples. The greedy
+    # graph inputs take them on the device, and commit compares them with the samples; the head's
+    # draft steps replay as chains (streams drafting fewer than others among them). The greedy
     # text is HF's and every proposal is the plain-torch head's, with drafts forced through or not.
     import functools
 
@@ -406,13 +407,25 @@ def test_eagle3_drafts_on_the_device_reach_the_replayed_verify_step(tmp_path, mo
     head = write_eagle3_head(str(tmp_path / "head"), target, seed=1, draft_vocab=200)
     reference = functools.partial(reference_drafts, target, head)
     hf = hf_model(target)
+    chains = []  # (chain length, streams, some stream drafting fewer, replayed) per run of the head's graphs
     for forced in (False, True):
         if forced:
             monkeypatch.setenv(FORCE_ACCEPT_ENV, "0.6")
         llm = interpreted_cuda_llm(target, monkeypatch, InterpretedCudaBackend.make(True),
                                    speculative=SpeculativeConfig("eagle3", 3, sp_checkpoint_path=head))
-        assert_head_drafts(llm, reference, random_prompts(5, [6, 21]), 10,
+        graphs = llm.engine.runner.drafter.graphs
+        run = graphs.run
+
+        def recording(tokens, hidden, positions, slots, block_tables):
+            out = run(tokens, hidden, positions, slots, block_tables)
+            chains.append((*slots.shape, bool((slots < 0).any()), out is not None))
+            return out
+        graphs.run = recording
+        assert_head_drafts(llm, reference, random_prompts(5, [5, 6, 21]), 10,
                            None if forced else (lambda prompt: hf_greedy(hf, prompt, 10)))
+    # the draft steps ran as replayed chains (head_graphs.py), streams drafting fewer among them
+    assert chains and all(replayed for *_, replayed in chains), chains
+    assert any(length == 2 and fewer for length, _, fewer, _ in chains), chains
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="on a GPU, tests/test_cuda.py runs the real backend")

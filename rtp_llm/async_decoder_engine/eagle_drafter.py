@@ -177,22 +177,46 @@ class EagleDrafter:
         drafting = np.nonzero(b.draft_lens > 0)[0]
         return None, (self.propose(b, drafting) if len(drafting) else None)
 
-    def _step(self, batch: DraftBatch, prev: torch.Tensor, hidden: torch.Tensor):
-        """One draft step (a row per stream, token ids naming prev's rows): (drafts, h)."""
-        out = self.graphs.run(batch, prev, hidden) if self.graphs is not None else None
-        if out is not None:
-            return out
-        x = self.backend.prepare_inputs(batch, self.block_size)
-        self.backend.resolve_placeholders(x.token_ids, prev)
-        return self.head.forward(x.token_ids, x.positions, x.meta, self.kv_cache, hidden,
-                                 torch.arange(batch.num_streams, device=self.backend.device))
-
     def propose(self, b, drafting: np.ndarray) -> Optional[DeviceDrafts]:
         d = b.draft_lens[drafting].astype(np.int64)
         first = b.query_starts[drafting + 1].astype(np.int64) - 1 - d  # each stream's last known token
         live = set(b.stream_ids.tolist())
         at = self._dev(np.array([self.table.slot(int(i), live) for i in b.stream_ids[drafting]], np.int64))
         tok, h = self.draft1[at], self.h[at]
+        values = self._chained(b, drafting, d, first, tok, h)
+        if values is None:
+            values = torch.cat(self._stepped(b, drafting, d, first, tok, h))
+        at = draft_token_indices(first, d)
+        if (b.history_lens[drafting] > 0).any():  # (penalized rows read their drafts on the host: ops/draft_rows.py)
+            b.token_ids[at] = values.cpu().numpy()
+            return None
+        return DeviceDrafts(b, at, values, self._dev)
+
+    def _chained(self, b, drafting: np.ndarray, d: np.ndarray, first: np.ndarray, tok: torch.Tensor,
+                 h: torch.Tensor) -> Optional[torch.Tensor]:
+        """Drafts 2..d of every drafting stream by the captured chain (device/cuda/head_graphs.py), in
+        draft_token_indices' order after draft 1 (tok); None where no graph fits. Chain step j runs
+        every stream at the position of its last known token + j (kept there, slot -1, once the
+        stream has its d drafts)."""
+        steps = int(d.max()) - 1
+        if self.graphs is None or steps < 1:
+            return tok if steps < 1 else None
+        j = np.arange(steps)[:, None]
+        active = d[None, :] > j + 1  # [steps, S]
+        t = np.where(active, first[None, :] + j, first[None, :])
+        slots = np.where(active, b.slot_mapping[t], -1)
+        chain = self.graphs.run(tok, h, b.positions[t], slots, b.block_tables[drafting])
+        if chain is None:
+            return None
+        every = torch.cat([tok[None], chain]).reshape(-1)  # [(1 + steps) * S], step-major
+        if active.all():
+            return every
+        return every[self._dev(np.flatnonzero(np.concatenate([np.ones((1, len(d)), bool), active])))]
+
+    def _stepped(self, b, drafting: np.ndarray, d: np.ndarray, first: np.ndarray, tok: torch.Tensor,
+                 h: torch.Tensor) -> list:
+        """The draft steps one by one, eagerly, each over the streams that draft one more:
+        [draft 1 of every stream, draft 2 of those with d > 1, ...]."""
         outs = [tok]
         for j in range(1, int(d.max())):
             keep = d > j
@@ -202,10 +226,9 @@ class EagleDrafter:
             batch = DraftBatch((-1 - np.arange(prev_n)[keep[d > j - 1]]).astype(np.int32), b.positions[t],
                                b.slot_mapping[t], np.ones(int(keep.sum()), np.int32),
                                np.ascontiguousarray(b.block_tables[drafting[keep]]))
-            tok, h = self._step(batch, tok, h[sel])
+            x = self.backend.prepare_inputs(batch, self.block_size)
+            self.backend.resolve_placeholders(x.token_ids, tok)
+            tok, h = self.head.forward(x.token_ids, x.positions, x.meta, self.kv_cache, h[sel],
+                                       torch.arange(batch.num_streams, device=self.backend.device))
             outs.append(tok)
-        at, values = draft_token_indices(first, d), torch.cat(outs)
-        if (b.history_lens[drafting] > 0).any():  # (penalized rows read their drafts on the host: ops/draft_rows.py)
-            b.token_ids[at] = values.cpu().numpy()
-            return None
-        return DeviceDrafts(b, at, values, self._dev)
+        return outs

@@ -183,7 +183,7 @@ class EngineLoop:
             graphs = None
             if args.cuda_graph and head.graph_capturable:
                 graphs = self.backend.make_head_graphs(head, head_kv, block, args.max_batch_size, self.max_seq_len,
-                                                       loaded.dtype)
+                                                       loaded.dtype, args.speculative.gen_num_per_cycle - 1)
             self.runner.drafter = EagleDrafter(head, self.backend, head_kv, block, args.max_batch_size,
                                                len(model.aux_layers) * c.hidden_size, loaded.dtype, graphs)
         overlap = self.backend.async_execution if args.overlap_schedule is None else args.overlap_schedule

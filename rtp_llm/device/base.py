@@ -302,9 +302,10 @@ class DeviceBackend(ABC):
         return None
 
     def make_head_graphs(self, head: Any, kv_cache: torch.Tensor, block_size: int, max_streams: int,
-                         max_seq_len: int, dtype: torch.dtype) -> Any:
-        """A drafting head's draft steps captured (run(batch, prev_tokens, hidden) -> (drafts, h) or
-        None where none fits: device/cuda/head_graphs.py), or None where the device has no graphs."""
+                         max_seq_len: int, dtype: torch.dtype, max_chain: int) -> Any:
+        """A drafting head's chains of up to max_chain draft steps captured (run(tokens, hidden,
+        positions, slots, block_tables) -> drafts [steps, streams], or None where none fits:
+        device/cuda/head_graphs.py), or None where the device has no graphs."""
         return None
 
     @abstractmethod

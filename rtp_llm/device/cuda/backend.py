@@ -326,10 +326,11 @@ class CudaBackend(DeviceBackend):
         return CudaGraphRunner(model, self, kv_cache, block_size, max_batch_size, max_seq_len,
                                max_num_batched_tokens, max_sampled_rows)
 
-    def make_head_graphs(self, head, kv_cache, block_size: int, max_streams: int, max_seq_len: int, dtype):
+    def make_head_graphs(self, head, kv_cache, block_size: int, max_streams: int, max_seq_len: int, dtype,
+                         max_chain: int):
         from rtp_llm.device.cuda.head_graphs import HeadGraphRunner
 
-        return HeadGraphRunner(head, self, kv_cache, block_size, max_streams, max_seq_len, dtype)
+        return HeadGraphRunner(head, self, kv_cache, block_size, max_streams, max_seq_len, dtype, max_chain)
 
     def release_memory(self):
         self._ws = self._mla_ws = None
