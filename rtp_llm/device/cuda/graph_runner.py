@@ -63,12 +63,14 @@ class _Inputs:
     in one device buffer with a pinned twin; the block tables come last so that a step copies
     only the rows it uses."""
 
-    def __init__(self, tokens: int, streams: int, tiles: int, max_blocks: int, device, rows: int = 0):
-        """rows: the most sampled rows (default: one per stream)."""
+    def __init__(self, tokens: int, streams: int, tiles: int, max_blocks: int, device, rows: int = 0,
+                 tables: int = 0):
+        """rows: the most sampled rows (default: one per stream); tables: the block tables' rows
+        (default: one per stream)."""
         tiles = -(-tiles // 4) * 4
         sizes = dict(token_ids=tokens, positions=tokens, slots=tokens, query_starts=streams + 1,
                      context_lens=streams, sample_rows=max(rows, streams), tiles=2 * tiles,
-                     block_tables=streams * max_blocks)
+                     block_tables=(tables or streams) * max_blocks)
         self.offsets, off = {}, 0
         for name, n in sizes.items():
             self.offsets[name] = (off, n)

@@ -37,7 +37,7 @@ class HeadGraphRunner:
         self.sizes = decode_batch_sizes(max_streams)
         self.n = n = self.sizes[-1]
         # per step j, rows [j * n, j * n + n) of positions, slots and context_lens
-        self.x = _Inputs(self.max_chain * n, self.max_chain * n, 0, self.max_blocks, dev)
+        self.x = _Inputs(self.max_chain * n, self.max_chain * n, 0, self.max_blocks, dev, tables=n)
         self.x.host_view("slots")[:] = -1
         self.x.host_view("query_starts")[:n + 1] = np.arange(n + 1)
         self.x.upload(n)
