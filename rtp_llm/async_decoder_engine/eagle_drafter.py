@@ -194,10 +194,10 @@ class EagleDrafter:
 
     def _chained(self, b, drafting: np.ndarray, d: np.ndarray, first: np.ndarray, tok: torch.Tensor,
                  h: torch.Tensor) -> Optional[torch.Tensor]:
-        """Drafts 2..d of every drafting stream by the captured chain (device/cuda/head_graphs.py), in
-        draft_token_indices' order after draft 1 (tok); None where no graph fits. Chain step j runs
-        every stream at the position of its last known token + j (kept there, slot -1, once the
-        stream has its d drafts)."""
+        """Every drafting stream's drafts in draft_token_indices' order: draft 1 (tok), then drafts
+        2..d by the captured chain (device/cuda/head_graphs.py); None where drafts beyond the first
+        are wanted and no graph fits. Chain step j runs every stream at the position of its last
+        known token + j (kept there, slot -1, once the stream has its d drafts)."""
         steps = int(d.max()) - 1
         if self.graphs is None or steps < 1:
             return tok if steps < 1 else None
