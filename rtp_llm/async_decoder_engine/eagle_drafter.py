@@ -199,8 +199,10 @@ class EagleDrafter:
         are wanted and no graph fits. Chain step j runs every stream at the position of its last
         known token + j (kept there, slot -1, once the stream has its d drafts)."""
         steps = int(d.max()) - 1
-        if self.graphs is None or steps < 1:
-            return tok if steps < 1 else None
+        if steps < 1:
+            return tok
+        if self.graphs is None:
+            return None
         j = np.arange(steps)[:, None]
         active = d[None, :] > j + 1  # [steps, S]
         t = np.where(active, first[None, :] + j, first[None, :])
